@@ -1,0 +1,1 @@
+"""The nineteen methods of nshot, one package each (see `nshot list`)."""

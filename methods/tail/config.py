@@ -1,0 +1,88 @@
+"""TAIL configuration and presets (spec: shared/methods/tail.md, section 3)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+
+
+class TailConfig(MethodConfig):
+    # transformer Υ
+    depth: int = Field(4, ge=1, le=64)
+    heads: int = Field(4, ge=1, le=64)
+    mlp_dim: int = Field(192, ge=4, le=65536)
+    d_data: int = Field(64, ge=2, le=8192, description="fixed data width after projection")
+    d_label: int = Field(32, ge=2, le=4096, description="label-embedding width")
+    dictionary_size: int = Field(100, ge=2, le=4096, description="label dictionary M")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # ablations
+    projection: Literal["random_injection", "none"] = Field(
+        "random_injection", description="'none': fixed zero-padding identity map (ablation)"
+    )
+    label_mode: Literal["random_injection", "fixed_slots"] = Field(
+        "random_injection", description="'fixed_slots': labels take slots 0..K-1 (ablation)"
+    )
+    attention: Literal["inline", "causal"] = Field("inline")
+    # optimisation
+    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    batch_episodes: int = Field(32, ge=1, le=4096, description="episodes per step per worker")
+    warmup_steps: int = Field(100, ge=0)
+    curriculum_frac: float = Field(0.25, ge=0.0, le=1.0, description="0 disables it")
+    # training episodes (modality A)
+    min_ways: int = Field(2, ge=2, le=4096)
+    max_ways: int = Field(5, ge=2, le=4096)
+    min_shots: int = Field(1, ge=1, le=1000)
+    max_shots: int = Field(5, ge=1, le=1000)
+    queries_per_class: int = Field(5, ge=1, le=1000)
+    # evaluation
+    eval_episodes: int = Field(500, ge=1, le=1_000_000)
+    eval_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged at test time")
+    features_path: str | None = Field(
+        None, description="Parquet of precomputed features (features, label, dataset) to evaluate on"
+    )
+
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": dict(
+            depth=1, heads=2, mlp_dim=48, d_data=16, d_label=8, dictionary_size=20,
+            steps=50, batch_episodes=4, min_ways=2, max_ways=3, min_shots=1, max_shots=2,
+            queries_per_class=2, eval_episodes=20, curriculum_frac=0.0, warmup_steps=5,
+            log_every=10, checkpoint_every=25,
+        ),
+        "small": dict(
+            depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
+            steps=625, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1, max_shots=5,
+            queries_per_class=5, eval_episodes=500, curriculum_frac=0.25, warmup_steps=50,
+            log_every=25, checkpoint_every=125,
+        ),
+        "paper": dict(
+            depth=16, heads=16, mlp_dim=3072, d_data=1280, d_label=256, dictionary_size=100,
+            steps=100_000, batch_episodes=32, lr=3e-5, min_ways=2, max_ways=5, min_shots=1,
+            max_shots=5, queries_per_class=5, eval_episodes=500, curriculum_frac=0.25,
+            warmup_steps=2000, log_every=100, checkpoint_every=5000,
+        ),
+    }  # fmt: skip
+
+    @property
+    def width(self) -> int:
+        return self.d_data + self.d_label
+
+    @model_validator(mode="after")
+    def _check(self) -> TailConfig:
+        if self.width % self.heads:
+            raise ValueError(
+                f"field 'heads': d_data + d_label = {self.width} is not divisible by heads={self.heads}"
+            )
+        if self.max_ways < self.min_ways:
+            raise ValueError("field 'max_ways': must be >= min_ways")
+        if self.max_shots < self.min_shots:
+            raise ValueError("field 'max_shots': must be >= min_shots")
+        if self.max_ways > self.dictionary_size:
+            raise ValueError(
+                f"field 'max_ways': {self.max_ways} exceeds the label dictionary size "
+                f"M = dictionary_size = {self.dictionary_size}"
+            )
+        return self

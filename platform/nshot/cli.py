@@ -1,0 +1,242 @@
+"""The ``nshot`` command line: list, train, eval, reproduce, bench, quickstart.
+
+Every command takes ``--json`` for machine-readable output on stdout; human output and
+progress go to stderr/stdout through ``rich``. Errors that are the user's to fix (bad config,
+unknown method, corrupt checkpoint, existing run) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nshot.method import NshotError, parse_overrides
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _emit(args: argparse.Namespace, payload: Any, human: str | None = None) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(payload, indent=1, default=str))
+    elif human is not None:
+        _console().print(human)
+
+
+def _add_config_args(p: argparse.ArgumentParser, preset_default: str = "small") -> None:
+    p.add_argument("--preset", default=preset_default, help="smoke | small | paper")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (repeatable); values parse as JSON when they can",
+    )
+
+
+def _config(method_name: str, args: argparse.Namespace):
+    from nshot.method import get
+
+    return get(method_name).config(args.preset, **parse_overrides(args.overrides))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from nshot.method import available, get
+
+    rows = [get(n).describe() for n in available()]
+    if args.json:
+        _emit(args, rows)
+        return 0
+    from rich.table import Table
+
+    t = Table(title="nshot methods")
+    for col in ("name", "area", "presets", "paper"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["area"], ", ".join(r["presets"]), r["paper"])
+    _console().print(t)
+    return 0
+
+
+def _scaling(args: argparse.Namespace):
+    from nshot.train import Scaling
+
+    if args.scale:
+        s = Scaling.preset(args.scale)
+        if args.workers is not None:
+            s.workers = args.workers
+    else:
+        s = Scaling(workers=args.workers or 0)
+    if args.gpus_per_worker is not None:
+        s.gpus_per_worker = args.gpus_per_worker
+    if args.cpus_per_worker is not None:
+        s.cpus_per_worker = args.cpus_per_worker
+    return s
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from nshot.train import fit
+
+    cfg = _config(args.method, args)
+    res = fit(
+        args.method,
+        cfg,
+        scaling=_scaling(args),
+        storage=args.output,
+        name=args.name,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        max_failures=args.max_failures,
+    )
+    payload = {
+        "run_dir": str(res.run_dir),
+        "checkpoint": str(res.checkpoint) if res.checkpoint else None,
+        "metrics": res.metrics,
+        "wall_s": res.wall_s,
+    }
+    _emit(
+        args,
+        payload,
+        f"[bold]trained[/bold] {args.method} ({cfg.preset}) in {res.wall_s:.1f}s\n"
+        f"checkpoint: {payload['checkpoint']}\nfinal metrics: {_short(res.metrics)}",
+    )
+    return 0
+
+
+def _short(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from nshot.method import get
+    from nshot.train import load_checkpoint
+
+    method = get(args.method)
+    ckpt = load_checkpoint(args.checkpoint, method=method.name)
+    cfg = method.config_from_dict({**ckpt.config, **parse_overrides(args.overrides)})
+    metrics = method.evaluate(ckpt, cfg)
+    payload = {"checkpoint": str(ckpt.path), "metrics": metrics}
+    if args.json:
+        _emit(args, payload)
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"{method.name} evaluation ({ckpt.path})")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for k, v in metrics.items():
+            t.add_row(k, f"{v:.4f}")
+        _console().print(t)
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from nshot import reproduce
+
+    cfg = _config(args.method, args)
+    out = Path(args.out or f"results/{args.method}-{cfg.preset}")
+    data = reproduce.run(args.method, cfg, out)
+    _emit(
+        args,
+        data,
+        reproduce.to_markdown(data) + f"\nwrote {out}/results.json, results.md, results.png",
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from nshot import bench
+
+    if args.what == "train":
+        data = bench.train(args.method, preset=args.preset, steps=args.steps, out=args.out)
+    else:  # pragma: no cover - argparse restricts choices
+        raise NshotError(f"unknown benchmark {args.what!r}")
+    _emit(args, data, json.dumps(data, indent=1))
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from nshot.quickstart import run
+
+    run(out=Path(args.out), preset=args.preset, console=_console())
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nshot", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("list", help="list the registered methods")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("train", help="train a method with Ray Train")
+    s.add_argument("method")
+    _add_config_args(s)
+    s.add_argument("--output", default=None, help="storage path for runs (default $NSHOT_STORAGE)")
+    s.add_argument("--name", default=None, help="run name (default <method>-<preset>)")
+    s.add_argument("--workers", type=int, default=None, help="Ray Train workers (0: in-process)")
+    s.add_argument("--gpus-per-worker", type=float, default=None)
+    s.add_argument("--cpus-per-worker", type=float, default=None)
+    s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
+    s.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing run of that name")
+    s.add_argument("--max-failures", type=int, default=0, help="worker-group restarts allowed")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("eval", help="evaluate a checkpoint with the paper's metrics")
+    s.add_argument("method")
+    s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("reproduce", help="run the paper's comparison; write results.{json,md,png}")
+    s.add_argument("method")
+    _add_config_args(s)
+    s.add_argument("--out", default=None, help="output directory (default results/<method>-<preset>)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_reproduce)
+
+    s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
+    s.add_argument("what", choices=["train"])
+    s.add_argument("--method", default="tail")
+    s.add_argument("--preset", default="small")
+    s.add_argument("--steps", type=int, default=60)
+    s.add_argument("--out", default=None, help="JSON file to write")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("quickstart", help="train, evaluate and serve TAIL on an embedded local Ray")
+    s.add_argument("--out", default=os.environ.get("NSHOT_QUICKSTART_DIR", "nshot-quickstart"))
+    s.add_argument("--preset", default="small")
+    s.set_defaults(func=cmd_quickstart)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except NshotError as err:
+        print(f"nshot: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

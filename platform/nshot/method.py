@@ -1,0 +1,291 @@
+"""The Method contract and the method registry.
+
+Every paper is one :class:`Method` subclass living in ``methods/<name>/`` (imported as
+``nshot.methods.<name>``). The platform only talks to methods through this contract:
+
+* ``Config``: a :class:`MethodConfig` subclass (pydantic) with named presets
+  ``smoke`` / ``small`` / ``paper``.
+* ``data(cfg)``: the data splits as Arrow tables.
+* ``train_loop(cfg)``: the per-worker function Ray Train runs.
+* ``evaluate(checkpoint, cfg)``: the paper's metrics as a flat ``dict[str, float]``.
+* ``predictor(checkpoint)``: a :class:`Predictor` with typed Request/Response schemas.
+* ``experiments(cfg, workdir)``: the paper's comparison as a :class:`ResultsTable`.
+
+Methods are found through the ``nshot.methods`` entry-point group (so a third-party package
+can add one) and, for a source checkout that was not installed, by scanning the built-in
+``nshot.methods`` package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from nshot.train.checkpoint import LoadedCheckpoint
+
+ENTRY_POINT_GROUP = "nshot.methods"
+PRESETS = ("smoke", "small", "paper")
+
+
+class NshotError(Exception):
+    """Base class of the errors nshot reports to users (printed without a traceback)."""
+
+
+class ConfigError(NshotError, ValueError):
+    """A configuration is invalid; the message names the offending field."""
+
+
+class UnknownMethodError(NshotError, KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def _format_validation_error(model: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        # model-level validators name the field in their own message
+        lines.append(f"{model}: field '{loc}': {msg}" if loc else f"{model}: {msg}")
+    return "; ".join(lines)
+
+
+class MethodConfig(BaseModel):
+    """Base class of every method's config.
+
+    Unknown fields and out-of-range values fail with a :class:`ConfigError` naming the field.
+    Subclasses declare ``PRESETS``: a mapping from preset name to field overrides.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    preset: str = Field("small", description="the preset these values started from")
+    seed: int = Field(0, ge=0, description="base random seed; each worker derives its own")
+    steps: int = Field(100, ge=1, description="optimizer steps")
+    log_every: int = Field(10, ge=1, description="report metrics every N steps")
+    checkpoint_every: int = Field(50, ge=1, description="checkpoint every N steps")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch threads per worker")
+    fail_at_step: int | None = Field(
+        None,
+        ge=1,
+        description="fault injection for tests: worker of rank `fail_rank` dies at this step "
+        "on the first attempt (never after a resume)",
+    )
+    fail_rank: int = Field(0, ge=0, description="rank that dies when fail_at_step is set")
+
+    @classmethod
+    def from_preset(cls, preset: str = "small", **overrides: Any) -> Self:
+        """Build the config of a named preset, with field overrides applied and validated."""
+        if preset not in cls.PRESETS:
+            raise ConfigError(
+                f"{cls.__name__}: field 'preset': unknown preset {preset!r}; "
+                f"choose one of {sorted(cls.PRESETS)}"
+            )
+        values = {**cls.PRESETS[preset], **overrides, "preset": preset}
+        return cls.validated(values)
+
+    @classmethod
+    def validated(cls, values: dict[str, Any]) -> Self:
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise ConfigError(_format_validation_error(cls.__name__, err)) from None
+
+    def replace(self, **overrides: Any) -> Self:
+        """A copy with overrides, validated like a fresh config."""
+        return self.validated({**self.model_dump(), **overrides})
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings from the command line; values are read as JSON when they can be."""
+    import json
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r}: expected key=value")
+        key, raw = pair.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+class Predictor(ABC, Generic[RequestT, ResponseT]):
+    """What the Serve app wraps: typed request in, typed response out."""
+
+    Request: ClassVar[type[BaseModel]]
+    Response: ClassVar[type[BaseModel]]
+
+    @abstractmethod
+    def __call__(self, request: RequestT) -> ResponseT: ...
+
+    def batch(self, requests: list[RequestT]) -> list[ResponseT]:
+        """Batched form; methods override it where batching pays."""
+        return [self(r) for r in requests]
+
+    def metadata(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class ResultsTable:
+    """The paper's comparison: rows are the method and its baselines, columns its metrics.
+
+    ``rows[system][metric]`` is the mean over seeds (``None`` where a system cannot be
+    evaluated, e.g. a fixed-slot model asked for more classes than it has slots);
+    ``stds[system][metric]`` the standard deviation over seeds (or over episodes when
+    there is one seed, documented by the method).
+    """
+
+    method: str
+    preset: str
+    seeds: int
+    metrics: dict[str, bool]  # name -> higher_is_better
+    rows: dict[str, dict[str, float | None]]
+    stds: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    runtime_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        rows: dict[str, dict[str, float | None]] = {}
+        for system, vals in self.rows.items():
+            out: dict[str, float | None] = {}
+            for m in self.metrics:
+                out[m] = _clean(vals.get(m))
+                out[f"{m}_std"] = _clean(self.stds.get(system, {}).get(m))
+            rows[system] = out
+        return {
+            "method": self.method,
+            "preset": self.preset,
+            "seeds": self.seeds,
+            "metrics": {m: {"higher_is_better": hib} for m, hib in self.metrics.items()},
+            "rows": rows,
+            "runtime_s": float(self.runtime_s),
+            "notes": list(self.notes),
+            "extra": self.extra,
+        }
+
+
+def _clean(v: Any) -> float | None:
+    import math
+
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) or math.isinf(v) else v
+
+
+class Method(ABC):
+    """One paper. Subclasses set the class attributes and implement the five functions."""
+
+    name: ClassVar[str]
+    paper: ClassVar[str]
+    area: ClassVar[str]
+    version: ClassVar[str] = "1"
+    Config: ClassVar[type[MethodConfig]]
+
+    def config(self, preset: str = "small", **overrides: Any) -> MethodConfig:
+        return self.Config.from_preset(preset, **overrides)
+
+    def config_from_dict(self, values: dict[str, Any]) -> MethodConfig:
+        return self.Config.validated(values)
+
+    @abstractmethod
+    def data(self, cfg: MethodConfig) -> dict[str, pa.Table]: ...
+
+    @abstractmethod
+    def train_loop(self, cfg: MethodConfig) -> None: ...
+
+    @abstractmethod
+    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: MethodConfig) -> dict[str, float]: ...
+
+    @abstractmethod
+    def predictor(self, checkpoint: LoadedCheckpoint) -> Predictor: ...
+
+    @abstractmethod
+    def experiments(self, cfg: MethodConfig, workdir: Path) -> ResultsTable:
+        """Run the paper's comparison; runs and artifacts go under ``workdir``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "paper": self.paper,
+            "area": self.area,
+            "version": self.version,
+            "presets": sorted(self.Config.PRESETS),
+        }
+
+
+# --------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Method]] = {}
+_DISCOVERED = False
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: register a method under ``cls.name``."""
+    if not getattr(cls, "name", None):
+        raise TypeError(f"{cls.__qualname__} has no `name`")
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
+        raise ValueError(f"method name {cls.name!r} is already registered by {existing}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _discover() -> None:
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    # Built-in methods (works from a source tree too).
+    import nshot.methods as builtin
+
+    for info in pkgutil.iter_modules(builtin.__path__):
+        if info.ispkg:
+            importlib.import_module(f"nshot.methods.{info.name}")
+    # Third-party methods.
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        obj = ep.load()
+        if isinstance(obj, type) and issubclass(obj, Method):
+            register(obj)
+
+
+def available() -> list[str]:
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Method:
+    """The method registered as ``name`` (an instance)."""
+    _discover()
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown method {name!r}; available: {', '.join(sorted(_REGISTRY)) or 'none'}"
+        ) from None

@@ -1,0 +1,100 @@
+"""`nshot reproduce`: run a method's ``experiments()`` and write results.json, results.md and a PNG.
+
+results.json has the same schema for every method::
+
+    {"method": str, "preset": str, "seeds": int,
+     "metrics": {name: {"higher_is_better": bool}},
+     "rows": {system: {metric: float | null, "<metric>_std": float | null}},
+     "runtime_s": float, "notes": [str], "extra": {...}}
+
+``null`` marks a system that cannot be evaluated on a metric (for example a fixed-slot
+model asked for more classes than it has slots).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from nshot.method import MethodConfig, ResultsTable, get
+
+
+def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
+    method = get(method_name)
+    out = Path(out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    table = method.experiments(cfg, out)
+    if not table.runtime_s:
+        table.runtime_s = time.time() - t0
+    return write(table, out)
+
+
+def write(table: ResultsTable, out: Path) -> dict[str, Any]:
+    data = table.to_json()
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    (out / "results.md").write_text(to_markdown(data))
+    plot(data, out / "results.png")
+    return data
+
+
+def _fmt(v: float | None, std: float | None) -> str:
+    if v is None:
+        return "n/a"
+    s = f"{v:.4g}"
+    if std is not None:
+        s += f" ± {std:.2g}"
+    return s
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    metrics = list(data["metrics"])
+    arrows = {m: ("↑" if data["metrics"][m]["higher_is_better"] else "↓") for m in metrics}
+    lines = [
+        f"# {data['method']} — preset `{data['preset']}`",
+        "",
+        f"Seeds: {data['seeds']}; runtime {data['runtime_s']:.0f} s. "
+        "Values are means; ± is the standard deviation (see notes). n/a: not applicable.",
+        "",
+        "| system | " + " | ".join(f"{m} {arrows[m]}" for m in metrics) + " |",
+        "|---|" + "---|" * len(metrics),
+    ]
+    for system, row in data["rows"].items():
+        cells = [_fmt(row.get(m), row.get(f"{m}_std")) for m in metrics]
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    if data.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
+    extra_md = data.get("extra", {}).get("markdown")
+    if extra_md:
+        lines += ["", extra_md]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = list(data["metrics"])
+    systems = list(data["rows"])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4), squeeze=False)
+    colors = plt.cm.tab10(np.arange(len(systems)) % 10)
+    for ax, m in zip(axes[0], metrics):
+        vals = [data["rows"][s].get(m) for s in systems]
+        errs = [data["rows"][s].get(f"{m}_std") or 0.0 for s in systems]
+        x = np.arange(len(systems))
+        heights = [v if v is not None else 0.0 for v in vals]
+        ax.bar(x, heights, yerr=errs, color=colors, capsize=2)
+        for xi, v in zip(x, vals):
+            if v is None:
+                ax.text(xi, 0, "n/a", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, systems, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{m} ({'↑' if data['metrics'][m]['higher_is_better'] else '↓'})", fontsize=8)
+    fig.suptitle(f"{data['method']} ({data['preset']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

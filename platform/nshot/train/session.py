@@ -1,0 +1,221 @@
+"""Worker-side helpers for a method's ``train_loop``.
+
+A train loop uses four calls and stays the same in Ray Train's local mode
+(``num_workers=0``, in-process) and on a worker group::
+
+    ctx = session.context()                          # rank, world size, device
+    model = session.prepare_model(model)             # DDP when world_size > 1
+    restored = session.restore(model, optimizer)     # None, or the state to continue from
+    ...
+    session.report(metrics, step=step, model=model, optimizer=optimizer, extra=...,
+                   checkpoint=step % cfg.checkpoint_every == 0)
+
+``report`` writes an nshot checkpoint (safetensors + JSON) on rank 0 and hands it to
+``ray.train.report``; every rank must call it at the same steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nshot.train.checkpoint import LoadedCheckpoint, find_checkpoints, load_checkpoint, save_checkpoint
+
+
+@dataclass
+class RunInfo:
+    """Set by the runner on every worker before the method's train loop starts."""
+
+    method: str
+    method_version: str
+    config: dict[str, Any]
+    local_dir: str | None = None  # local mode: where checkpoints are written directly
+    started: float = field(default_factory=time.time)
+    # throughput bookkeeping (samples since the first report, which excludes warm-up)
+    _t_first: float | None = None
+    _samples_since_first: int = 0
+
+
+_RUN: RunInfo | None = None
+
+
+def _set_run(info: RunInfo) -> None:
+    global _RUN
+    _RUN = info
+
+
+def run_info() -> RunInfo:
+    if _RUN is None:
+        raise RuntimeError(
+            "nshot.train.session is only usable inside a train loop started by nshot.train.fit"
+        )
+    return _RUN
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int
+    world_size: int
+    local_mode: bool
+    device: torch.device
+
+
+def context() -> WorkerContext:
+    import ray.train
+
+    ctx = ray.train.get_context()
+    local = run_info().local_dir is not None
+    if torch.cuda.is_available():
+        try:
+            from ray.train.torch import get_device
+
+            device = get_device()
+        except Exception:  # noqa: BLE001 - local mode without a device assignment
+            device = torch.device("cuda")
+    else:
+        device = torch.device("cpu")
+    return WorkerContext(ctx.get_world_rank(), ctx.get_world_size(), local, device)
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Move to the worker's device and wrap in DDP when there is more than one worker."""
+    ctx = context()
+    model = model.to(ctx.device)
+    if ctx.world_size > 1:
+        from ray.train.torch import prepare_model as ray_prepare
+
+        model = ray_prepare(model, move_to_device=False)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+@dataclass
+class Restored:
+    step: int
+    extra: dict[str, Any]
+    metrics: dict[str, float]
+    checkpoint: LoadedCheckpoint
+
+
+def restore(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> Restored | None:
+    """Load the latest checkpoint of this run into ``model``/``optimizer`` if there is one."""
+    import ray.train
+
+    info = run_info()
+    path: Path | None = None
+    ray_ckpt = ray.train.get_checkpoint()
+    if ray_ckpt is not None:
+        with ray_ckpt.as_directory() as d:
+            loaded = load_checkpoint(d, method=info.method)
+            return _apply(loaded, model, optimizer)
+    if info.local_dir is not None:
+        found = find_checkpoints(info.local_dir) if Path(info.local_dir).exists() else []
+        path = found[-1] if found else None
+    if path is None:
+        return None
+    return _apply(load_checkpoint(path, method=info.method), model, optimizer)
+
+
+def _apply(
+    loaded: LoadedCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> Restored:
+    weights = loaded.weights()
+    unwrap(model).load_state_dict(weights)
+    if optimizer is not None:
+        state = loaded.optimizer_state()
+        if state is not None:
+            optimizer.load_state_dict(state)
+    # materialize the extra state now: a Ray checkpoint directory may be temporary
+    return Restored(loaded.step, dict(loaded.extra), dict(loaded.metrics), loaded)
+
+
+def maybe_inject_fault(step: int, restored: Restored | None) -> None:
+    """Fault injection for tests (config ``fail_at_step``/``fail_rank``): on the first
+    attempt only (never after a resume), the worker of rank ``fail_rank`` dies at that step."""
+    cfg = run_info().config
+    if cfg.get("fail_at_step") != step or restored is not None:
+        return
+    ctx = context()
+    if ctx.rank != cfg.get("fail_rank", 0):
+        return
+    if ctx.local_mode:
+        raise RuntimeError(f"injected fault at step {step} (fail_at_step)")
+    print(f"[nshot] injected fault: rank {ctx.rank} exits at step {step}", file=sys.stderr, flush=True)
+    os._exit(17)
+
+
+def report(
+    metrics: dict[str, float],
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+    checkpoint: bool = False,
+    samples: int | None = None,
+) -> None:
+    """Report metrics for ``step`` (all ranks), with an nshot checkpoint from rank 0 if asked.
+
+    ``samples``: samples this worker processed since its previous report. The platform then
+    adds ``samples_per_s``, the throughput of the whole worker group measured from the first
+    report on (so start-up and the first window's warm-up are excluded).
+    """
+    import ray.train
+
+    info = run_info()
+    ctx = context()
+    metrics = {k: float(v) for k, v in metrics.items()}
+    metrics["step"] = float(step)
+    if samples is not None:
+        now = time.time()
+        if info._t_first is None:
+            info._t_first = now
+        else:
+            info._samples_since_first += samples
+            if now > info._t_first:
+                rate = info._samples_since_first * ctx.world_size / (now - info._t_first)
+                metrics["samples_per_s"] = rate
+    if ctx.rank == 0:
+        elapsed = time.time() - info.started
+        shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step")
+        print(f"[nshot {info.method}] step {step} {shown} ({elapsed:.0f}s)", flush=True)
+    if not checkpoint:
+        ray.train.report(metrics)
+        return
+    name = f"checkpoint_{step:08d}"
+    kwargs = dict(
+        method=info.method,
+        method_version=info.method_version,
+        config=info.config,
+        step=step,
+        model_state=unwrap(model).state_dict(),
+        metrics=metrics,
+        optimizer_state=optimizer.state_dict() if optimizer is not None else None,
+        extra=extra,
+    )
+    if ctx.local_mode:
+        path = save_checkpoint(Path(info.local_dir) / name, **kwargs)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
+        return
+    if ctx.rank != 0:
+        ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
+        return
+    with tempfile.TemporaryDirectory(prefix="nshot-ckpt-") as tmp:
+        path = save_checkpoint(Path(tmp) / name, **kwargs)
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(str(path)),
+            checkpoint_dir_name=name,
+        )

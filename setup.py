@@ -1,0 +1,12 @@
+"""Package discovery for the two source roots (DESIGN.md: `platform/nshot` and `methods/`).
+
+`platform/` holds the library `nshot`; `methods/` is installed as `nshot.methods`. Every
+package under both roots is found here so that a new method folder needs no edit.
+"""
+
+from setuptools import find_packages, setup
+
+packages = find_packages("platform", include=["nshot", "nshot.*"])
+packages += ["nshot.methods"] + [f"nshot.methods.{p}" for p in find_packages("methods")]
+
+setup(packages=packages)

@@ -1,0 +1,32 @@
+"""Shared fixtures: one local Ray per pytest run, an isolated nshot cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nshot_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Every test run gets its own cache unless NSHOT_CACHE is set by the caller."""
+    if "NSHOT_CACHE" not in os.environ:
+        os.environ["NSHOT_CACHE"] = str(tmp_path_factory.mktemp("nshot-cache"))
+    yield os.environ["NSHOT_CACHE"]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """The one local Ray instance of this pytest run (started on 127.0.0.1, shut down at the end)."""
+    import ray
+
+    from nshot.train import ensure_ray
+
+    if not ray.is_initialized():
+        ensure_ray(num_cpus=2, _node_ip_address="127.0.0.1", configure_logging=False)
+    yield ray
+    ray.shutdown()
