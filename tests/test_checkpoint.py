@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from nshot.train.checkpoint import (
     CheckpointError,
     find_checkpoints,
@@ -68,7 +67,9 @@ def test_round_trip_restores_weights_and_optimizer(tmp_path):
 def test_ddp_prefix_is_stripped(tmp_path):
     model, _ = _model_and_opt()
     state = {f"module.{k}": v for k, v in model.state_dict().items()}
-    save_checkpoint(tmp_path / "c", method="tail", method_version="1", config={}, step=1, model_state=state)
+    save_checkpoint(
+        tmp_path / "c", method="tail", method_version="1", config={}, step=1, model_state=state
+    )
     assert set(load_checkpoint(tmp_path / "c").weights()) == set(model.state_dict())
 
 

@@ -6,9 +6,8 @@ import importlib.metadata
 import sys
 import textwrap
 
-import pytest
-
 import nshot.method as m
+import pytest
 from nshot.method import ConfigError, Method, UnknownMethodError, available, get, parse_overrides
 
 
@@ -75,7 +74,7 @@ def test_parse_overrides():
 def test_third_party_method_through_entry_points(tmp_path, monkeypatch):
     (tmp_path / "toy_nshot_plugin.py").write_text(
         textwrap.dedent(
-            '''
+            """
             from nshot.method import Method, MethodConfig, ResultsTable
 
             class ToyConfig(MethodConfig):
@@ -91,7 +90,7 @@ def test_third_party_method_through_entry_points(tmp_path, monkeypatch):
                 def evaluate(self, checkpoint, cfg): return {}
                 def predictor(self, checkpoint): raise NotImplementedError
                 def experiments(self, cfg, workdir): return ResultsTable("toy_plugin", cfg.preset, 1, {}, {})
-            '''
+            """
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
-
 from nshot.method import MethodConfig
+from pydantic import Field, model_validator
 
 
 class TailConfig(MethodConfig):
@@ -41,8 +40,12 @@ class TailConfig(MethodConfig):
     # evaluation
     eval_episodes: int = Field(500, ge=1, le=1_000_000)
     eval_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged at test time")
+    experiment_seeds: int = Field(
+        1, ge=1, le=20, description="training seeds per system in experiments()"
+    )
     features_path: str | None = Field(
-        None, description="Parquet of precomputed features (features, label, dataset) to evaluate on"
+        None,
+        description="Parquet of precomputed features (features, label, dataset) to evaluate on",
     )
 
     PRESETS: ClassVar[dict[str, dict]] = {

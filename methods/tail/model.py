@@ -11,9 +11,8 @@ pre-LN transformer without positional encoding reads all tokens of an episode in
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from nshot.nn import Encoder
+from torch import nn
 
 from .config import TailConfig
 from .episodes import dictionary_slots

@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus-per-worker", type=float, default=None)
     s.add_argument("--cpus-per-worker", type=float, default=None)
     s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
-    s.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint")
+    s.add_argument(
+        "--resume", action="store_true", help="continue the run from its latest checkpoint"
+    )
     s.add_argument("--overwrite", action="store_true", help="replace an existing run of that name")
     s.add_argument("--max-failures", type=int, default=0, help="worker-group restarts allowed")
     s.add_argument("--json", action="store_true")
@@ -209,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("reproduce", help="run the paper's comparison; write results.{json,md,png}")
     s.add_argument("method")
     _add_config_args(s)
-    s.add_argument("--out", default=None, help="output directory (default results/<method>-<preset>)")
+    s.add_argument(
+        "--out", default=None, help="output directory (default results/<method>-<preset>)"
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_reproduce)
 

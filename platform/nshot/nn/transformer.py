@@ -70,7 +70,9 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         if attn_mask is not None:
             if attn_mask.dtype != torch.bool:
-                raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
+                raise TypeError(
+                    f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}"
+                )
             if attn_mask.dim() != 3 or attn_mask.shape[-2:] != (x.shape[1], x.shape[1]):
                 raise ValueError(
                     f"attn_mask must have shape [B or 1, {x.shape[1]}, {x.shape[1]}], "

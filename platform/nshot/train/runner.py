@@ -41,7 +41,9 @@ class Scaling:
     @classmethod
     def preset(cls, name: str) -> Scaling:
         if name not in SCALE_PRESETS:
-            raise ConfigError(f"--scale: unknown preset {name!r}; choose one of {sorted(SCALE_PRESETS)}")
+            raise ConfigError(
+                f"--scale: unknown preset {name!r}; choose one of {sorted(SCALE_PRESETS)}"
+            )
         return cls(**SCALE_PRESETS[name])  # type: ignore[arg-type]
 
     def validate(self) -> None:
@@ -78,6 +80,8 @@ def ensure_ray(**init_kwargs: Any) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    # workers print their progress lines once (Ray's print patch would log them twice)
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     kwargs.update(init_kwargs)
     if os.environ.get("RAY_ADDRESS"):
@@ -88,11 +92,15 @@ def ensure_ray(**init_kwargs: Any) -> None:
 
 def _worker_entry(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (or in-process in local mode)."""
+    import logging
+
     import torch
 
     from nshot.method import get as get_method
     from nshot.train.session import RunInfo, _set_run
 
+    # local mode logs every report at INFO; nshot prints its own progress line
+    logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
     method = get_method(loop_config["method"])
     cfg = method.config_from_dict(loop_config["config"])
     torch.set_num_threads(cfg.torch_threads)
@@ -180,7 +188,9 @@ def fit(
     if local:
         _prune_local(run_dir, keep_checkpoints)
         ckpt = find_checkpoints(run_dir)[-1] if find_checkpoints(run_dir) else None
-    return TrainResult(run_dir=run_dir, checkpoint=ckpt, metrics=dict(result.metrics or {}), wall_s=wall)
+    return TrainResult(
+        run_dir=run_dir, checkpoint=ckpt, metrics=dict(result.metrics or {}), wall_s=wall
+    )
 
 
 def _final_checkpoint(result: Any, run_dir: Path) -> Path | None:

@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from nshot.train.checkpoint import LoadedCheckpoint, find_checkpoints, load_checkpoint, save_checkpoint
+from nshot.train.checkpoint import (
+    LoadedCheckpoint,
+    find_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 @dataclass
@@ -152,7 +157,14 @@ def maybe_inject_fault(step: int, restored: Restored | None) -> None:
         return
     if ctx.local_mode:
         raise RuntimeError(f"injected fault at step {step} (fail_at_step)")
-    print(f"[nshot] injected fault: rank {ctx.rank} exits at step {step}", file=sys.stderr, flush=True)
+    import ray.train
+
+    # Die only after the controller has registered every report made so far, so the fault
+    # is injected "after the last checkpoint committed" and the test is deterministic.
+    ray.train.get_all_reported_checkpoints()
+    print(
+        f"[nshot] injected fault: rank {ctx.rank} exits at step {step}", file=sys.stderr, flush=True
+    )
     os._exit(17)
 
 

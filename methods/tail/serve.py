@@ -1,0 +1,162 @@
+"""TAIL's predictor: few-shot classification of one episode per request (spec §8)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from nshot.method import Predictor
+from nshot.train.checkpoint import LoadedCheckpoint
+from pydantic import BaseModel, Field, model_validator
+
+from .config import TailConfig
+from .episodes import draw_views, preprocess_episode
+from .model import TailModel
+
+Label = int | str
+MAX_QUERIES = 1000
+
+
+class TailRequest(BaseModel):
+    support_x: list[list[float]] = Field(..., description="support features, n x d_T")
+    support_y: list[Label] = Field(..., description="one label per support row")
+    query_x: list[list[float]] = Field(..., min_length=1, max_length=MAX_QUERIES)
+    n_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged")
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> TailRequest:
+        if not self.support_x:
+            raise ValueError("support_x: the support set is empty")
+        if len(self.support_x) != len(self.support_y):
+            raise ValueError(
+                f"support_y: {len(self.support_y)} labels for {len(self.support_x)} support rows"
+            )
+        d = len(self.support_x[0])
+        if d == 0:
+            raise ValueError("support_x: rows have no features")
+        for name, rows in (("support_x", self.support_x), ("query_x", self.query_x)):
+            for i, row in enumerate(rows):
+                if len(row) != d:
+                    raise ValueError(
+                        f"{name}[{i}]: has {len(row)} features, the support rows have {d}"
+                    )
+                if not all(math.isfinite(v) for v in row):
+                    raise ValueError(f"{name}[{i}]: contains NaN or inf")
+        if len(set(self.support_y)) < 2:
+            raise ValueError("support_y: needs at least 2 distinct labels")
+        return self
+
+
+class TailResponse(BaseModel):
+    labels: list[Label]
+    probs: list[dict[str, float]] = Field(..., description="per query: label -> probability")
+    n_classes: int
+
+
+class TailPredictor(Predictor[TailRequest, TailResponse]):
+    Request = TailRequest
+    Response = TailResponse
+
+    def __init__(self, model: TailModel, cfg: TailConfig) -> None:
+        self.model = model.eval()
+        self.cfg = cfg
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> TailPredictor:
+        cfg = TailConfig.validated(checkpoint.config)
+        model = TailModel(cfg)
+        model.load_state_dict(checkpoint.weights())
+        return cls(model, cfg)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "dictionary_size": self.cfg.dictionary_size,
+            "d_data": self.cfg.d_data,
+            "label_mode": self.cfg.label_mode,
+            "max_queries": MAX_QUERIES,
+        }
+
+    @torch.no_grad()
+    def probabilities(
+        self,
+        support_f: np.ndarray,
+        support_y: np.ndarray,
+        query_f: np.ndarray,
+        draws: int,
+        seeds: list[int] | int,
+    ) -> np.ndarray:
+        """Restricted-softmax probabilities ``[B, q, K]`` averaged over ``draws`` (π, ρ) draws.
+
+        ``support_f``/``query_f`` are preprocessed features ``[B, n|q, d_T]``; labels 0..K-1.
+        Episode ``b`` draws its maps from its own generator (``seeds[b]``), so its answer does
+        not depend on which other episodes share the batch.
+        """
+        b = support_f.shape[0]
+        seeds = [seeds] * b if isinstance(seeds, int) else list(seeds)
+        rngs = [np.random.default_rng([s, 7]) for s in seeds]
+        total = None
+        for _ in range(draws):
+            per = [
+                draw_views(
+                    {
+                        "support_f": support_f[i : i + 1],
+                        "support_y": support_y[i : i + 1],
+                        "query_f": query_f[i : i + 1],
+                    },
+                    self.cfg,
+                    rngs[i],
+                )
+                for i in range(b)
+            ]
+            views = {k: torch.cat([v[k] for v in per]) for k in per[0]}
+            p = torch.softmax(self.model(**views), dim=-1)
+            total = p if total is None else total + p
+        return (total / draws).numpy()
+
+    def __call__(self, request: TailRequest) -> TailResponse:
+        return self.batch([request])[0]
+
+    def batch(self, requests: list[TailRequest]) -> list[TailResponse]:
+        """Requests of the same shape run as one batch of episodes; others one by one."""
+        groups: dict[tuple, list[int]] = {}
+        prepared = []
+        for i, r in enumerate(requests):
+            classes = list(dict.fromkeys(r.support_y))  # first-appearance order
+            if len(classes) > self.cfg.dictionary_size:
+                raise ValueError(
+                    f"support_y: {len(classes)} distinct labels exceed the label dictionary "
+                    f"size M = {self.cfg.dictionary_size}"
+                )
+            if self.cfg.label_mode == "fixed_slots" and len(classes) > self.cfg.max_ways:
+                raise ValueError(
+                    f"support_y: this fixed-slot model labels at most {self.cfg.max_ways} classes"
+                )
+            index = {c: k for k, c in enumerate(classes)}
+            sy = np.array([index[c] for c in r.support_y], dtype=np.int64)
+            sf, qf = preprocess_episode(
+                np.asarray(r.support_x, dtype=np.float32), np.asarray(r.query_x, dtype=np.float32)
+            )
+            prepared.append((classes, sy, sf, qf))
+            key = (sf.shape, qf.shape, len(classes), r.n_draws)
+            groups.setdefault(key, []).append(i)
+        out: list[TailResponse | None] = [None] * len(requests)
+        for (_, _, _, draws), idx in groups.items():
+            probs = self.probabilities(
+                np.stack([prepared[i][2] for i in idx]),
+                np.stack([prepared[i][1] for i in idx]),
+                np.stack([prepared[i][3] for i in idx]),
+                draws,
+                [requests[i].seed for i in idx],
+            )
+            for j, i in enumerate(idx):
+                classes = prepared[i][0]
+                p = probs[j]
+                out[i] = TailResponse(
+                    labels=[classes[k] for k in p.argmax(-1).tolist()],
+                    probs=[{str(c): float(v) for c, v in zip(classes, row)} for row in p.tolist()],
+                    n_classes=len(classes),
+                )
+        return out  # type: ignore[return-value]

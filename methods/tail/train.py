@@ -1,0 +1,94 @@
+"""TAIL's Ray Train loop: episodic training on modality A (spec §2, "Platform mapping").
+
+Every step draws a fresh batch of episodes from a generator seeded by ``(seed, step, rank)``,
+so a run resumed from a checkpoint at step k sees exactly the episodes an uninterrupted run
+would have seen from step k+1 on. The learning rate is a pure function of the step (linear
+warm-up, then constant), and the optimizer state is checkpointed, so a resumed run ends with
+the weights of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from nshot.train import session
+
+from .config import TailConfig
+from .episodes import active_dictionary_size, make_batch, modality_a, sample_task_shape, train_rng
+from .model import TailModel
+
+MODEL_INPUTS = ("support_x", "support_slot", "query_x", "active_slots")
+
+
+def lr_at(cfg: TailConfig, step: int) -> float:
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    return cfg.lr
+
+
+def build_model(cfg: TailConfig) -> TailModel:
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    return TailModel(cfg)
+
+
+def train_loop(cfg: TailConfig) -> None:
+    ctx = session.context()
+    model = session.prepare_model(build_model(cfg))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    restored = session.restore(model, opt)
+    start = restored.step if restored else 0
+    extra = restored.extra if restored else {"history": [], "resumed_from": []}
+    if restored:
+        extra["resumed_from"] = [*extra.get("resumed_from", []), start]
+    modality = modality_a()
+    window_loss = window_acc = 0.0
+    window_n = window_samples = 0
+    model.train()
+    for step in range(start + 1, cfg.steps + 1):
+        session.maybe_inject_fault(step, restored)
+        rng = train_rng(cfg.seed, step, ctx.rank)
+        K, shots = sample_task_shape(cfg, rng)
+        batch = make_batch(
+            modality,
+            cfg,
+            batch=cfg.batch_episodes,
+            K=K,
+            shots=shots,
+            queries=cfg.queries_per_class,
+            rng=rng,
+            step=step - 1,
+        )
+        inputs = {k: batch[k].to(ctx.device) for k in MODEL_INPUTS}
+        target = batch["query_y"].to(ctx.device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        logits = model(**inputs)
+        loss = F.cross_entropy(logits.reshape(-1, K), target.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            window_loss += float(loss)
+            window_acc += float((logits.argmax(-1) == target).float().mean())
+        window_n += 1
+        window_samples += cfg.batch_episodes
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            metrics = {
+                "loss": window_loss / window_n,
+                "episode_acc": window_acc / window_n,
+                "lr": lr_at(cfg, step),
+                "active_dictionary": active_dictionary_size(cfg, step - 1),
+            }
+            extra["history"].append({"step": step, **metrics})
+            session.report(
+                metrics,
+                step=step,
+                model=model,
+                optimizer=opt,
+                extra=extra,
+                checkpoint=is_ckpt,
+                samples=window_samples,
+            )
+            window_loss = window_acc = 0.0
+            window_n = window_samples = 0

@@ -1,0 +1,237 @@
+"""TAIL unit tests (spec: shared/methods/tail.md, section 7, check 3): fast, no Ray."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    from nshot.methods.tail import episodes as E
+    from nshot.methods.tail.config import TailConfig
+    from nshot.methods.tail.model import TailModel, episode_mask
+except ImportError:  # source checkout that was not installed
+    from methods.tail import episodes as E
+    from methods.tail.config import TailConfig
+    from methods.tail.model import TailModel, episode_mask
+
+TOL = 1e-4
+
+
+def _cfg(**over) -> TailConfig:
+    base = dict(depth=2, heads=2, mlp_dim=32, d_data=24, d_label=8, dictionary_size=20)
+    return TailConfig.from_preset("smoke", **{**base, **over})
+
+
+def _model(cfg: TailConfig, seed: int = 0) -> TailModel:
+    torch.manual_seed(seed)
+    return TailModel(cfg).eval()
+
+
+def _batch(cfg: TailConfig, K: int = 3, shots: int = 3, queries: int = 2, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return E.make_batch(E.modality_a(), cfg, batch=4, K=K, shots=shots, queries=queries, rng=rng)
+
+
+def _inputs(b):
+    return b["support_x"], b["support_slot"], b["query_x"], b["active_slots"]
+
+
+def _permuted_logits(model: TailModel, b, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    sx, ss, qx, act = _inputs(b)
+    perm = torch.randperm(sx.shape[1], generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(sx, ss, qx, act), model(sx[:, perm], ss[:, perm], qx, act)
+
+
+# --------------------------------------------------------------------------- model invariances
+
+
+def test_support_permutation_invariance():
+    cfg = _cfg()
+    model = _model(cfg)
+    a, b = _permuted_logits(model, _batch(cfg))
+    assert a.shape == (4, 6, 3)
+    assert (a - b).abs().max().item() < TOL
+
+
+def test_inline_equals_per_query():
+    cfg = _cfg()
+    model = _model(cfg)
+    b = _batch(cfg, queries=3)
+    with torch.no_grad():
+        inline = model(*_inputs(b))
+        one_at_a_time = model.forward_per_query(*_inputs(b), query_chunk=1)
+        batched = model.forward_per_query(*_inputs(b))
+    assert (inline - one_at_a_time).abs().max().item() < TOL
+    assert (inline - batched).abs().max().item() < TOL
+
+
+def test_queries_do_not_influence_each_other():
+    cfg = _cfg()
+    model = _model(cfg)
+    sx, ss, qx, act = _inputs(_batch(cfg))
+    qx2 = qx.clone()
+    qx2[:, 2] = torch.randn_like(qx2[:, 2]) * 5
+    with torch.no_grad():
+        a, b = model(sx, ss, qx, act), model(sx, ss, qx2, act)
+    assert (a[:, 1] - b[:, 1]).abs().max().item() < TOL
+    assert (a[:, 2] - b[:, 2]).abs().max().item() > 1e-3  # the changed query itself does move
+
+
+def test_logits_follow_label_injection():
+    """Relabelling the dictionary slots (another ρ) permutes nothing but the slots used."""
+    cfg = _cfg()
+    model = _model(cfg)
+    sx, ss, qx, act = _inputs(_batch(cfg))
+    with torch.no_grad():
+        logits = model(sx, ss, qx, act)
+        s_all = model.head(model.encoder(
+            torch.cat(model._tokens(sx, ss, qx), 1), episode_mask(sx.shape[1], qx.shape[1])
+        ))[:, sx.shape[1]:]  # fmt: skip
+    expected = torch.gather(s_all, 2, act[:, None, :].expand(-1, qx.shape[1], -1))
+    assert (logits - expected).abs().max().item() < TOL
+
+
+def test_causal_ablation_is_not_permutation_invariant():
+    cfg = _cfg(attention="causal")
+    model = _model(cfg)
+    a, b = _permuted_logits(model, _batch(cfg))
+    assert (a - b).abs().max().item() > 1e-3
+
+
+def test_masks():
+    m = episode_mask(3, 2)[0]
+    assert m[:3, :3].all() and not m[:3, 3:].any()  # support sees support only
+    assert m[3, :3].all() and m[3, 3] and not m[3, 4]  # query sees support and itself
+    c = episode_mask(3, 2, "causal")[0]
+    assert torch.equal(c, torch.ones(5, 5, dtype=torch.bool).tril())
+    with pytest.raises(ValueError, match="attention"):
+        episode_mask(3, 2, "bidirectional")
+
+
+# --------------------------------------------------------------------------- labels, curriculum
+
+
+def test_fixed_slots_refuses_more_ways_than_trained():
+    cfg = _cfg(label_mode="fixed_slots", max_ways=3)
+    assert TailModel(cfg).label_embedding.shape[0] == 3
+    b = _batch(cfg, K=3)
+    assert torch.equal(b["active_slots"], torch.arange(3).expand(4, 3))
+    with pytest.raises(ValueError, match=r"K=4"):
+        _batch(cfg, K=4)
+
+
+def test_random_injection_extrapolates_up_to_dictionary_size():
+    cfg = _cfg(max_ways=3, dictionary_size=20)
+    b = _batch(cfg, K=12, shots=1, queries=1)
+    act = b["active_slots"]
+    assert act.shape == (4, 12) and int(act.max()) < 20
+    assert all(len(set(row.tolist())) == 12 for row in act)  # an injection
+    assert torch.equal(b["support_slot"], torch.gather(act, 1, b["support_y"]))
+    with torch.no_grad():
+        assert _model(cfg)(*_inputs(b)).shape == (4, 12, 12)
+    with pytest.raises(ValueError, match=r"K=21"):
+        E.check_ways(cfg, 21)
+
+
+def test_curriculum_schedule():
+    cfg = TailConfig.from_preset("small", steps=100, curriculum_frac=0.25)
+    sizes = [E.active_dictionary_size(cfg, t) for t in range(100)]
+    assert sizes[0] == cfg.max_ways == 5
+    assert E.active_dictionary_size(cfg, 12) == 5 + (95 * 12) // 25
+    assert sizes[25:] == [100] * 75 and max(sizes[:25]) < 100
+    assert all(a <= b for a, b in zip(sizes, sizes[1:]))  # grows monotonically
+    assert E.active_dictionary_size(cfg, None) == 100
+    assert E.active_dictionary_size(cfg.replace(curriculum_frac=0.0), 0) == 100
+    rng = np.random.default_rng(0)
+    b = E.make_batch(E.modality_a(), cfg, batch=64, K=5, shots=1, queries=1, rng=rng, step=0)
+    assert int(b["active_slots"].max()) < 5  # step 0 uses the first max_ways entries only
+
+
+# --------------------------------------------------------------------------- modalities, π
+
+
+@pytest.mark.parametrize(
+    "modality", [E.modality_a(), E.modality_b(), E.modality_c(), E.digits_modality()]
+)
+def test_modality_shapes_and_determinism(modality):
+    xs, ys, xq, yq = modality.sample(4, 2, 3, np.random.default_rng(7))
+    assert xs.shape == (8, modality.dim) and xq.shape == (12, modality.dim)
+    assert sorted(set(ys.tolist())) == [0, 1, 2, 3] and np.bincount(yq).tolist() == [3] * 4
+    assert np.isfinite(xs).all() and np.isfinite(xq).all()
+    again = modality.sample(4, 2, 3, np.random.default_rng(7))
+    assert all(np.array_equal(a, b) for a, b in zip((xs, ys, xq, yq), again))
+    other = modality.sample(4, 2, 3, np.random.default_rng(8))
+    assert not np.array_equal(xs, other[0])
+
+
+def test_modality_dims():
+    assert (E.modality_a().dim, E.modality_b().dim, E.modality_c().dim) == (48, 32, 40)
+
+
+def test_make_batch_deterministic_and_streams_disjoint():
+    cfg = _cfg()
+    kw = dict(batch=2, K=3, shots=2, queries=2)
+    a = E.make_batch(E.modality_a(), cfg, rng=E.train_rng(0, 5, 0), **kw)
+    b = E.make_batch(E.modality_a(), cfg, rng=E.train_rng(0, 5, 0), **kw)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = E.make_batch(E.modality_a(), cfg, rng=E.train_rng(0, 5, 1), **kw)
+    d = E.make_batch(E.modality_a(), cfg, rng=E.eval_rng(0, "A_5w5s"), **kw)
+    assert not torch.equal(a["support_f"], c["support_f"])
+    assert not torch.equal(a["support_f"], d["support_f"])
+
+
+def test_array_modality_samples_without_replacement():
+    x = np.arange(60, dtype=np.float32).reshape(30, 2)
+    y = np.repeat(np.arange(6), 5)
+    mod = E.ArrayModality(x, y, "toy", classes=[1, 2, 3])
+    xs, ys, xq, yq = mod.sample(3, 2, 3, np.random.default_rng(0))
+    rows = np.concatenate([xs, xq])[:, 0] // 2
+    assert len(set(rows.tolist())) == 15  # no row twice
+    assert set((rows // 5).tolist()) == {1, 2, 3}
+    with pytest.raises(ValueError, match="K=4"):
+        mod.sample(4, 1, 1, np.random.default_rng(0))
+
+
+def test_preprocess_scale_and_centering():
+    rng = np.random.default_rng(0)
+    s, q = rng.normal(3.0, 1.0, (2, 6, 10)), rng.normal(3.0, 1.0, (2, 4, 10))
+    ps, pq = E.preprocess_episode(s, q, center=False)
+    assert np.allclose(np.linalg.norm(ps, axis=-1), np.sqrt(10), atol=1e-4)
+    cs, cq = E.preprocess_episode(s, q, center=True)
+    assert np.allclose(np.linalg.norm(cq, axis=-1), np.sqrt(10), atol=1e-4)
+    # centring uses the support mean only, for support and queries alike
+    mu = s.mean(axis=-2, keepdims=True)
+    assert np.allclose(cq, E.preprocess(q - mu), atol=1e-5)
+
+
+@pytest.mark.parametrize("d_t", [10, 24, 40])
+def test_projection_places_values_without_mixing(d_t):
+    cfg = _cfg(d_data=24)
+    rng = np.random.default_rng(d_t)
+    f = rng.standard_normal((5, d_t)).astype(np.float32)
+    out = E.project(f, cfg.d_data, "random_injection", rng)
+    assert out.shape == (5, 24)
+    nz = out != 0
+    assert (nz.sum(1) == min(d_t, 24)).all()
+    cols = np.flatnonzero(nz[0])
+    assert (nz == nz[0]).all()  # one π per episode: the same columns for every row
+    # every output column is one input coordinate (values kept, only placed)
+    src = [int(np.flatnonzero(np.isclose(f[0], out[0, c]))[0]) for c in cols]
+    assert len(set(src)) == len(src)
+    assert np.array_equal(out[:, cols], f[:, src])
+    none = E.project(f, cfg.d_data, "none", rng)
+    k = min(d_t, 24)
+    assert np.array_equal(none[:, :k], f[:, :k]) and not none[:, k:].any()
+
+
+def test_views_share_pi_between_support_and_queries():
+    cfg = _cfg(d_data=64)
+    b = _batch(cfg)
+    sx, qx, sf = b["support_x"].numpy(), b["query_x"].numpy(), b["support_f"].numpy()
+    for i in range(sx.shape[0]):
+        cols = np.flatnonzero(sx[i, 0])
+        assert len(cols) == 48 and np.array_equal(cols, np.flatnonzero(qx[i, 0]))
+        # the multiset of placed values equals the input values, row by row
+        assert np.array_equal(np.sort(sx[i][:, cols], axis=1), np.sort(sf[i], axis=1))
