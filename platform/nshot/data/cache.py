@@ -202,8 +202,15 @@ def _write(key: str, version: str, table: pa.Table) -> pa.Table:
         "schema": _schema_string(written.schema),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
-    _atomic_write(table_path, data)
-    _atomic_write(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    try:
+        _atomic_write(table_path, data)
+        _atomic_write(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    except OSError as e:  # read-only or full cache: the data are still good, just not kept
+        warnings.warn(
+            f"nshot cache: could not write {table_path} ({e}); using the table uncached",
+            UserWarning,
+            stacklevel=3,
+        )
     return written
 
 

@@ -82,12 +82,14 @@ def ensure_ray(**init_kwargs: Any) -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     # workers print their progress lines once (Ray's print patch would log them twice)
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    kwargs.update(init_kwargs)
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
-    else:
-        ray.init(**kwargs)
+        ray.init(address=os.environ["RAY_ADDRESS"], **init_kwargs)
+        return
+    # The dashboard process hosts the State API that Ray Train's placement-group cleaner
+    # polls; it binds to loopback only.
+    kwargs: dict[str, Any] = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
+    kwargs.update(init_kwargs)
+    ray.init(**kwargs)
 
 
 def _worker_entry(loop_config: dict[str, Any]) -> None:

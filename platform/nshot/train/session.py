@@ -202,7 +202,11 @@ def report(
     if ctx.rank == 0:
         elapsed = time.time() - info.started
         shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step")
-        print(f"[nshot {info.method}] step {step} {shown} ({elapsed:.0f}s)", flush=True)
+        print(
+            f"[nshot {info.method}] step {step} {shown} ({elapsed:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
     if not checkpoint:
         ray.train.report(metrics)
         return

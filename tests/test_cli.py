@@ -1,0 +1,88 @@
+"""The `nshot` command line, in-process (sharing the session's Ray) and as an installed script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from nshot.cli import main
+
+
+def _json_out(capsys) -> dict:
+    return json.loads(capsys.readouterr().out)  # --json: stdout holds the JSON only
+
+
+def test_list_as_installed_script():
+    res = subprocess.run(
+        [sys.executable, "-m", "nshot.cli", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    tail = next(r for r in rows if r["name"] == "tail")
+    assert tail["presets"] == ["paper", "small", "smoke"] and "TAIL" in tail["paper"]
+
+
+def test_user_errors_exit_2_with_one_line(capsys, tmp_path):
+    assert main(["train", "nope", "--preset", "smoke"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main(["train", "tail", "--preset", "smoke", "--set", "depth=0"]) == 2
+    assert "field 'depth'" in capsys.readouterr().err
+    assert main(["train", "tail", "--preset", "smoke", "--set", "colour=red"]) == 2
+    assert "field 'colour': unknown field" in capsys.readouterr().err
+    assert main(["eval", "tail", "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_train_then_eval(capsys, tmp_path):
+    code = main(
+        ["train", "tail", "--preset", "smoke", "--output", str(tmp_path), "--name", "r", "--json"]
+    )
+    assert code == 0
+    out = _json_out(capsys)
+    assert out["metrics"]["step"] == 50.0 and out["checkpoint"].endswith("checkpoint_00000050")
+    code = main(
+        ["eval", "tail", "--checkpoint", str(tmp_path / "r"), "--set", "eval_episodes=10", "--json"]
+    )
+    assert code == 0
+    metrics = _json_out(capsys)["metrics"]
+    for key in ("acc_seen_5w5s", "acc_unseen_modality_5w5s", "acc_digits_5w5s", "acc_20way"):
+        assert 0.0 <= metrics[key] <= 1.0
+    # the run exists now: training it again needs --resume or --overwrite
+    assert (
+        main(["train", "tail", "--preset", "smoke", "--output", str(tmp_path), "--name", "r"]) == 2
+    )
+    assert "--resume" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_reproduce_writes_three_files(capsys, tmp_path):
+    code = main(
+        [
+            "reproduce", "tail", "--preset", "smoke", "--out", str(tmp_path / "res"),
+            "--set", "eval_episodes=10", "--set", "steps=20", "--json",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    for f in ("results.json", "results.md", "results.png"):
+        assert (tmp_path / "res" / f).stat().st_size > 0
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert set(data) >= {"method", "preset", "seeds", "metrics", "rows", "runtime_s"}
+    assert list(data["rows"]) == [
+        "tail",
+        "protohead",
+        "linear_probe",
+        "no_projection",
+        "fixed_label_slots",
+    ]
+    assert data["metrics"]["acc_20way"] == {"higher_is_better": True}
+    assert data["rows"]["fixed_label_slots"]["acc_20way"] is None  # n/a: only max_ways slots
+    assert 0.0 <= data["rows"]["tail"]["acc_unseen_modality_5w5s"] <= 1.0
+    assert "acc_unseen_modality_5w5s_std" in data["rows"]["tail"]
+    md = (tmp_path / "res" / "results.md").read_text()
+    assert "| tail |" in md and "n/a" in md
