@@ -23,6 +23,7 @@ def nshot_cache(tmp_path_factory: pytest.TempPathFactory):
 def ray_session():
     """The one local Ray instance of this pytest run (started on 127.0.0.1, shut down at the end)."""
     import ray
+
     from nshot.train import ensure_ray
 
     if not ray.is_initialized():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from nshot.train.checkpoint import (
     CheckpointError,
     find_checkpoints,

@@ -6,8 +6,9 @@ import importlib.metadata
 import sys
 import textwrap
 
-import nshot.method as m
 import pytest
+
+import nshot.method as m
 from nshot.method import ConfigError, Method, UnknownMethodError, available, get, parse_overrides
 
 

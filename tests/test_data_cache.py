@@ -10,10 +10,11 @@ import time
 import warnings
 from pathlib import Path
 
-import nshot.data as nd
 import numpy as np
 import pyarrow as pa
 import pytest
+
+import nshot.data as nd
 from nshot.method import NshotError
 
 

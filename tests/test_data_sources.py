@@ -7,11 +7,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import nshot.data as nd
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import nshot.data as nd
 from nshot.data import sources
 from nshot.method import NshotError
 

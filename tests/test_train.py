@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from nshot.method import NshotError, get
 from nshot.train import Scaling, fit, load_checkpoint
 

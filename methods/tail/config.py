@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from nshot.method import MethodConfig
 from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
 
 
 class TailConfig(MethodConfig):

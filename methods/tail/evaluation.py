@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from nshot.method import NshotError
 
 from .baselines import (

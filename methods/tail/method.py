@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 
@@ -73,6 +74,7 @@ class TailMethod(Method):
     def experiments(self, cfg: TailConfig, workdir: Path) -> ResultsTable:
         """TAIL against ProtoHead, LinearProbe and the two ablations on the same episodes."""
         import ray
+
         from nshot.train import ensure_ray
 
         t0 = time.time()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from nshot.nn import Encoder
 from torch import nn
+
+from nshot.nn import Encoder
 
 from .config import TailConfig
 from .episodes import dictionary_slots

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, Field, model_validator
+
 from nshot.method import Predictor
 from nshot.train.checkpoint import LoadedCheckpoint
-from pydantic import BaseModel, Field, model_validator
 
 from .config import TailConfig
 from .episodes import draw_views, preprocess_episode

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from nshot.train import session
 
 from .config import TailConfig
