@@ -58,9 +58,9 @@ class TailConfig(MethodConfig):
         ),
         "small": dict(
             depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
-            steps=625, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1, max_shots=5,
-            queries_per_class=5, eval_episodes=500, curriculum_frac=0.25, warmup_steps=50,
-            log_every=25, checkpoint_every=125,
+            steps=1500, lr=1e-3, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1,
+            max_shots=5, queries_per_class=5, eval_episodes=500, eval_draws=4,
+            curriculum_frac=0.25, warmup_steps=50, log_every=50, checkpoint_every=250,
         ),
         "paper": dict(
             depth=16, heads=16, mlp_dim=3072, d_data=1280, d_label=256, dictionary_size=100,

@@ -397,6 +397,7 @@ def draw_views(
     rng: np.random.Generator,
     *,
     dict_size: int | None = None,
+    K: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """One (π, ρ) draw per episode: the :class:`TailModel` inputs for preprocessed episodes.
 
@@ -404,14 +405,14 @@ def draw_views(
     :func:`sample_episodes`; labels ``0..K-1`` with every class present). π and ρ are drawn once
     per episode and shared by its support and queries. ρ maps into the first ``dict_size``
     dictionary entries (default: all M; training passes :func:`active_dictionary_size`).
-    Returns ``support_x [B,n,d_data]``, ``support_slot [B,n]``, ``query_x [B,q,d_data]`` and
+    ``K`` defaults to ``support_y.max() + 1``. Returns ``support_x [B,n,d_data]``, ``support_slot [B,n]``, ``query_x [B,q,d_data]`` and
     ``active_slots [B,K]`` (``active_slots[b, k] = ρ(k)``).
     """
     sf = np.asarray(episodes["support_f"], dtype=np.float32)
     qf = np.asarray(episodes["query_f"], dtype=np.float32)
     sy = np.asarray(episodes["support_y"], dtype=np.int64)
     b, n, d_t = sf.shape
-    K = int(sy.max()) + 1
+    K = int(sy.max()) + 1 if K is None else int(K)
     m = dictionary_slots(cfg) if dict_size is None else int(dict_size)
     check_ways(cfg, K, m)
     sx = np.zeros((b, n, cfg.d_data), dtype=np.float32)
