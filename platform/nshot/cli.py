@@ -166,6 +166,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nshot.serve import start
+    from nshot.serve.app import ServeOptions
+
+    opts = ServeOptions(
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
+        token=args.token,
+        num_replicas=args.replicas,
+    )
+    url = start(args.method, args.checkpoint, host=args.host, port=args.port, options=opts)
+    _console().print(
+        f"serving {args.method} at {url}/predict (metadata: {url}/metadata, health: "
+        f"{url}/healthz); Ctrl-C stops"
+    )
+    import time
+
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from nshot.quickstart import run
 
@@ -225,6 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="JSON file to write")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="serve a checkpoint over HTTP with Ray Serve")
+    s.add_argument("method")
+    s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--max-batch-size", type=int, default=16)
+    s.add_argument("--batch-wait-ms", type=float, default=5.0)
+    s.add_argument(
+        "--token", default=None, help="require this bearer token (default $NSHOT_SERVE_TOKEN)"
+    )
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("quickstart", help="train, evaluate and serve TAIL on an embedded local Ray")
     s.add_argument("--out", default=os.environ.get("NSHOT_QUICKSTART_DIR", "nshot-quickstart"))

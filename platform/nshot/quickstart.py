@@ -59,19 +59,30 @@ def run(out: Path, preset: str = "small", console=None) -> dict:
         table.add_row(f"{s.metric} ({s.description})", *cells)
     console.print(table)
 
-    console.print("3/3 serving one request (5-way 5-shot, real digits 5-9)...")
-    answer, acc = _serve_one(method, ckpt)
     console.print(
-        f"    predicted labels: {answer.labels[:10]}... accuracy on 25 queries: {acc:.2f}; "
-        f"probabilities of the first query: "
-        + ", ".join(f"{k}: {v:.2f}" for k, v in answer.probs[0].items())
+        "3/3 serving the checkpoint with Ray Serve on 127.0.0.1 and sending one request..."
+    )
+    answer, acc, url, same = _serve_one(method, ckpt)
+    console.print(
+        f"    POST {url}/predict (5-way 5-shot, real digits 5-9): labels {answer['labels'][:6]}...; "
+        f"accuracy on 25 queries {acc:.2f}; first query: "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in answer["probs"][0].items())
+        + f"; equals the in-process predictor: {same}"
     )
     console.print(f"[bold green]done[/bold green] in {time.time() - t0:.0f}s")
     return {"checkpoint": str(res.checkpoint), "results": results, "served_accuracy": acc}
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _serve_one(method, ckpt):
-    """One request to the method's predictor, exactly as the Serve app receives it (JSON)."""
+    """One HTTP request to the checkpoint served by nshot's Ray Serve app (then shut down)."""
     from nshot.data import digits_table, table_to_numpy
 
     x, y = table_to_numpy(digits_table())
@@ -83,12 +94,17 @@ def _serve_one(method, ckpt):
         support_y += [f"digit-{c}"] * 5
         query_x += x[rows[5:]].tolist()
         query_y += [f"digit-{c}"] * 5
+    from ray import serve
+
+    from nshot.serve import Client, start
+
+    request = {"support_x": support_x, "support_y": support_y, "query_x": query_x, "n_draws": 4}
+    url = start("tail", ckpt.path, port=_free_port())
+    try:
+        answer = Client(url).predict(request)
+    finally:
+        serve.shutdown()
     predictor = method.predictor(ckpt)
-    request = predictor.Request.model_validate_json(
-        predictor.Request(
-            support_x=support_x, support_y=support_y, query_x=query_x, n_draws=4
-        ).model_dump_json()
-    )
-    answer = predictor(request)
-    acc = float(np.mean([a == b for a, b in zip(answer.labels, query_y)]))
-    return answer, acc
+    same = answer == predictor(predictor.Request(**request)).model_dump(mode="json")
+    acc = float(np.mean([a == b for a, b in zip(answer["labels"], query_y)]))
+    return answer, acc, url, same

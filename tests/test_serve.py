@@ -1,0 +1,130 @@
+"""The Ray Serve application against a real local Serve instance on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.method import get
+from nshot.methods.tail.model import TailModel
+from nshot.serve import Client, ServeError
+from nshot.train.checkpoint import load_checkpoint, save_checkpoint
+
+TOKEN = "s3cret-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(ray_session, tmp_path_factory):
+    from ray import serve
+
+    from nshot.serve import start
+    from nshot.serve.app import ServeOptions
+
+    tail = get("tail")
+    cfg = tail.config("smoke")
+    torch.manual_seed(0)
+    path = save_checkpoint(
+        tmp_path_factory.mktemp("serve") / "ckpt",
+        method="tail",
+        method_version=tail.version,
+        config=cfg.model_dump(),
+        step=1,
+        model_state=TailModel(cfg).state_dict(),
+    )
+    opts = ServeOptions(token=TOKEN, max_body_bytes=300_000, max_items=20_000, max_batch_size=8)
+    url = start("tail", path, port=_free_port(), options=opts)
+    yield url, tail.predictor(load_checkpoint(path))
+    serve.shutdown()
+
+
+def _episode(seed: int, K: int = 3, d: int = 10) -> dict:
+    rng = np.random.default_rng(seed)
+    protos = rng.normal(size=(K, d))
+    sx = [(protos[k] + 0.2 * rng.normal(size=d)).tolist() for k in range(K) for _ in range(3)]
+    sy = [f"c{k}" for k in range(K) for _ in range(3)]
+    qx = [(protos[k % K] + 0.2 * rng.normal(size=d)).tolist() for k in range(6)]
+    return {"support_x": sx, "support_y": sy, "query_x": qx, "n_draws": 2, "seed": seed}
+
+
+def test_health_and_metadata(served):
+    url, _ = served
+    client = Client(url, token=TOKEN)
+    assert client.healthz()["status"] == "ok"
+    meta = client.metadata()
+    assert meta["method"] == "tail" and meta["checkpoint"]["step"] == 1
+    assert "support_x" in meta["request_schema"]["properties"]
+
+
+def test_served_answer_equals_in_process(served):
+    url, predictor = served
+    client = Client(url, token=TOKEN)
+    for seed in range(3):
+        ep = _episode(seed)
+        assert client.predict(ep) == predictor(predictor.Request(**ep)).model_dump(mode="json")
+
+
+def test_concurrent_requests_are_batched_and_still_exact(served):
+    url, predictor = served
+    client = Client(url, token=TOKEN)
+    eps = [_episode(s, K=2 + s % 3) for s in range(24)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(client.predict, eps))
+    for ep, ans in zip(eps, answers):
+        assert ans == predictor(predictor.Request(**ep)).model_dump(mode="json")
+
+
+def test_malformed_request_is_422_naming_the_field(served):
+    url, _ = served
+    client = Client(url, token=TOKEN)
+    bad = _episode(0)
+    bad["n_draws"] = 99
+    with pytest.raises(ServeError) as err:
+        client.predict(bad)
+    assert err.value.status == 422 and err.value.detail[0]["field"] == "n_draws"
+    bad = _episode(0)
+    bad["support_y"] = bad["support_y"][:-1]
+    with pytest.raises(ServeError) as err:
+        client.predict(bad)
+    assert err.value.status == 422 and "support_y" in err.value.detail[0]["msg"]
+    req = urllib.request.Request(url + "/predict", data=b"{not json", method="POST")
+    req.add_header("authorization", f"Bearer {TOKEN}")
+    with pytest.raises(urllib.error.HTTPError) as http_err:
+        urllib.request.urlopen(req, timeout=30)
+    assert http_err.value.code == 422
+
+
+def test_token_is_required(served):
+    url, _ = served
+    for token in ("", "wrong"):
+        with pytest.raises(ServeError) as err:
+            Client(url, token=token).predict(_episode(0)) if token else _no_token(url)
+        assert err.value.status == 401
+
+
+def _no_token(url):
+    req = urllib.request.Request(url + "/predict", data=json.dumps(_episode(0)).encode())
+    try:
+        urllib.request.urlopen(req, timeout=30)
+    except urllib.error.HTTPError as e:
+        raise ServeError(e.code, None) from None
+
+
+def test_oversized_request_is_413(served):
+    url, _ = served
+    big = _episode(0)
+    big["query_x"] = big["query_x"] * 900  # 5,400 queries x 10 floats: past the byte cap
+    with pytest.raises(ServeError) as err:
+        Client(url, token=TOKEN).predict(big)
+    assert err.value.status == 413
