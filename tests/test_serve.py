@@ -128,3 +128,42 @@ def test_oversized_request_is_413(served):
     with pytest.raises(ServeError) as err:
         Client(url, token=TOKEN).predict(big)
     assert err.value.status == 413
+
+
+def test_load_mixed_requests_no_restart(served):
+    """1,000 requests at concurrency 16, a tenth malformed: every valid one answered exactly,
+    every malformed one a 4xx, the same replica process throughout, nothing hangs."""
+    url, predictor = served
+    client = Client(url, token=TOKEN, timeout_s=60)
+    pid_before = client.healthz()["pid"]
+    eps = [_episode(i % 20, K=2 + i % 3) for i in range(20)]
+    expected = [predictor(predictor.Request(**e)).model_dump(mode="json") for e in eps]
+
+    def one(i: int):
+        if i % 10 == 0:
+            bad = dict(eps[i % 20], support_y=[])
+            try:
+                client.predict(bad)
+            except ServeError as err:
+                return ("bad", err.status)
+            return ("bad", 200)
+        return ("ok", client.predict(eps[i % 20]) == expected[i % 20])
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(1000)))
+    assert all(r[1] is True for r in results if r[0] == "ok")
+    assert all(400 <= r[1] < 500 for r in results if r[0] == "bad")
+    assert client.healthz()["pid"] == pid_before
+
+
+def test_serve_config_yaml_validates():
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = __import__("pathlib").Path(__file__).parents[1] / "examples" / "serve_config.yaml"
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    assert [a.name for a in schema.applications] == ["tail", "tail-smoke"]
+    assert schema.http_options.host == "127.0.0.1"
+    from nshot.serve.app import app_builder
+
+    assert callable(app_builder)

@@ -177,8 +177,8 @@ class MethodServer:
         )
 
     @fastapi_app.get("/healthz")
-    async def healthz(self) -> dict[str, str]:
-        return {"status": "ok", "method": self.method.name}
+    async def healthz(self) -> dict[str, Any]:
+        return {"status": "ok", "method": self.method.name, "pid": os.getpid()}
 
 
 def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions | None = None):
