@@ -102,3 +102,154 @@ def train(
     path.write_text(json.dumps(data, indent=1))
     data["written_to"] = str(path)
     return data
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _load(url: str, payload: bytes, clients: int, requests: int, timeout_s: float = 60.0):
+    """``requests`` POSTs from ``clients`` threads (bounded, loopback); latencies in seconds."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> float:
+        t = time.perf_counter()
+        req = urllib.request.Request(url, data=payload, method="POST")
+        req.add_header("content-type", "application/json")
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            resp.read()
+        return time.perf_counter() - t
+
+    for _ in range(min(clients, 4)):  # warm-up
+        one(0)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        lat = list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - t0
+    import numpy as np
+
+    arr = np.asarray(lat)
+    return {
+        "requests": requests,
+        "requests_per_s": requests / wall,
+        "p50_ms": float(np.percentile(arr, 50) * 1000),
+        "p99_ms": float(np.percentile(arr, 99) * 1000),
+    }
+
+
+def _wait_http(url: str, timeout_s: float = 120.0) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def serve(
+    method_name: str = "tail",
+    *,
+    checkpoint: str | None = None,
+    requests: int = 300,
+    concurrency: tuple[int, ...] = (1, 8, 32),
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """(a) Serve with batching, (b) Serve without batching, (c) bare FastAPI/uvicorn, no Ray.
+
+    Same predictor and checkpoint; each is driven with 1, 8 and 32 concurrent clients for a
+    fixed number of requests on 127.0.0.1. Without ``checkpoint`` a `smoke` model is trained
+    first (in-process)."""
+    import socket
+    import subprocess
+    import sys
+
+    from ray import serve as ray_serve
+
+    from nshot.serve.app import ServeOptions, build_app
+    from nshot.train import ensure_ray, fit
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ensure_ray()
+    tmp = tempfile.TemporaryDirectory(prefix="nshot-bench-serve-")
+    if checkpoint is None:
+        cfg = get(method_name).config("smoke")
+        checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
+    payload = _bench_payload(method_name)
+    port = free_port()
+    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
+    systems: dict[str, str] = {}
+    for name, batch in (("serve_batched", 16), ("serve_unbatched", 1)):
+        ray_serve.run(
+            build_app(method_name, checkpoint, ServeOptions(max_batch_size=batch)),
+            name=name,
+            route_prefix=f"/{name}",
+        )
+        systems[name] = f"http://127.0.0.1:{port}/{name}/predict"
+    bare_port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nshot.serve.bare", "--method", method_name,
+         "--checkpoint", checkpoint, "--port", str(bare_port)],
+    )  # fmt: skip
+    try:
+        _wait_http(f"http://127.0.0.1:{bare_port}/{method_name}/healthz")
+        systems["fastapi_bare"] = f"http://127.0.0.1:{bare_port}/{method_name}/predict"
+        results: dict[str, dict[str, Any]] = {s: {} for s in systems}
+        for c in concurrency:
+            for s, url in systems.items():
+                results[s][f"clients_{c}"] = _load(url, payload, c, requests)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        ray_serve.shutdown()
+        tmp.cleanup()
+    top, one = f"clients_{max(concurrency)}", f"clients_{min(concurrency)}"
+    a, b, c_ = results["serve_batched"], results["serve_unbatched"], results["fastapi_bare"]
+    data: dict[str, Any] = {
+        "benchmark": "serve",
+        "method": method_name,
+        "requests_per_level": requests,
+        "results": results,
+        "throughput_a_over_b_top": a[top]["requests_per_s"] / b[top]["requests_per_s"],
+        "throughput_a_over_c_top": a[top]["requests_per_s"] / c_[top]["requests_per_s"],
+        "p50_b_over_c_one_client": b[one]["p50_ms"] / c_[one]["p50_ms"],
+        "targets": {"throughput_a_over_b_top": ">= 3", "p50_b_over_c_one_client": "<= 1.5"},
+        "environment": _environment(),
+    }
+    path = Path(out or f"bench-results/serve-{method_name}.json")
+    data["compared_to_previous"] = _compare(
+        path,
+        data,
+        ["throughput_a_over_b_top", "throughput_a_over_c_top", "p50_b_over_c_one_client"],
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    data["written_to"] = str(path)
+    return data
+
+
+def _bench_payload(method_name: str) -> bytes:
+    """A representative request: a 5-way 5-shot episode of real digits with 25 queries."""
+    import numpy as np
+
+    from nshot.data import digits_table, table_to_numpy
+
+    if method_name != "tail":
+        raise ValueError(f"no serve benchmark payload for {method_name!r} yet")
+    x, y = table_to_numpy(digits_table())
+    rng = np.random.default_rng(0)
+    sx, sy, qx = [], [], []
+    for c in (5, 6, 7, 8, 9):
+        rows = rng.choice(np.flatnonzero(y == c), 10, replace=False)
+        sx += x[rows[:5]].tolist()
+        sy += [int(c)] * 5
+        qx += x[rows[5:]].tolist()
+    return json.dumps({"support_x": sx, "support_y": sy, "query_x": qx}).encode()

@@ -160,6 +160,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.what == "train":
         data = bench.train(args.method, preset=args.preset, steps=args.steps, out=args.out)
+    elif args.what == "serve":
+        data = bench.serve(
+            args.method, checkpoint=args.checkpoint, requests=args.requests, out=args.out
+        )
     else:  # pragma: no cover - argparse restricts choices
         raise NshotError(f"unknown benchmark {args.what!r}")
     _emit(args, data, json.dumps(data, indent=1))
@@ -245,10 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_reproduce)
 
     s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
-    s.add_argument("what", choices=["train"])
+    s.add_argument("what", choices=["train", "serve"])
     s.add_argument("--method", default="tail")
     s.add_argument("--preset", default="small")
-    s.add_argument("--steps", type=int, default=60)
+    s.add_argument("--steps", type=int, default=60, help="train: steps per run")
+    s.add_argument("--requests", type=int, default=300, help="serve: requests per level")
+    s.add_argument("--checkpoint", default=None, help="serve: checkpoint (default: train smoke)")
     s.add_argument("--out", default=None, help="JSON file to write")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)

@@ -63,6 +63,29 @@ def _errors(err: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
+def parse_request(predictor: Any, body: bytes, opts: ServeOptions) -> Any:
+    """The predictor's validated Request, or the 413/422 JSONResponse that explains the problem."""
+    if len(body) > opts.max_body_bytes:
+        return JSONResponse(
+            {"detail": f"body of {len(body)} bytes exceeds {opts.max_body_bytes}"},
+            status_code=413,
+        )
+    try:
+        decoded = json.loads(body)
+    except ValueError as err:
+        return JSONResponse(
+            {"detail": [{"field": None, "msg": f"invalid JSON: {err}"}]}, status_code=422
+        )
+    if _count_items(decoded, opts.max_items) > opts.max_items:
+        return JSONResponse(
+            {"detail": f"request holds more than {opts.max_items} items"}, status_code=413
+        )
+    try:
+        return predictor.Request.model_validate(decoded)
+    except ValidationError as err:
+        return JSONResponse({"detail": _errors(err)}, status_code=422)
+
+
 fastapi_app = FastAPI(title="nshot")
 
 
@@ -117,28 +140,9 @@ class MethodServer:
         if (resp := self._unauthorized(request)) is not None:
             return resp
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        body = await request.body()
-        if len(body) > self.opts.max_body_bytes:
-            return JSONResponse(
-                {"detail": f"body of {len(body)} bytes exceeds {self.opts.max_body_bytes}"},
-                status_code=413,
-            )
-        try:
-            decoded = json.loads(body)
-        except ValueError as err:
-            return JSONResponse(
-                {"detail": [{"field": None, "msg": f"invalid JSON: {err}"}]}, status_code=422
-            )
-        items = _count_items(decoded, self.opts.max_items)
-        if items > self.opts.max_items:
-            return JSONResponse(
-                {"detail": f"request holds more than {self.opts.max_items} items"},
-                status_code=413,
-            )
-        try:
-            req = self.predictor.Request.model_validate(decoded)
-        except ValidationError as err:
-            return JSONResponse({"detail": _errors(err)}, status_code=422)
+        req = parse_request(self.predictor, await request.body(), self.opts)
+        if isinstance(req, JSONResponse):
+            return req
         try:
             answer = await self.predict_batch(req)
             if isinstance(answer, ValueError):
