@@ -43,7 +43,13 @@ def served(ray_session, tmp_path_factory):
         step=1,
         model_state=TailModel(cfg).state_dict(),
     )
-    opts = ServeOptions(token=TOKEN, max_body_bytes=300_000, max_items=20_000, max_batch_size=8)
+    opts = ServeOptions(
+        token=TOKEN,
+        max_body_bytes=300_000,
+        max_items=20_000,
+        max_batch_size=8,
+        allow_fault_injection=True,
+    )
     url = start("tail", path, port=_free_port(), options=opts)
     yield url, tail.predictor(load_checkpoint(path))
     serve.shutdown()
@@ -167,3 +173,20 @@ def test_serve_config_yaml_validates():
     from nshot.serve.app import app_builder
 
     assert callable(app_builder)
+
+
+def test_internal_failure_is_500_with_request_id_and_replica_survives(served):
+    url, predictor = served
+    client = Client(url, token=TOKEN)
+    pid = client.healthz()["pid"]
+    req = urllib.request.Request(url + "/predict", data=json.dumps(_episode(1)).encode())
+    req.add_header("authorization", f"Bearer {TOKEN}")
+    req.add_header("x-nshot-inject-fault", "1")
+    req.add_header("x-request-id", "req-42")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 500
+    assert json.loads(err.value.read()) == {"detail": "internal error", "request_id": "req-42"}
+    ep = _episode(1)
+    assert client.predict(ep) == predictor(predictor.Request(**ep)).model_dump(mode="json")
+    assert client.healthz()["pid"] == pid

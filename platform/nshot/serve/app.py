@@ -41,6 +41,8 @@ class ServeOptions:
     max_items: int = 100_000  # cap on the number of list items in a request body
     token: str | None = None
     num_replicas: int = 1
+    # tests only: a request with header `x-nshot-inject-fault: 1` fails inside the handler
+    allow_fault_injection: bool = False
 
 
 def _count_items(obj: Any, limit: int) -> int:
@@ -144,6 +146,8 @@ class MethodServer:
         if isinstance(req, JSONResponse):
             return req
         try:
+            if self.opts.allow_fault_injection and request.headers.get("x-nshot-inject-fault"):
+                raise RuntimeError("injected fault (allow_fault_injection)")
             answer = await self.predict_batch(req)
             if isinstance(answer, ValueError):
                 return JSONResponse(
