@@ -103,7 +103,7 @@ def test_malformed_request_is_422_naming_the_field(served):
     bad["support_y"] = bad["support_y"][:-1]
     with pytest.raises(ServeError) as err:
         client.predict(bad)
-    assert err.value.status == 422 and "support_y" in err.value.detail[0]["msg"]
+    assert err.value.status == 422 and err.value.detail[0]["field"] == "support_y"
     req = urllib.request.Request(url + "/predict", data=b"{not json", method="POST")
     req.add_header("authorization", f"Bearer {TOKEN}")
     with pytest.raises(urllib.error.HTTPError) as http_err:

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,11 +59,20 @@ def _count_items(obj: Any, limit: int) -> int:
     return count
 
 
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?):")
+
+
 def _errors(err: ValidationError) -> list[dict[str, Any]]:
-    return [
-        {"field": ".".join(str(p) for p in e["loc"]) or None, "msg": e["msg"], "type": e["type"]}
-        for e in err.errors(include_url=False, include_context=False, include_input=False)
-    ]
+    """Pydantic errors as ``{"field", "msg", "type"}``; model-level checks name their field at
+    the start of the message (``"support_y: ..."``), which becomes the field here."""
+    out = []
+    for e in err.errors(include_url=False, include_context=False, include_input=False):
+        msg = e["msg"].removeprefix("Value error, ")
+        field = ".".join(str(p) for p in e["loc"]) or None
+        if field is None and (m := _FIELD_PREFIX.match(msg)):
+            field = m.group(1)
+        out.append({"field": field, "msg": msg, "type": e["type"]})
+    return out
 
 
 def parse_request(predictor: Any, body: bytes, opts: ServeOptions) -> Any:
