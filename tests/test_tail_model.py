@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-try:
-    from nshot.methods.tail import episodes as E
-    from nshot.methods.tail.config import TailConfig
-    from nshot.methods.tail.model import TailModel, episode_mask
-except ImportError:  # source checkout that was not installed
-    from methods.tail import episodes as E
-    from methods.tail.config import TailConfig
-    from methods.tail.model import TailModel, episode_mask
+from nshot.methods.tail import episodes as E
+from nshot.methods.tail.config import TailConfig
+from nshot.methods.tail.model import TailModel, episode_mask
 
 TOL = 1e-4
 

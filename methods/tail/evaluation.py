@@ -21,7 +21,6 @@ from .baselines import (
     per_episode_accuracy,
     protohead_logits,
 )
-from .config import TailConfig
 from .episodes import (
     ArrayModality,
     Modality,
@@ -214,7 +213,3 @@ class _progress:
 
 def tail_system(predictor: Any) -> dict[str, Any]:
     return {"predictor": predictor}
-
-
-def config_of(system: dict[str, Any]) -> TailConfig:
-    return system["predictor"].cfg
