@@ -253,3 +253,70 @@ def _bench_payload(method_name: str) -> bytes:
         sy += [int(c)] * 5
         qx += x[rows[5:]].tolist()
     return json.dumps({"support_x": sx, "support_y": sy, "query_x": qx}).encode()
+
+
+# --------------------------------------------------------------------------- tail inference
+
+
+def tail(
+    *,
+    preset: str = "small",
+    ways: int = 100,
+    shots: int = 5,
+    queries: int = 100,
+    reps: int = 5,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """TAIL forward time at ``ways``-way ``shots``-shot with ``queries`` queries: inline query
+    processing (one sequence) against one sequence per query (CAML-style), same weights, one
+    torch thread; medians over ``reps`` after a warm-up."""
+    import numpy as np
+    import torch
+
+    from nshot.methods.tail.episodes import make_batch, modality_a
+    from nshot.methods.tail.model import TailModel
+
+    torch.set_num_threads(1)
+    cfg = get("tail").config(preset, dictionary_size=max(ways, 100), max_ways=5)
+    torch.manual_seed(0)
+    model = TailModel(cfg).eval()
+    per_class = max(1, queries // ways)
+    batch = make_batch(
+        modality_a(), cfg, batch=1, K=ways, shots=shots, queries=per_class,
+        rng=np.random.default_rng(0),
+    )  # fmt: skip
+    args = (batch["support_x"], batch["support_slot"], batch["query_x"], batch["active_slots"])
+
+    def timed(fn) -> tuple[float, torch.Tensor]:
+        with torch.no_grad():
+            out_ = fn(*args)  # warm-up
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                out_ = fn(*args)
+                times.append(time.perf_counter() - t)
+        return float(np.median(times)), out_
+
+    t_inline, a = timed(model)
+    t_per_query, b = timed(lambda *x: model.forward_per_query(*x, query_chunk=25))
+    data: dict[str, Any] = {
+        "benchmark": "tail_inference",
+        "preset": preset,
+        "ways": ways,
+        "shots": shots,
+        "queries": int(batch["query_x"].shape[1]),
+        "inline_s": t_inline,
+        "per_query_s": t_per_query,
+        "speedup_inline": t_per_query / t_inline,
+        "max_abs_logit_diff": float((a - b).abs().max()),
+        "target_speedup": 10.0,
+        "environment": _environment(),
+    }
+    path = Path(out or "bench-results/tail-inference.json")
+    data["compared_to_previous"] = _compare(
+        path, data, ["inline_s", "per_query_s", "speedup_inline"]
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    data["written_to"] = str(path)
+    return data

@@ -160,6 +160,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.what == "train":
         data = bench.train(args.method, preset=args.preset, steps=args.steps, out=args.out)
+    elif args.what == "tail":
+        data = bench.tail(preset=args.preset, out=args.out)
     elif args.what == "serve":
         data = bench.serve(
             args.method, checkpoint=args.checkpoint, requests=args.requests, out=args.out
@@ -249,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_reproduce)
 
     s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
-    s.add_argument("what", choices=["train", "serve"])
+    s.add_argument("what", choices=["train", "serve", "tail"])
     s.add_argument("--method", default="tail")
     s.add_argument("--preset", default="small")
     s.add_argument("--steps", type=int, default=60, help="train: steps per run")
