@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from nshot.data import digits_table, table_to_numpy
+from nshot.data import digits_table, episode_from_table
 from nshot.serve import Client, ServeError
 
 
@@ -24,21 +22,14 @@ def main() -> None:
     print("health:", client.healthz())
     print("model step:", client.metadata()["checkpoint"]["step"])
 
-    x, y = table_to_numpy(digits_table())
-    rng = np.random.default_rng(0)
-    sx, sy, qx, qy = [], [], [], []
-    for c in (5, 6, 7, 8, 9):
-        rows = rng.choice(np.flatnonzero(y == c), 8, replace=False)
-        sx += x[rows[:5]].tolist()
-        sy += [str(c)] * 5
-        qx += x[rows[5:]].tolist()
-        qy += [str(c)] * 3
-    answer = client.predict({"support_x": sx, "support_y": sy, "query_x": qx, "n_draws": 4})
-    print("true:     ", qy)
+    episode = episode_from_table(digits_table(), (5, 6, 7, 8, 9), shots=5, queries=3, label=str)
+    query_y = episode.pop("query_y")
+    answer = client.predict({**episode, "n_draws": 4})
+    print("true:     ", query_y)
     print("predicted:", answer["labels"])
 
     try:  # a malformed request: one support label missing
-        client.predict({"support_x": sx, "support_y": sy[:-1], "query_x": qx})
+        client.predict({**episode, "support_y": episode["support_y"][:-1]})
     except ServeError as err:
         print("rejected:", err.status, err.detail)
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from nshot.data import digits_table, table_to_numpy
+from nshot.data import digits_table, episode_from_table
 from nshot.method import get
 from nshot.train import Scaling, fit, load_checkpoint
 
@@ -39,18 +37,11 @@ def main() -> None:
     print("metrics:", tail.evaluate(ckpt, cfg.replace(eval_episodes=50)))
 
     # one 3-way 5-shot episode of real 8x8 digit images the model never saw in training
-    x, y = table_to_numpy(digits_table())
-    rng = np.random.default_rng(1)
-    sx, sy, qx, qy = [], [], [], []
-    for c in (7, 8, 9):
-        rows = rng.choice(np.flatnonzero(y == c), 8, replace=False)
-        sx += x[rows[:5]].tolist()
-        sy += [int(c)] * 5
-        qx += x[rows[5:]].tolist()
-        qy += [int(c)] * 3
+    episode = episode_from_table(digits_table(), (7, 8, 9), shots=5, queries=3, seed=1)
+    query_y = episode.pop("query_y")
     predictor = tail.predictor(ckpt)
-    answer = predictor(predictor.Request(support_x=sx, support_y=sy, query_x=qx, n_draws=4))
-    print("true:     ", qy)
+    answer = predictor(predictor.Request(**episode, n_draws=4))
+    print("true:     ", query_y)
     print("predicted:", answer.labels)
 
 

@@ -30,3 +30,25 @@ def ray_session():
         ensure_ray(num_cpus=2, _node_ip_address="127.0.0.1", configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def untrained_tail_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """An nshot checkpoint of an untrained `smoke` TAIL model (seed 0, step 1), written once."""
+    import torch
+
+    from nshot.method import get
+    from nshot.methods.tail.model import TailModel
+    from nshot.train.checkpoint import save_checkpoint
+
+    tail = get("tail")
+    cfg = tail.config("smoke")
+    torch.manual_seed(0)
+    return save_checkpoint(
+        tmp_path_factory.mktemp("tail-ckpt") / "ckpt",
+        method="tail",
+        method_version=tail.version,
+        config=cfg.model_dump(),
+        step=1,
+        model_state=TailModel(cfg).state_dict(),
+    )

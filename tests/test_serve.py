@@ -9,12 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import torch
 
 from nshot.method import get
-from nshot.methods.tail.model import TailModel
 from nshot.serve import Client, ServeError
-from nshot.train.checkpoint import load_checkpoint, save_checkpoint
+from nshot.train.checkpoint import load_checkpoint
 
 TOKEN = "s3cret-token"
 
@@ -26,23 +24,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(ray_session, tmp_path_factory):
+def served(ray_session, untrained_tail_checkpoint):
     from ray import serve
 
     from nshot.serve import start
     from nshot.serve.app import ServeOptions
 
-    tail = get("tail")
-    cfg = tail.config("smoke")
-    torch.manual_seed(0)
-    path = save_checkpoint(
-        tmp_path_factory.mktemp("serve") / "ckpt",
-        method="tail",
-        method_version=tail.version,
-        config=cfg.model_dump(),
-        step=1,
-        model_state=TailModel(cfg).state_dict(),
-    )
+    path = untrained_tail_checkpoint
     opts = ServeOptions(
         token=TOKEN,
         max_body_bytes=300_000,
@@ -51,7 +39,7 @@ def served(ray_session, tmp_path_factory):
         allow_fault_injection=True,
     )
     url = start("tail", path, port=_free_port(), options=opts)
-    yield url, tail.predictor(load_checkpoint(path))
+    yield url, get("tail").predictor(load_checkpoint(path))
     serve.shutdown()
 
 

@@ -4,29 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from pydantic import ValidationError
 
 from nshot.method import get
-from nshot.methods.tail.model import TailModel
-from nshot.train.checkpoint import load_checkpoint, save_checkpoint
+from nshot.train.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")
-def predictor(tmp_path_factory):
-    tail = get("tail")
-    cfg = tail.config("smoke")
-    torch.manual_seed(0)
-    model = TailModel(cfg)
-    path = save_checkpoint(
-        tmp_path_factory.mktemp("ckpt") / "c",
-        method="tail",
-        method_version=tail.version,
-        config=cfg.model_dump(),
-        step=0,
-        model_state=model.state_dict(),
-    )
-    return tail.predictor(load_checkpoint(path, method="tail"))
+def predictor(untrained_tail_checkpoint):
+    return get("tail").predictor(load_checkpoint(untrained_tail_checkpoint, method="tail"))
 
 
 def _episode(seed=0, K=3, shots=2, queries=4, d=12, labels=("a", "b", "c")):

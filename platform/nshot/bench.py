@@ -32,6 +32,16 @@ def _environment() -> dict[str, Any]:
     }
 
 
+def _write(default: str, out: str | os.PathLike | None, data: dict[str, Any], keys: list[str]):
+    """Write ``data`` as JSON (with its ratios to the previous file's ``keys``) and return it."""
+    path = Path(out or default)
+    data["compared_to_previous"] = _compare(path, data, keys)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    data["written_to"] = str(path)
+    return data
+
+
 def _compare(out: Path, data: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """Ratios of this run's figures to the previous run's, when the file already exists."""
     if not out.exists():
@@ -94,14 +104,12 @@ def train(
         "target_ratio": 1.6,
         "environment": _environment(),
     }
-    path = Path(out or f"bench-results/train-{method_name}.json")
-    data["compared_to_previous"] = _compare(
-        path, data, ["samples_per_s_1", "samples_per_s_2", "ratio_2_over_1"]
+    return _write(
+        f"bench-results/train-{method_name}.json",
+        out,
+        data,
+        ["samples_per_s_1", "samples_per_s_2", "ratio_2_over_1"],
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    data["written_to"] = str(path)
-    return data
 
 
 # --------------------------------------------------------------------------- serve
@@ -224,35 +232,19 @@ def serve(
         "targets": {"throughput_a_over_b_top": ">= 3", "p50_b_over_c_one_client": "<= 1.5"},
         "environment": _environment(),
     }
-    path = Path(out or f"bench-results/serve-{method_name}.json")
-    data["compared_to_previous"] = _compare(
-        path,
-        data,
-        ["throughput_a_over_b_top", "throughput_a_over_c_top", "p50_b_over_c_one_client"],
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    data["written_to"] = str(path)
-    return data
+    keys = ["throughput_a_over_b_top", "throughput_a_over_c_top", "p50_b_over_c_one_client"]
+    return _write(f"bench-results/serve-{method_name}.json", out, data, keys)
 
 
 def _bench_payload(method_name: str) -> bytes:
     """A representative request: a 5-way 5-shot episode of real digits with 25 queries."""
-    import numpy as np
-
-    from nshot.data import digits_table, table_to_numpy
+    from nshot.data import digits_table, episode_from_table
 
     if method_name != "tail":
         raise ValueError(f"no serve benchmark payload for {method_name!r} yet")
-    x, y = table_to_numpy(digits_table())
-    rng = np.random.default_rng(0)
-    sx, sy, qx = [], [], []
-    for c in (5, 6, 7, 8, 9):
-        rows = rng.choice(np.flatnonzero(y == c), 10, replace=False)
-        sx += x[rows[:5]].tolist()
-        sy += [int(c)] * 5
-        qx += x[rows[5:]].tolist()
-    return json.dumps({"support_x": sx, "support_y": sy, "query_x": qx}).encode()
+    episode = episode_from_table(digits_table(), (5, 6, 7, 8, 9), shots=5, queries=5)
+    episode.pop("query_y")
+    return json.dumps(episode).encode()
 
 
 # --------------------------------------------------------------------------- tail inference
@@ -312,11 +304,9 @@ def tail(
         "target_speedup": 10.0,
         "environment": _environment(),
     }
-    path = Path(out or "bench-results/tail-inference.json")
-    data["compared_to_previous"] = _compare(
-        path, data, ["inline_s", "per_query_s", "speedup_inline"]
+    return _write(
+        "bench-results/tail-inference.json",
+        out,
+        data,
+        ["inline_s", "per_query_s", "speedup_inline"],
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    data["written_to"] = str(path)
-    return data

@@ -83,22 +83,16 @@ def _free_port() -> int:
 
 def _serve_one(method, ckpt):
     """One HTTP request to the checkpoint served by nshot's Ray Serve app (then shut down)."""
-    from nshot.data import digits_table, table_to_numpy
-
-    x, y = table_to_numpy(digits_table())
-    rng = np.random.default_rng(0)
-    support_x, support_y, query_x, query_y = [], [], [], []
-    for c in (5, 6, 7, 8, 9):
-        rows = rng.choice(np.flatnonzero(y == c), 10, replace=False)
-        support_x += x[rows[:5]].tolist()
-        support_y += [f"digit-{c}"] * 5
-        query_x += x[rows[5:]].tolist()
-        query_y += [f"digit-{c}"] * 5
     from ray import serve
 
+    from nshot.data import digits_table, episode_from_table
     from nshot.serve import Client, start
 
-    request = {"support_x": support_x, "support_y": support_y, "query_x": query_x, "n_draws": 4}
+    episode = episode_from_table(
+        digits_table(), (5, 6, 7, 8, 9), shots=5, queries=5, label=lambda c: f"digit-{c}"
+    )
+    query_y = episode.pop("query_y")
+    request = {**episode, "n_draws": 4}
     url = start("tail", ckpt.path, port=_free_port())
     try:
         answer = Client(url).predict(request)

