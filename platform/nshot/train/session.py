@@ -100,6 +100,10 @@ def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _is_deepspeed(model: object) -> bool:
+    return hasattr(model, "zero_optimization_stage") and hasattr(model, "module")
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -211,12 +215,21 @@ def report(
         ray.train.report(metrics)
         return
     name = f"checkpoint_{step:08d}"
+    if _is_deepspeed(model):
+        # ZeRO partitions: gather the full weights (collective, every rank); DeepSpeed's own
+        # optimizer checkpoints are pickles, so its optimizer state is not saved
+        from nshot.train.deepspeed import full_state_dict
+
+        model_state = full_state_dict(model)
+        optimizer = None
+    else:
+        model_state = unwrap(model).state_dict()
     kwargs = dict(
         method=info.method,
         method_version=info.method_version,
         config=info.config,
         step=step,
-        model_state=unwrap(model).state_dict(),
+        model_state=model_state,
         metrics=metrics,
         optimizer_state=optimizer.state_dict() if optimizer is not None else None,
         extra=extra,

@@ -1,0 +1,275 @@
+"""DeepSpeed engines for nshot's LLM methods, inside a Ray Train worker or a plain process.
+
+::
+
+    from nshot.train.deepspeed import DeepSpeedOptions, build_engine, full_state_dict
+
+    opts = DeepSpeedOptions(zero_stage=3, micro_batch=8, lr=3e-4)
+    engine = build_engine(model, opts)               # optimises the params with requires_grad
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    engine.step()
+    weights = full_state_dict(engine)                # gathered from ZeRO-3 shards, every rank
+
+The accelerator is picked once per process: CUDA when a GPU is visible (bf16 when it supports it,
+NCCL), otherwise ``DS_ACCELERATOR=cpu`` with fp32 and gloo. Inside a Ray Train worker the process
+group Ray Train created is reused; in a plain process (Ray Train's local mode, a test, an example)
+a one-process group on 127.0.0.1 is created. The optimizer is ``torch.optim.AdamW`` handed to
+DeepSpeed as a client optimizer (DeepSpeed's fused Adam needs CUDA kernels and its CPU Adam a
+compiler), so the same code runs everywhere.
+
+Checkpoints go through :mod:`nshot.train.checkpoint` (safetensors + JSON, the weights gathered
+from ZeRO-3 partitions) or :func:`save_hf_model` (a Hugging Face folder that
+``AutoModelForCausalLM.from_pretrained`` reads); DeepSpeed's own pickled checkpoints are never
+written or read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from nshot.hashing import sha256_file
+
+__all__ = [
+    "DeepSpeedOptions",
+    "accelerator",
+    "build_engine",
+    "ds_config",
+    "full_state_dict",
+    "init_distributed",
+    "memory_report",
+    "precision",
+    "save_hf_model",
+]
+
+
+class DeepSpeedOptions(BaseModel):
+    """The DeepSpeed knobs a method's config carries (as a nested ``deepspeed`` field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state on CPU")
+    offload_params: bool = Field(False, description="ZeRO-3 parameter offload to CPU")
+    micro_batch: int = Field(8, ge=1, description="sequences per worker per step")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+
+def accelerator() -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"``; sets ``DS_ACCELERATOR`` accordingly.
+
+    Must run before deepspeed is imported (every function here calls it first). An explicit
+    ``DS_ACCELERATOR`` in the environment wins.
+    """
+    kind = os.environ.get("DS_ACCELERATOR")
+    if kind is None:
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        os.environ["DS_ACCELERATOR"] = kind
+    return kind
+
+
+def precision(opts: DeepSpeedOptions) -> str:
+    """The precision that ``opts`` resolves to here: bf16 on a bf16-capable GPU, else fp32."""
+    if opts.precision != "auto":
+        return opts.precision
+    if accelerator() == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Join the existing process group (Ray Train's) or create a one-process one on 127.0.0.1."""
+    accelerator()
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # DeepSpeed's comm layer wraps the existing torch group
+        deepspeed.init_distributed(dist_backend=dist.get_backend())
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+    backend = "nccl" if accelerator() == "cuda" else "gloo"
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def ds_config(opts: DeepSpeedOptions) -> dict[str, Any]:
+    """The DeepSpeed JSON config for ``opts``."""
+    zero: dict[str, Any] = {"stage": opts.zero_stage}
+    if opts.offload_optimizer:
+        if opts.zero_stage == 0:
+            raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3 (zero_stage)")
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if opts.offload_params:
+        if opts.zero_stage != 3:
+            raise ValueError("offload_params needs ZeRO stage 3 (zero_stage)")
+        zero["offload_param"] = {"device": "cpu"}
+    if opts.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": opts.micro_batch,
+        "gradient_accumulation_steps": opts.grad_accum,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if opts.grad_clip > 0:
+        cfg["gradient_clipping"] = opts.grad_clip
+    if precision(opts) == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def build_engine(
+    model: torch.nn.Module,
+    opts: DeepSpeedOptions,
+    params: Iterable[torch.nn.Parameter] | None = None,
+) -> Any:
+    """A ``deepspeed.DeepSpeedEngine`` over ``model`` optimising ``params`` with AdamW.
+
+    ``params`` defaults to the model's parameters with ``requires_grad``; parameters outside it
+    are frozen (only they are left out of ZeRO's partitioned optimizer state). Collective: every
+    rank calls it with the same model.
+    """
+    init_distributed()
+    import deepspeed
+
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    params = list(params)
+    if not params:
+        raise ValueError("build_engine: no trainable parameters (all have requires_grad=False)")
+    wanted = {id(p) for p in params}
+    for p in model.parameters():
+        if id(p) not in wanted:
+            p.requires_grad_(False)
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": opts.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=opts.betas, eps=opts.eps)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_config(opts), model_parameters=None
+    )
+    return engine
+
+
+def _zero3(engine: Any) -> bool:
+    return getattr(engine, "zero_optimization_stage", lambda: 0)() == 3
+
+
+def full_state_dict(engine_or_model: Any) -> dict[str, torch.Tensor]:
+    """The model's full weights as fp32 CPU tensors, on every rank (collective under ZeRO-3).
+
+    Accepts an engine or a plain module. Tied weights appear under each of their names.
+    """
+    module = getattr(engine_or_model, "module", engine_or_model)
+    if _zero3(engine_or_model):
+        import deepspeed
+
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def save_hf_model(
+    engine_or_model: Any,
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> Path | None:
+    """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files and
+    ``nshot.json`` with every file's sha256 and ``extra``) gathered from any ZeRO stage.
+
+    Collective: call it on every rank; rank 0 writes and gets the path, other ranks get None.
+    """
+    import torch.distributed as dist
+
+    module = getattr(engine_or_model, "module", engine_or_model)
+    state = full_state_dict(engine_or_model)
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    plain = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(state, strict=False)
+    tied = set(getattr(plain, "_tied_weights_keys", None) or ())
+    if unexpected or [k for k in missing if k not in tied and "lm_head" not in k]:
+        raise RuntimeError(f"weights do not match the config: {missing=} {unexpected=}")
+    plain.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    files = {
+        p.name: sha256_file(p)
+        for p in sorted(out.iterdir())
+        if p.is_file() and p.name != "nshot.json"
+    }
+    (out / "nshot.json").write_text(json.dumps({"sha256": files, **(extra or {})}, indent=1))
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def memory_report(engine: Any) -> dict[str, float]:
+    """Bytes this rank holds for the model's parameters and the optimizer, by kind.
+
+    ``params``: model parameters resident on this rank (ZeRO-3: its partition only);
+    ``master``: fp32 master copies DeepSpeed keeps for the optimizer (ZeRO 1-3, bf16);
+    ``optimizer``: optimizer state tensors (Adam moments) of this rank;
+    ``grads``: gradient buffers of this rank; ``total`` = params + master + optimizer.
+    """
+    module = engine.module
+    params = 0
+    for p in module.parameters():
+        ds = getattr(p, "ds_tensor", None)
+        params += _nbytes(ds) if ds is not None else _nbytes(p)
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", opt)  # DeepSpeed's ZeRO wrapper holds a torch optimizer
+    state = 0
+    for entry in inner.state.values():
+        state += sum(_nbytes(v) for v in entry.values() if isinstance(v, torch.Tensor))
+    # the ZeRO wrappers' flat fp32 partitions are what the torch optimizer steps
+    flat = list(getattr(opt, "fp32_partitioned_groups_flat", None) or [])  # ZeRO-3
+    flat += list(getattr(opt, "single_partition_of_fp32_groups", None) or [])  # ZeRO-1/2
+    master = sum(_nbytes(t) for t in flat if isinstance(t, torch.Tensor))
+    grads = sum(_nbytes(t.grad) for t in flat if isinstance(t, torch.Tensor) and t.grad is not None)
+    if inner is opt:
+        grads = sum(_nbytes(p.grad) for p in module.parameters() if p.grad is not None)
+    return {
+        "params": float(params),
+        "master": float(master),
+        "optimizer": float(state),
+        "grads": float(grads),
+        "total": float(params + master + state),
+    }
