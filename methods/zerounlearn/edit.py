@@ -161,7 +161,9 @@ def _batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def context_templates(model: Any, tok: Any, n_sampled: int, seed: int, length: int = 10) -> list[str]:
+def context_templates(
+    model: Any, tok: Any, n_sampled: int, seed: int, length: int = 10
+) -> list[str]:
     """``["{}"]`` plus ``n_sampled`` top-k (k = 5) continuations of the five prefixes, each
     turned into ``"<continuation>. {}"`` (braces removed from the sampled text)."""
     out = ["{}"]
@@ -535,7 +537,9 @@ def key_statistics(
             break
     m = mlp(model, missing[0]).down_proj.in_features
     acc = {
-        layer: KeyStats(torch.zeros(m, m, dtype=torch.float64), torch.zeros(m, dtype=torch.float64), 0)
+        layer: KeyStats(
+            torch.zeros(m, m, dtype=torch.float64), torch.zeros(m, dtype=torch.float64), 0
+        )
         for layer in missing
     }
     cur_mask: list[torch.Tensor] = []
@@ -574,9 +578,7 @@ def key_statistics(
             path = _stats_path(fp, text_hash, layer, max_positions)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{id(s)}")
-            save_file(
-                {"kk_sum": s.kk_sum, "k_sum": s.k_sum, "n": torch.tensor([s.n])}, str(tmp)
-            )
+            save_file({"kk_sum": s.kk_sum, "k_sum": s.k_sum, "n": torch.tensor([s.n])}, str(tmp))
             tmp.replace(path)
     return out
 
@@ -785,7 +787,7 @@ def apply_edit(
         before = (q.T @ (W @ kf)).norm(dim=0)
         after = (q.T @ (new @ kf)).norm(dim=0)
         layer_diag["ortho_ratio"] = float((after / before.clamp_min(1e-12)).mean())
-        layer_diag["fit_residual"] = float(((new @ kf - vf).norm() / vf.norm()))
+        layer_diag["fit_residual"] = float((new @ kf - vf).norm() / vf.norm())
         layer_diag["rel_weight_change"] = float((new - W).norm() / W.norm())
         with torch.no_grad():
             down.weight.copy_(new.to(down.weight.dtype))
@@ -796,8 +798,7 @@ def apply_edit(
 def edited_weights(model: Any, layers: Sequence[int]) -> dict[str, torch.Tensor]:
     """``{"layers.<l>.down_proj": weight}`` of the edited layers (what a checkpoint stores)."""
     return {
-        f"layers.{la}.down_proj": mlp(model, la).down_proj.weight.detach().clone()
-        for la in layers
+        f"layers.{la}.down_proj": mlp(model, la).down_proj.weight.detach().clone() for la in layers
     }
 
 

@@ -74,7 +74,9 @@ def score(
 
 
 @torch.no_grad()
-def perplexity(model: Any, tok: Any, chunks: Sequence[Sequence[int]], batch_size: int = 16) -> float:
+def perplexity(
+    model: Any, tok: Any, chunks: Sequence[Sequence[int]], batch_size: int = 16
+) -> float:
     """exp of the mean token NLL over ``chunks`` (every predicted token counts once)."""
     head = model.get_output_embeddings()
     total, count = 0.0, 0

@@ -310,3 +310,118 @@ def tail(
         data,
         ["inline_s", "per_query_s", "speedup_inline"],
     )
+
+
+# --------------------------------------------------------------------------- deepspeed
+
+
+def _ds_memory_worker(config: dict[str, Any]) -> None:
+    """Ray Train worker: build the engine, take two optimizer steps, write this rank's bytes."""
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaForCausalLM
+
+    from nshot.nn.lm import tiny_llama_config
+    from nshot.train.deepspeed import DeepSpeedOptions, build_engine, memory_report
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(config["vocab"], **config["shape"]))
+    opts = DeepSpeedOptions(
+        zero_stage=config["zero_stage"], micro_batch=1, lr=1e-4, precision=config["precision"]
+    )
+    engine = build_engine(model, opts)
+    x = torch.randint(0, config["vocab"], (1, 32))
+    for _ in range(2):
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+    report = memory_report(engine)
+    report["n_params"] = float(
+        sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    )
+    rank = dist.get_rank()
+    Path(config["out"], f"rank{rank}.json").write_text(json.dumps(report))
+
+
+#: the shape of SmolLM2-135M (30 layers, hidden 576, MLP 1536, 9/3 heads), randomly initialised
+SMOLLM2_SHAPE = {
+    "layers": 30,
+    "hidden": 576,
+    "intermediate": 1536,
+    "heads": 9,
+    "kv_heads": 3,
+    "max_positions": 2048,
+}
+
+
+def deepspeed(
+    *,
+    workers: int = 2,
+    shape: str = "smollm2",
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Per-rank parameter + optimizer memory under ZeRO-0 and ZeRO-3 on ``workers`` Ray Train
+    CPU workers, for fp32 (the CPU default) and bf16 mixed precision (the GPU default), and the
+    ratios ZeRO-3 / ZeRO-0 (target <= 0.6)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from nshot.train import ensure_ray
+
+    if shape == "smollm2":
+        model_shape, vocab = SMOLLM2_SHAPE, 49152
+    elif shape == "tiny":
+        model_shape = {"layers": 4, "hidden": 128, "intermediate": 512, "heads": 4}
+        vocab = 3000
+    else:
+        raise ValueError(f"unknown model shape {shape!r}: choose smollm2 or tiny")
+    ensure_ray()
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="nshot-bench-ds-") as tmp:
+        for precision in ("fp32", "bf16"):
+            for stage in (0, 3):
+                d = Path(tmp, f"{precision}-z{stage}")
+                d.mkdir()
+                cfg = {
+                    "zero_stage": stage,
+                    "precision": precision,
+                    "vocab": vocab,
+                    "shape": model_shape,
+                    "out": str(d),
+                }
+                TorchTrainer(
+                    _ds_memory_worker,
+                    train_loop_config=cfg,
+                    scaling_config=ray.train.ScalingConfig(
+                        num_workers=workers, resources_per_worker={"CPU": 1}
+                    ),
+                    run_config=ray.train.RunConfig(name=d.name, storage_path=str(Path(tmp, "ray"))),
+                ).fit()
+                ranks = [json.loads(Path(d, f"rank{r}.json").read_text()) for r in range(workers)]
+                runs[f"{precision}_zero{stage}"] = {
+                    "per_rank_total_bytes": [r["total"] for r in ranks],
+                    "per_rank": ranks,
+                    "max_rank_total_mb": max(r["total"] for r in ranks) / 2**20,
+                }
+    data: dict[str, Any] = {
+        "benchmark": "deepspeed",
+        "workers": workers,
+        "model_shape": shape,
+        "n_params": runs["fp32_zero0"]["per_rank"][0]["n_params"],
+        **runs,
+        "ratio_zero3_over_zero0_fp32": runs["fp32_zero3"]["max_rank_total_mb"]
+        / runs["fp32_zero0"]["max_rank_total_mb"],
+        "ratio_zero3_over_zero0_bf16": runs["bf16_zero3"]["max_rank_total_mb"]
+        / runs["bf16_zero0"]["max_rank_total_mb"],
+        "target_ratio": 0.6,
+        "what": "bytes of model parameters resident on a rank + fp32 master copies + Adam "
+        "moments, after two optimizer steps (largest rank)",
+        "environment": _environment(),
+    }
+    return _write(
+        f"bench-results/deepspeed-{shape}.json",
+        out,
+        data,
+        ["ratio_zero3_over_zero0_fp32", "ratio_zero3_over_zero0_bf16"],
+    )

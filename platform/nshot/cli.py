@@ -162,6 +162,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         data = bench.train(args.method, preset=args.preset, steps=args.steps, out=args.out)
     elif args.what == "tail":
         data = bench.tail(preset=args.preset, out=args.out)
+    elif args.what == "deepspeed":
+        data = bench.deepspeed(workers=args.workers, shape=args.shape, out=args.out)
     elif args.what == "serve":
         data = bench.serve(
             args.method, checkpoint=args.checkpoint, requests=args.requests, out=args.out
@@ -251,10 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_reproduce)
 
     s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
-    s.add_argument("what", choices=["train", "serve", "tail"])
+    s.add_argument("what", choices=["train", "serve", "tail", "deepspeed"])
     s.add_argument("--method", default="tail")
     s.add_argument("--preset", default="small")
     s.add_argument("--steps", type=int, default=60, help="train: steps per run")
+    s.add_argument("--workers", type=int, default=2, help="deepspeed: Ray Train workers")
+    s.add_argument(
+        "--shape", default="smollm2", choices=["smollm2", "tiny"], help="deepspeed: model shape"
+    )
     s.add_argument("--requests", type=int, default=300, help="serve: requests per level")
     s.add_argument("--checkpoint", default=None, help="serve: checkpoint (default: train smoke)")
     s.add_argument("--out", default=None, help="JSON file to write")

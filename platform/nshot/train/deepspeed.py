@@ -262,6 +262,8 @@ def memory_report(engine: Any) -> dict[str, float]:
     # the ZeRO wrappers' flat fp32 partitions are what the torch optimizer steps
     flat = list(getattr(opt, "fp32_partitioned_groups_flat", None) or [])  # ZeRO-3
     flat += list(getattr(opt, "single_partition_of_fp32_groups", None) or [])  # ZeRO-1/2
+    if not flat:  # ZeRO-0 with bf16/fp16: DeepSpeed's unfused optimizer keeps fp32 copies
+        flat = [t for group in getattr(opt, "fp32_groups", None) or [] for t in group]
     master = sum(_nbytes(t) for t in flat if isinstance(t, torch.Tensor))
     grads = sum(_nbytes(t.grad) for t in flat if isinstance(t, torch.Tensor) and t.grad is not None)
     if inner is opt:

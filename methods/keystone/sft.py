@@ -1,0 +1,153 @@
+"""Keystone-only SFT and its baselines: full fine-tuning and random-rows SFT (spec §2, §5).
+
+Keystone SFT trains only the incoming rows ``W[j, :]`` of the keystone neurons, as a row-sparse
+:class:`~.neurons.DeltaRows` added by forward hooks (``out[..., idx] += x @ Δᵀ``); the base
+weights are frozen and only Δ is handed to the optimiser, so weight decay, Adam state and ZeRO
+partitioning touch nothing else. (The ``row+col`` variant of the spec is not implemented.)
+Every variant trains through the platform's DeepSpeed helper
+(:func:`nshot.train.deepspeed.build_engine`), fp32 on CPU. The loss is token cross-entropy on
+the response tokens only (answer + EOS).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .evaluation import answer_ids, encode
+from .neurons import DeltaRows, NeuronHooks, NeuronSpace
+
+
+class DeltaModel(nn.Module):
+    """A frozen causal LM plus trainable Δ rows applied by persistent forward hooks."""
+
+    def __init__(self, lm: nn.Module, space: NeuronSpace, gids: Sequence[int]) -> None:
+        super().__init__()
+        self.lm = lm
+        self.delta = DeltaRows(space, gids)
+        for p in self.lm.parameters():
+            p.requires_grad_(False)
+        self._hooks = NeuronHooks(space, delta=self.delta).__enter__()
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.lm(**kwargs)
+
+    def remove_hooks(self) -> None:
+        self._hooks.__exit__()
+
+
+def encode_pairs(tok, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """``(prompt ids with BOS, response ids = answer + EOS)`` per pair."""
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    return [(encode(tok, p), answer_ids(tok, p, a) + eos) for p, a in pairs]
+
+
+def make_batch(
+    encoded: list[tuple[list[int], list[int]]], rows: np.ndarray, pad: int
+) -> dict[str, torch.Tensor]:
+    seqs = [encoded[i] for i in rows]
+    L = max(len(p) + len(r) for p, r in seqs)
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    labels = torch.full((len(seqs), L), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, (p, r) in enumerate(seqs):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
+        mask[i, : len(p) + len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def train(
+    module: nn.Module,
+    params: list[nn.Parameter],
+    tok,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    deepspeed_opts: Any,
+    log_every: int = 100,
+    log=print,
+) -> dict[str, Any]:
+    """Fine-tune ``params`` of ``module`` on ``pairs`` with a DeepSpeed engine (cosine lr, no
+    warm-up); returns the loss history and the wall time."""
+    from nshot.train.deepspeed import build_engine
+
+    opts = deepspeed_opts.model_copy(update={"lr": lr, "micro_batch": batch, "grad_accum": 1})
+    torch.manual_seed(seed)
+    engine = build_engine(module, opts, params=params)
+    module.train()
+    enc = encode_pairs(tok, pairs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rng = np.random.default_rng([seed, 11])
+    dev = engine.device
+    hist, t0 = [], time.time()
+    for step in range(1, steps + 1):
+        for g in engine.optimizer.param_groups:
+            g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+        b = make_batch(enc, rng.integers(len(enc), size=batch), pad)
+        loss = engine(**{k: v.to(dev) for k, v in b.items()}).loss
+        engine.backward(loss)
+        engine.step()
+        if step % log_every == 0 or step == steps:
+            hist.append({"step": step, "loss": float(loss)})
+            log(f"    step {step}: loss {float(loss):.4f}")
+    module.eval()
+    return {"history": hist, "train_s": time.time() - t0}
+
+
+def run_variant(
+    variant: str,
+    lm_factory,
+    tok,
+    gids: Sequence[int] | None,
+    modules: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    deepspeed_opts: Any,
+    evaluate_after,
+    log=print,
+) -> dict[str, Any]:
+    """One SFT run: ``variant`` is ``full`` (every weight) or ``rows`` (Δ on ``gids``)."""
+    lm = lm_factory()
+    if variant == "full":
+        module: nn.Module = lm
+        params = [p for p in lm.parameters()]
+        for p in params:
+            p.requires_grad_(True)
+        n_params = sum(p.numel() for p in params)
+    else:
+        space = NeuronSpace(lm, modules)
+        module = DeltaModel(lm, space, gids or [])
+        params = list(module.delta.parameters())
+        n_params = module.delta.n_params
+    out = train(
+        module,
+        params,
+        tok,
+        pairs,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        seed=seed,
+        deepspeed_opts=deepspeed_opts,
+        log=log,
+    )
+    out["trainable_params"] = float(n_params)
+    out["metrics"] = evaluate_after(lm)
+    if variant != "full":
+        out["delta_state"] = {k: v.detach().clone() for k, v in module.delta.state_dict().items()}
+        module.remove_hooks()
+    return out

@@ -1,0 +1,85 @@
+"""ZeroUnlearn configuration and presets (spec: shared/methods/zerounlearn.md, section 3).
+
+``small`` runs on the real SmolLM2-135M-Instruct (the spec's preset decision); ``smoke`` on the
+tiny Llama nshot trains itself (``tiny-smoke``); ``paper`` on a Hugging Face model given by path
+or hub name (with ``allow_download``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+
+
+class ZeroUnlearnConfig(MethodConfig):
+    model: str = Field(
+        "smollm2",
+        description="'smollm2', 'tiny-smoke', a local Hugging Face folder or a hub name",
+    )
+    allow_download: bool = Field(False, description="let a hub model name be downloaded")
+    variant: Literal["zerounlearn", "gd", "wo_op", "wo_ut"] = Field(
+        "zerounlearn", description="what train_loop runs: the closed form, -GD, or an ablation"
+    )
+    # edit
+    edit_layers: list[int] = Field(default_factory=lambda: [15, 16, 17], min_length=1)
+    v_loss_layer: int = Field(29, ge=0)
+    delta_steps: int = Field(25, ge=1, le=1000)
+    delta_lr: float = Field(0.1, gt=0.0, le=100.0)
+    remap_lr: float = Field(
+        0.1, gt=0.0, le=100.0, description="Adam lr of the remapping δ on the residual stream"
+    )
+    weight_decay: float = Field(0.5, ge=0.0)
+    clamp_factor: float = Field(0.75, gt=0.0)
+    kl_factor: float = Field(0.0625, ge=0.0)
+    lam_w: float = Field(15000.0, ge=0.0)
+    lam_f: float = Field(50.0, ge=0.0)
+    lam_r: float = Field(1.0, gt=0.0)
+    eps: float = Field(0.01, ge=0.0, le=1.0, description="ε of the soft projector P")
+    consistent_stats: bool = Field(False, description="VKT_w = W·KKT_w instead of centred (§9)")
+    context_templates: int = Field(5, ge=0, le=50, description="sampled context templates")
+    stats_positions: int = Field(100_000, ge=16, description="general-text key positions")
+    gd_steps: int = Field(300, ge=1, le=100_000)
+    gd_lr: float = Field(1e-3, gt=0.0)
+    null_threshold: float = Field(0.01, ge=0.0)
+    # data
+    n_forget: int = Field(20, ge=1, le=10_000)
+    n_retain: int = Field(200, ge=1, le=100_000)
+    ppl_chunks: int = Field(200, ge=1, le=100_000)
+    ppl_length: int = Field(64, ge=8, le=4096)
+    # baselines
+    ga_steps: int = Field(10, ge=1, le=10_000)
+    ga_lr: float = Field(1e-4, gt=0.0)
+    ft_steps: int = Field(25, ge=1, le=10_000)
+    ft_lr: float = Field(1e-4, gt=0.0)
+    # experiments
+    experiment_seeds: int = Field(3, ge=1, le=20)
+    parallel_seeds: bool = Field(True, description="seeds as parallel Ray tasks")
+
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": dict(
+            model="tiny-smoke", edit_layers=[0], v_loss_layer=1, delta_steps=3,
+            context_templates=0, stats_positions=2000, gd_steps=20, n_forget=5, n_retain=20,
+            ppl_chunks=20, experiment_seeds=1, steps=1, ga_steps=3, ft_steps=5, remap_lr=0.1,
+        ),
+        "small": dict(
+            model="smollm2", edit_layers=[15, 16, 17], v_loss_layer=29, delta_steps=25,
+            context_templates=2, stats_positions=100_000, gd_steps=300, n_forget=10,
+            n_retain=200, ppl_chunks=48, experiment_seeds=3, steps=1, remap_lr=1.0,
+        ),
+        "paper": dict(
+            model="meta-llama/Llama-3.2-3B-Instruct", edit_layers=[16, 17, 18], v_loss_layer=27,
+            delta_steps=25, context_templates=5, stats_positions=100_000, gd_steps=500,
+            n_forget=50, n_retain=1000, ppl_chunks=200, experiment_seeds=10, steps=1,
+        ),
+    }  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> ZeroUnlearnConfig:
+        if sorted(set(self.edit_layers)) != self.edit_layers:
+            raise ValueError("field 'edit_layers': must be strictly increasing")
+        if min(self.edit_layers) < 0:
+            raise ValueError("field 'edit_layers': layers are >= 0")
+        return self

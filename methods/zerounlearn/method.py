@@ -1,0 +1,271 @@
+"""ZeroUnlearn as an nshot Method."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from nshot.method import Method, ResultsTable, register
+from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
+
+from .config import ZeroUnlearnConfig
+from .serve import ZeroUnlearnPredictor
+
+METRICS = {"eff": False, "gen": False, "spe": True, "ppl": False, "neutral_rate": True}
+
+
+class EditedWeights(torch.nn.Module):
+    """What a checkpoint stores: only the edited down_proj weights, keyed by layer."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self._tensors = tensors
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return dict(self._tensors)
+
+
+def checkpoint_extra(s: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """JSON state of a run: model source and fingerprint, seed, context templates, requests.
+
+    The forgotten facts are kept here (``evaluate`` needs them); the predictor's metadata only
+    reports how many there are."""
+    return {
+        "model": s.cfg.model,
+        "model_fingerprint": s.fingerprint,
+        "seed": s.seed,
+        "context_templates": s.templates,
+        "neutral_target": s.tok.eos_token,
+        "forget": [r.to_json() for r in s.forget],
+        "retain": [r.to_json() for r in s.retain],
+        "setup": s.info,
+        "metrics": result["metrics"],
+        "diagnostics": _jsonable(result["diagnostics"]),
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float | int | str | bool) or obj is None:
+        return obj
+    return str(obj)
+
+
+@register
+class ZeroUnlearnMethod(Method):
+    name = "zerounlearn"
+    paper = "ZeroUnlearn: few-shot LLM unlearning as knowledge re-mapping"
+    area = "few-shot LLM unlearning (model editing)"
+    version = "1"
+    Config = ZeroUnlearnConfig
+
+    def data(self, cfg: ZeroUnlearnConfig) -> dict[str, pa.Table]:
+        """Candidate facts (before the per-model filter) and the general text splits."""
+        from nshot.data.lmtext import general_text
+
+        from .pipeline import candidate_requests
+
+        reqs = candidate_requests(cfg)
+        facts = pa.table(
+            {
+                "relation": [r.relation for r in reqs],
+                "subject": [r.subject for r in reqs],
+                "answer": [r.answer for r in reqs],
+                "rewrite_template": [r.template for r in reqs],
+                "paraphrases": [list(r.paraphrases) for r in reqs],
+            }
+        )
+        return {
+            "facts": facts,
+            "general_train": pa.table({"text": general_text("train")}),
+            "general_heldout": pa.table({"text": general_text("heldout")}),
+        }
+
+    def train_loop(self, cfg: ZeroUnlearnConfig) -> None:
+        """The edit on rank 0 with full weights; reports the metrics before and after."""
+        from nshot.train import session
+
+        from .pipeline import run_systems, setup
+
+        ctx = session.context()
+        s = setup(cfg, cfg.seed)
+        system = {"zerounlearn": "zerounlearn", "gd": "zerounlearn_gd"}.get(
+            cfg.variant, cfg.variant
+        )
+        result = run_systems(s, ("base", system), keep=system)
+        after = result["metrics"][system]
+        before = result["metrics"]["base"]
+        metrics = {**after, **{f"{k}_before": v for k, v in before.items()}}
+        weights = result["kept"]
+        if ctx.rank != 0:
+            weights = {k: torch.zeros(0) for k in weights}
+        session.report(
+            metrics,
+            step=1,
+            model=EditedWeights(weights),
+            extra=checkpoint_extra(s, result),
+            checkpoint=True,
+        )
+
+    def predictor(self, checkpoint: LoadedCheckpoint) -> ZeroUnlearnPredictor:
+        return ZeroUnlearnPredictor.from_checkpoint(checkpoint)
+
+    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: ZeroUnlearnConfig) -> dict[str, float]:
+        """The metrics of spec §6 for the checkpoint's edited model on its own facts."""
+        from nshot.data.lmtext import general_text
+
+        from .edit import EditRequest, load_edited_weights, model_fingerprint
+        from .evaluation import EvalSet, evaluate_model, ppl_chunks
+        from .pipeline import load_model
+
+        extra = checkpoint.extra
+        if "forget" not in extra:
+            raise CheckpointError(f"checkpoint {checkpoint.path} has no request list")
+        model, tok = load_model(cfg)
+        if model_fingerprint(model, model.config.num_hidden_layers - 1) != extra.get(
+            "model_fingerprint"
+        ):
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path}: base model {cfg.model!r} is not the edited one"
+            )
+        load_edited_weights(model, checkpoint.weights())
+        chunks = ppl_chunks(tok, general_text("heldout"), cfg.ppl_chunks, cfg.ppl_length)
+        es = EvalSet(
+            tuple(EditRequest.from_json(r) for r in extra["forget"]),
+            tuple(EditRequest.from_json(r) for r in extra["retain"]),
+            tuple(tuple(c) for c in chunks),
+        )
+        return evaluate_model(model, tok, es)
+
+    def experiments(self, cfg: ZeroUnlearnConfig, workdir: Path) -> ResultsTable:
+        """ZeroUnlearn, -GD, the ablations and the baselines on the same facts, per seed."""
+        import ray
+
+        from nshot.train import ensure_ray
+
+        t0 = time.time()
+        seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
+        workdir = Path(workdir)
+        if cfg.parallel_seeds and len(seeds) > 1:
+            ensure_ray()
+            # statistics first (cached), so that the seed tasks do not all compute them
+            ray.get(ray.remote(num_cpus=1)(_warm_stats).remote(cfg))
+            task = ray.remote(num_cpus=1)(_run_seed)
+            outs = ray.get([task.remote(cfg, s, str(workdir)) for s in seeds])
+        else:
+            outs = [_run_seed(cfg, s, str(workdir)) for s in seeds]
+        from .pipeline import SYSTEMS
+
+        rows: dict[str, dict[str, float | None]] = {}
+        stds: dict[str, dict[str, float | None]] = {}
+        for system in SYSTEMS:
+            rows[system], stds[system] = {}, {}
+            for metric in METRICS:
+                vals = np.array([o["metrics"][system][metric] for o in outs], dtype=float)
+                rows[system][metric] = float(vals.mean())
+                stds[system][metric] = float(vals.std(ddof=1)) if len(vals) > 1 else None
+        return ResultsTable(
+            method=self.name,
+            preset=cfg.preset,
+            seeds=len(seeds),
+            metrics=METRICS,
+            rows=rows,
+            stds=stds,
+            runtime_s=time.time() - t0,
+            notes=_notes(cfg, rows, outs),
+            extra={
+                "per_seed": [
+                    {"seed": o["seed"], "metrics": o["metrics"], "timings": o["timings"]}
+                    for o in outs
+                ],
+                "diagnostics": [_jsonable(o["diagnostics"]) for o in outs],
+                "setup": [o["setup"] for o in outs],
+                "checkpoints": {f"zerounlearn-seed{o['seed']}": o["checkpoint"] for o in outs},
+                "checks": _checks(rows),
+            },
+        )
+
+
+def _warm_stats(cfg: ZeroUnlearnConfig) -> None:
+    from nshot.data.lmtext import general_text
+
+    from .edit import key_statistics
+    from .pipeline import load_model
+
+    torch.set_num_threads(cfg.torch_threads)
+    model, tok = load_model(cfg)
+    key_statistics(model, tok, general_text("train"), cfg.edit_layers, cfg.stats_positions)
+
+
+def _run_seed(cfg: ZeroUnlearnConfig, seed: int, workdir: str) -> dict[str, Any]:
+    """All systems of one seed (a Ray task); saves the ZeroUnlearn edit as a checkpoint."""
+    from nshot.train.checkpoint import save_checkpoint
+
+    from .pipeline import run_systems, setup
+
+    torch.set_num_threads(cfg.torch_threads)
+    t0 = time.time()
+    scfg = cfg.replace(seed=seed)
+    s = setup(scfg, seed)
+    result = run_systems(s)
+    path = save_checkpoint(
+        Path(workdir) / "runs" / f"zerounlearn-seed{seed}",
+        method="zerounlearn",
+        method_version=ZeroUnlearnMethod.version,
+        config=scfg.model_dump(),
+        step=1,
+        model_state=result["kept"],
+        metrics=result["metrics"]["zerounlearn"],
+        extra=checkpoint_extra(s, result),
+    )
+    result["timings"]["total"] = time.time() - t0
+    return {
+        "seed": seed,
+        "metrics": result["metrics"],
+        "diagnostics": result["diagnostics"],
+        "timings": result["timings"],
+        "setup": s.info,
+        "checkpoint": str(path),
+    }
+
+
+def _checks(rows: dict[str, dict[str, float | None]]) -> dict[str, bool]:
+    """The issue's done-when, evaluated on the means (reported, never enforced)."""
+    b, z, ga, wo = rows["base"], rows["zerounlearn"], rows["gradient_ascent"], rows["wo_op"]
+    return {
+        "base_eff_ge_90": b["eff"] >= 90,
+        "zerounlearn_eff_le_10": z["eff"] <= 10,
+        "zerounlearn_spe_within_10_points": z["spe"] >= b["spe"] - 10,
+        "zerounlearn_ppl_rise_le_20pct": z["ppl"] <= 1.2 * b["ppl"],
+        "ga_worse_spe_or_ppl_when_eff_comparable": (
+            ga["eff"] > z["eff"] + 10 or ga["spe"] < z["spe"] or ga["ppl"] > z["ppl"]
+        ),
+        "wo_op_forgets_less": wo["eff"] > z["eff"],
+        "wo_ut_ppl_ge_zerounlearn": rows["wo_ut"]["ppl"] >= z["ppl"],
+    }
+
+
+def _notes(cfg: ZeroUnlearnConfig, rows: dict, outs: list[dict[str, Any]]) -> list[str]:
+    s0 = outs[0]["setup"]
+    notes = [
+        f"model {cfg.model}; edited layers {cfg.edit_layers}, v_loss_layer {cfg.v_loss_layer}; "
+        f"{cfg.n_forget} forgotten facts per seed, {len(outs)} seeds; ± is the std over seeds.",
+        f"facts: {s0['known']} of {s0['candidates']} candidates known by the model "
+        f"(teacher-forced argmax on the rewrite prompt); retain pool {s0['retain_pool']}.",
+        f"eff/gen/spe/neutral_rate in %, teacher-forced argmax; ppl on {s0['ppl_tokens']} "
+        f"held-out docstring tokens ({cfg.ppl_chunks} chunks of ≤ {cfg.ppl_length}).",
+        f"key statistics from {s0['stats_positions']} general-text positions; "
+        f"{cfg.context_templates} sampled context templates + the bare one; neutral target "
+        f"{s0['neutral_target']!r}.",
+    ]
+    checks = _checks(rows)
+    notes.append("checks: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in checks.items()))
+    return notes

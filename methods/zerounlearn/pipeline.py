@@ -1,0 +1,225 @@
+"""One ZeroUnlearn run end to end: model, facts, splits, statistics, edit, evaluation.
+
+:func:`setup` builds everything a seed needs (shared by ``train_loop``, ``evaluate`` and
+``experiments``); :func:`run_systems` runs the method, its ablations and the baselines of one
+seed on the same facts and prompts and returns their metrics.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nshot.method import ConfigError
+
+from .baselines import finetune_neutral, gradient_ascent
+from .config import ZeroUnlearnConfig
+from .edit import (
+    DeltaHParams,
+    EditHParams,
+    EditRequest,
+    KeyStats,
+    Prepared,
+    apply_edit,
+    context_templates,
+    edited_weights,
+    key_statistics,
+    load_edited_weights,
+    model_fingerprint,
+    prepare,
+)
+from .evaluation import EvalSet, evaluate_model, ppl_chunks, score
+
+SYSTEMS = (
+    "base",
+    "zerounlearn",
+    "zerounlearn_gd",
+    "gradient_ascent",
+    "finetune_neutral",
+    "wo_op",
+    "wo_ut",
+)
+VARIANT_OF = {
+    "zerounlearn": "zerounlearn",
+    "zerounlearn_gd": "gd",
+    "wo_op": "wo_op",
+    "wo_ut": "wo_ut",
+}
+
+
+def load_model(cfg: ZeroUnlearnConfig) -> tuple[Any, Any]:
+    from nshot.nn.lm import load_causal_lm
+
+    model, tok = load_causal_lm(cfg.model, allow_download=cfg.allow_download)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    n_layers = model.config.num_hidden_layers
+    d = model.config.hidden_size
+    if max(cfg.edit_layers) >= n_layers:
+        raise ConfigError(
+            f"ZeroUnlearnConfig: field 'edit_layers': {cfg.edit_layers} out of range for "
+            f"{cfg.model} ({n_layers} layers)"
+        )
+    if cfg.v_loss_layer >= n_layers:
+        raise ConfigError(
+            f"ZeroUnlearnConfig: field 'v_loss_layer': {cfg.v_loss_layer} out of range for "
+            f"{cfg.model} ({n_layers} layers)"
+        )
+    if cfg.n_forget > d // 4:
+        raise ConfigError(
+            f"ZeroUnlearnConfig: field 'n_forget': {cfg.n_forget} facts exceed d/4 = {d // 4} "
+            f"(hidden size {d}): the soft projector would shrink most of the space (spec §9)"
+        )
+    return model, tok
+
+
+def candidate_requests(cfg: ZeroUnlearnConfig) -> list[EditRequest]:
+    from nshot.data.lmtext import real_facts, synthetic_facts
+
+    facts = synthetic_facts() if cfg.model.startswith("tiny-") else real_facts()
+    return [
+        EditRequest(f.templates[0], f.subject, f.answer, tuple(f.templates[1:]), f.relation)
+        for f in facts
+    ]
+
+
+def hparams(cfg: ZeroUnlearnConfig) -> tuple[EditHParams, DeltaHParams, DeltaHParams]:
+    hp = EditHParams(
+        layers=tuple(cfg.edit_layers),
+        lam_w=cfg.lam_w,
+        lam_f=cfg.lam_f,
+        lam_r=cfg.lam_r,
+        eps=cfg.eps,
+        consistent_stats=cfg.consistent_stats,
+        gd_steps=cfg.gd_steps,
+        gd_lr=cfg.gd_lr,
+        null_threshold=cfg.null_threshold,
+    )
+    common = dict(
+        steps=cfg.delta_steps,
+        weight_decay=cfg.weight_decay,
+        clamp=cfg.clamp_factor,
+        kl_factor=cfg.kl_factor,
+    )
+    return hp, DeltaHParams(lr=cfg.delta_lr, **common), DeltaHParams(lr=cfg.remap_lr, **common)
+
+
+@dataclass
+class Setup:
+    cfg: ZeroUnlearnConfig
+    seed: int
+    model: Any
+    tok: Any
+    fingerprint: str
+    forget: list[EditRequest]
+    retain: list[EditRequest]
+    evalset: EvalSet
+    stats: dict[int, KeyStats]
+    templates: list[str]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def split_requests(
+    model: Any, tok: Any, cfg: ZeroUnlearnConfig, seed: int
+) -> tuple[list[EditRequest], list[EditRequest], dict[str, Any]]:
+    """Keep the facts the model knows (teacher-forced argmax on the rewrite prompt); after a
+    fixed shuffle the first half is the retain pool, the second the forget pool; the forget set
+    is sampled from its pool by ``seed``."""
+    cands = candidate_requests(cfg)
+    known, _ = score(model, tok, [(r.prompt(), r.answer) for r in cands])
+    kn = [r for r, k in zip(cands, known) if k]
+    random.Random(0).shuffle(kn)
+    half = len(kn) // 2
+    retain_pool, forget_pool = kn[:half], kn[half:]
+    if len(forget_pool) < cfg.n_forget:
+        raise ConfigError(
+            f"ZeroUnlearnConfig: field 'n_forget': {cfg.n_forget} exceeds the forget pool "
+            f"({len(forget_pool)} of the {len(cands)} candidate facts are known by the model "
+            f"and in the forget half)"
+        )
+    rng = random.Random(seed)
+    forget = rng.sample(forget_pool, cfg.n_forget)
+    retain = (
+        rng.sample(retain_pool, cfg.n_retain) if len(retain_pool) > cfg.n_retain else retain_pool
+    )
+    info = {"candidates": len(cands), "known": len(kn), "retain_pool": len(retain_pool)}
+    return forget, retain, info
+
+
+def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None = None) -> Setup:
+    from nshot.data.lmtext import general_text
+
+    t0 = time.time()
+    model, tok = model_tok or load_model(cfg)
+    forget, retain, info = split_requests(model, tok, cfg, seed)
+    chunks = ppl_chunks(tok, general_text("heldout"), cfg.ppl_chunks, cfg.ppl_length)
+    es = EvalSet(tuple(forget), tuple(retain), tuple(tuple(c) for c in chunks))
+    t1 = time.time()
+    stats = key_statistics(model, tok, general_text("train"), cfg.edit_layers, cfg.stats_positions)
+    info["stats_s"] = time.time() - t1
+    info["stats_positions"] = stats[cfg.edit_layers[0]].n
+    templates = context_templates(model, tok, cfg.context_templates, seed)
+    info["ppl_tokens"] = sum(len(c) - 1 for c in chunks)
+    info["setup_s"] = time.time() - t0
+    info["neutral_target"] = tok.eos_token
+    fp = model_fingerprint(model, model.config.num_hidden_layers - 1)
+    return Setup(cfg, seed, model, tok, fp, forget, retain, es, stats, templates, info)
+
+
+def prepare_edit(s: Setup) -> Prepared:
+    hp, dhp, rhp = hparams(s.cfg)
+    return prepare(s.model, s.tok, s.forget, s.templates, s.stats, hp, dhp, s.cfg.v_loss_layer, rhp)
+
+
+def run_systems(
+    s: Setup, systems: tuple[str, ...] = SYSTEMS, keep: str | None = "zerounlearn"
+) -> dict[str, Any]:
+    """Metrics of every system in ``systems`` on this seed's facts; the model is restored
+    between systems. ``keep``: the system whose edited weights are returned (for a checkpoint)."""
+    cfg, model, tok = s.cfg, s.model, s.tok
+    hp, _, _ = hparams(cfg)
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    results: dict[str, dict[str, float]] = {}
+    diags: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    kept: dict[str, torch.Tensor] | None = None
+    prep: Prepared | None = None
+    for system in systems:
+        t0 = time.time()
+        if system != "base":
+            model.load_state_dict(original)
+        if system in VARIANT_OF:
+            if prep is None:
+                tp = time.time()
+                prep = prepare_edit(s)
+                timings["prepare"] = time.time() - tp
+                diags["prepare"] = prep.info
+            diags[system] = apply_edit(model, tok, s.forget, prep, hp, VARIANT_OF[system])
+            if system == keep:
+                kept = edited_weights(model, cfg.edit_layers)
+        elif system == "gradient_ascent":
+            diags[system] = gradient_ascent(model, tok, s.forget, cfg.ga_steps, cfg.ga_lr)
+        elif system == "finetune_neutral":
+            diags[system] = finetune_neutral(
+                model, tok, s.forget, cfg.edit_layers, cfg.ft_steps, cfg.ft_lr
+            )
+        elif system != "base":
+            raise ValueError(f"unknown system {system!r}")
+        results[system] = evaluate_model(model, tok, s.evalset)
+        timings[system] = time.time() - t0
+        print(
+            f"[zerounlearn seed {s.seed}] {system}: "
+            + " ".join(f"{k}={v:.4g}" for k, v in results[system].items())
+            + f" ({timings[system]:.0f}s)",
+            flush=True,
+        )
+    model.load_state_dict(original)
+    return {"metrics": results, "diagnostics": diags, "timings": timings, "kept": kept}
+
+
+def apply_checkpoint_weights(model: Any, weights: dict[str, torch.Tensor]) -> list[int]:
+    return load_edited_weights(model, weights)

@@ -1,0 +1,212 @@
+"""ZeroUnlearn: closed form (check 7), orthogonality (check 6), the edit on a tiny model, serving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nshot.methods.zerounlearn import edit as E
+from nshot.methods.zerounlearn.evaluation import score
+
+WORDS = (
+    "the capital of is a city in and you i because therefore people speak language . "
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega red green blue north south east west"
+).split()
+
+
+def _tiny_lm(seed: int = 0):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from nshot.nn.lm import tiny_llama_config
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        pad_token="<pad>",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(len(vocab), layers=2, hidden=64, intermediate=256))
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tok
+
+
+def _requests_known_by(model, tok, subjects):
+    """Facts whose 'answer' is whatever the (random) model predicts: known by construction."""
+    reqs = []
+    head = model.get_output_embeddings()
+    for s in subjects:
+        template = "the capital of {} is"
+        ids = E.encode(tok, E.fill(template, s))
+        with torch.no_grad():
+            h = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        ans = tok.decode([int(head(h).argmax())])
+        reqs.append(E.EditRequest(template, s, ans, ("people in {} speak",), "capital"))
+    return reqs
+
+
+def test_closed_form_zeroes_gradient():
+    """Check 7: D = A B⁻¹ zeroes ∂J/∂D (float64, random small matrices)."""
+    g = torch.Generator().manual_seed(0)
+    d, m, n_w, n_f = 6, 10, 40, 3
+    W = torch.randn(d, m, generator=g, dtype=torch.float64)
+    Kw = torch.randn(m, n_w, generator=g, dtype=torch.float64)
+    Vw = torch.randn(d, n_w, generator=g, dtype=torch.float64)
+    Kf = torch.randn(m, n_f, generator=g, dtype=torch.float64)
+    Vf = torch.randn(d, n_f, generator=g, dtype=torch.float64)
+    q = E.sensitive_basis(torch.randn(2, d, generator=g, dtype=torch.float64))
+    P = E.soft_projector(q, 0.01)
+    lam_w, lam_f, lam_r = 3.0, 50.0, 1.0
+    kkt = lam_w * Kw @ Kw.T + lam_f * Kf @ Kf.T
+    vkt = lam_w * Vw @ Kw.T + lam_f * Vf @ Kf.T
+    D = E.closed_form_d(W, kkt, vkt, P, lam_r)
+    grad = E.objective_gradient(D, W, P, Vw, Kw, Vf, Kf, lam_w, lam_f, lam_r)
+    scale = E.objective_gradient(torch.zeros_like(D), W, P, Vw, Kw, Vf, Kf, lam_w, lam_f, lam_r)
+    assert grad.norm() / scale.norm() < 1e-6
+    # a perturbed D is not stationary: the test can fail
+    bad = E.objective_gradient(D + 1e-3, W, P, Vw, Kw, Vf, Kf, lam_w, lam_f, lam_r)
+    assert bad.norm() / scale.norm() > 1e-6
+
+
+def test_soft_projector_scales_sensitive_subspace():
+    g = torch.Generator().manual_seed(1)
+    vs = torch.randn(4, 16, generator=g, dtype=torch.float64)
+    q = E.sensitive_basis(vs)
+    assert torch.allclose(q.T @ q, torch.eye(4, dtype=torch.float64), atol=1e-10)
+    P = E.soft_projector(q, 0.01)
+    assert torch.allclose(P @ q, 0.01 * q, atol=1e-10)
+
+
+def test_prefix_cache_matches_full_forward():
+    """The δ optimisation's cached-prefix forward gives the full forward's NLL (δ = 0)."""
+    model, tok = _tiny_lm()
+    reqs = _requests_known_by(model, tok, ["alpha", "beta", "gamma"])
+    templates = ["{}", "because people speak red . {}"]
+    tgt = [E.answer_ids(tok, r.prompt(), r.answer) for r in reqs]
+    t = E.optimise_targets(
+        model, tok, reqs, templates, tgt, layer=0, site="mlp", loss_layer=1,
+        hp=E.DeltaHParams(steps=1),
+    )  # fmt: skip
+    for i, r in enumerate(reqs):
+        ref = 0.0
+        for c in templates:
+            ids, _ = E.subject_prompt(tok, E.fill(c, r.template), r.subject)
+            with torch.no_grad():
+                lp = model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+            ref += float(-lp[tgt[i][0]]) / len(templates)
+        assert t.final_nll[i] == pytest.approx(ref, rel=1e-4, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def edited_tiny():
+    model, tok = _tiny_lm()
+    subjects = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    reqs = _requests_known_by(model, tok, subjects)
+    forget, retain = reqs[:3], reqs[3:]
+    texts = [" ".join(WORDS[(i * 7) % len(WORDS) :] + WORDS) for i in range(30)]
+    stats = E.key_statistics(model, tok, texts, [0], 2000, use_cache=False)
+    hp = E.EditHParams(layers=(0,), lam_w=15000.0, gd_steps=20)
+    prep = E.prepare(
+        model, tok, forget, ["{}"], stats, hp, E.DeltaHParams(steps=25), 1,
+        E.DeltaHParams(steps=25, lr=0.5),
+    )  # fmt: skip
+    w0 = E.mlp(model, 0).down_proj.weight.detach().clone()
+    keys = E.collect_at_subject(model, tok, forget, ["{}"], 0, "key").T
+    diag = E.apply_edit(model, tok, forget, prep, hp, "zerounlearn")
+    return model, tok, forget, retain, prep, w0, keys, diag
+
+
+def test_orthogonality_after_first_layer(edited_tiny):
+    """Check 6: ‖Qᵀ W' k_i‖ / ‖Qᵀ W k_i‖ ≤ 0.05 on the forget keys after editing the first layer."""
+    model, tok, forget, retain, prep, w0, keys, diag = edited_tiny
+    q = E.sensitive_basis(prep.vs[0])
+    w1 = E.mlp(model, 0).down_proj.weight.detach().double()
+    ratio = ((q.T @ (w1 @ keys)).norm(dim=0) / (q.T @ (w0.double() @ keys)).norm(dim=0)).mean()
+    assert float(ratio) <= 0.05
+    assert diag["layers"][0]["ortho_ratio"] == pytest.approx(float(ratio), rel=1e-6)
+
+
+def test_edit_forgets_and_retains(edited_tiny):
+    model, tok, forget, retain, *_ = edited_tiny
+    known_f, _ = score(model, tok, [(r.prompt(), r.answer) for r in forget])
+    known_r, _ = score(model, tok, [(r.prompt(), r.answer) for r in retain])
+    assert not any(known_f), "the forgotten answers are still the argmax"
+    assert sum(known_r) >= len(retain) - 1, "the edit destroyed the retained facts"
+
+
+def test_gd_variant_and_ablations_run():
+    model, tok = _tiny_lm(1)
+    reqs = _requests_known_by(model, tok, ["alpha", "beta"])
+    texts = [" ".join(WORDS) for _ in range(20)]
+    stats = E.key_statistics(model, tok, texts, [0], 500, use_cache=False)
+    hp = E.EditHParams(layers=(0,), gd_steps=5, null_threshold=1e9)  # whole space is "null"
+    prep = E.prepare(model, tok, reqs, ["{}"], stats, hp, E.DeltaHParams(steps=2), 1)
+    w0 = E.mlp(model, 0).down_proj.weight.detach().clone()
+    for variant in ("gd", "wo_op", "wo_ut"):
+        E.load_edited_weights(model, {"layers.0.down_proj": w0})
+        E.apply_edit(model, tok, reqs, prep, hp, variant)
+        assert not torch.equal(E.mlp(model, 0).down_proj.weight, w0), variant
+    with pytest.raises(ValueError, match="variant"):
+        E.apply_edit(model, tok, reqs, prep, hp, "nope")
+
+
+def test_request_schema_rejects_bad_input():
+    from pydantic import ValidationError
+
+    from nshot.methods.zerounlearn.serve import ZeroUnlearnRequest
+
+    assert ZeroUnlearnRequest(prompt="the capital of alpha is").max_new_tokens == 8
+    for bad in (
+        {"prompt": ""},
+        {"prompt": "   "},
+        {"prompt": "x", "max_new_tokens": 0},
+        {"prompt": "x", "max_new_tokens": 65},
+        {"prompt": "x", "top_k": 0},
+        {"prompt": "x", "top_k": 51},
+    ):
+        with pytest.raises(ValidationError):
+            ZeroUnlearnRequest(**bad)
+
+
+def test_predictor_generates_and_rejects_long_prompt(edited_tiny):
+    from nshot.methods.zerounlearn.serve import ZeroUnlearnPredictor, ZeroUnlearnRequest
+
+    model, tok, forget, retain, *_ = edited_tiny
+    pred = ZeroUnlearnPredictor(model, tok, [0], {"n_forgotten": len(forget)})
+    reqs = [
+        ZeroUnlearnRequest(prompt=forget[0].prompt(), max_new_tokens=3, top_k=4),
+        ZeroUnlearnRequest(prompt=retain[0].prompt(), max_new_tokens=2),
+        ZeroUnlearnRequest(prompt="unknownword the", max_new_tokens=1),  # <unk>, not an error
+    ]
+    batch = pred.batch(reqs)
+    single = [pred(r) for r in reqs]
+    for a, b in zip(batch, single):
+        assert a.completion == b.completion
+        assert a.neutral == b.neutral
+    assert len(batch[0].next_token_top_k) == 4
+    assert batch[1].completion.split()[0] == retain[0].answer
+    assert "alpha" not in str(pred.metadata())
+    with pytest.raises(ValueError, match="prompt"):
+        pred(ZeroUnlearnRequest(prompt="the " * 200, max_new_tokens=1))
+
+
+def test_config_validation():
+    from nshot.method import ConfigError, get
+
+    method = get("zerounlearn")
+    assert method.config("smoke").model == "tiny-smoke"
+    with pytest.raises(ConfigError, match="edit_layers"):
+        method.config("smoke", edit_layers=[2, 1])
+    with pytest.raises(ConfigError, match="n_forget"):
+        method.config("smoke", n_forget=0)
+    with pytest.raises(ConfigError, match="nope"):
+        method.config("smoke", nope=1)
