@@ -40,18 +40,39 @@ def _tiny_lm(seed: int = 0):
     return model, tok
 
 
-def _requests_known_by(model, tok, subjects):
-    """Facts whose 'answer' is whatever the (random) model predicts: known by construction."""
-    reqs = []
-    head = model.get_output_embeddings()
-    for s in subjects:
-        template = "the capital of {} is"
-        ids = E.encode(tok, E.fill(template, s))
-        with torch.no_grad():
-            h = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
-        ans = tok.decode([int(head(h).argmax())])
-        reqs.append(E.EditRequest(template, s, ans, ("people in {} speak",), "capital"))
-    return reqs
+SUBJECTS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+ANSWERS = ["red", "green", "blue", "north", "south", "east", "west", "omega", "sigma", "tau"]
+
+
+def _trained_tiny_lm():
+    """The tiny model trained for a few hundred steps to know SUBJECTS -> ANSWERS (and to
+    continue a few filler sentences), so that forgetting and retaining can be observed."""
+    model, tok = _tiny_lm()
+    texts = [f"the capital of {s} is {a}" for s, a in zip(SUBJECTS, ANSWERS)]
+    texts += [f"people in {s} speak {a}" for s, a in zip(SUBJECTS, ANSWERS)]
+    texts += [" ".join(WORDS[i : i + 8]) for i in range(0, len(WORDS) - 8, 2)]
+    ids, mask = E._batch([E.encode(tok, t) for t in texts], E.pad_id(tok))
+    labels = ids.masked_fill(mask == 0, -100)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    torch.manual_seed(0)
+    model.train()
+    for _ in range(300):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    reqs = [
+        E.EditRequest("the capital of {} is", s, a, ("people in {} speak",), "capital")
+        for s, a in zip(SUBJECTS, ANSWERS)
+    ]
+    known, _ = score(model, tok, [(r.prompt(), r.answer) for r in reqs])
+    assert all(known), "the tiny test model did not learn its facts"
+    return model, tok, reqs, texts
 
 
 def test_closed_form_zeroes_gradient():
@@ -88,8 +109,8 @@ def test_soft_projector_scales_sensitive_subspace():
 
 def test_prefix_cache_matches_full_forward():
     """The δ optimisation's cached-prefix forward gives the full forward's NLL (δ = 0)."""
-    model, tok = _tiny_lm()
-    reqs = _requests_known_by(model, tok, ["alpha", "beta", "gamma"])
+    model, tok, reqs, _ = _trained_tiny_lm()
+    reqs = reqs[:3]
     templates = ["{}", "because people speak red . {}"]
     tgt = [E.answer_ids(tok, r.prompt(), r.answer) for r in reqs]
     t = E.optimise_targets(
@@ -108,11 +129,8 @@ def test_prefix_cache_matches_full_forward():
 
 @pytest.fixture(scope="module")
 def edited_tiny():
-    model, tok = _tiny_lm()
-    subjects = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-    reqs = _requests_known_by(model, tok, subjects)
+    model, tok, reqs, texts = _trained_tiny_lm()
     forget, retain = reqs[:3], reqs[3:]
-    texts = [" ".join(WORDS[(i * 7) % len(WORDS) :] + WORDS) for i in range(30)]
     stats = E.key_statistics(model, tok, texts, [0], 2000, use_cache=False)
     hp = E.EditHParams(layers=(0,), lam_w=15000.0, gd_steps=20)
     prep = E.prepare(
@@ -145,7 +163,7 @@ def test_edit_forgets_and_retains(edited_tiny):
 
 def test_gd_variant_and_ablations_run():
     model, tok = _tiny_lm(1)
-    reqs = _requests_known_by(model, tok, ["alpha", "beta"])
+    reqs = [E.EditRequest("the capital of {} is", s, "red", (), "capital") for s in SUBJECTS[:2]]
     texts = [" ".join(WORDS) for _ in range(20)]
     stats = E.key_statistics(model, tok, texts, [0], 500, use_cache=False)
     hp = E.EditHParams(layers=(0,), gd_steps=5, null_threshold=1e9)  # whole space is "null"

@@ -40,12 +40,20 @@ def _add_config_args(p: argparse.ArgumentParser, preset_default: str = "small") 
         metavar="KEY=VALUE",
         help="override a config field (repeatable); values parse as JSON when they can",
     )
+    p.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="LLM methods: let Hugging Face fetch a hub model (offline by default)",
+    )
 
 
 def _config(method_name: str, args: argparse.Namespace):
     from nshot.method import get
 
-    return get(method_name).config(args.preset, **parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    if getattr(args, "allow_download", False):
+        overrides["allow_download"] = True  # a method without model downloads rejects it
+    return get(method_name).config(args.preset, **overrides)
 
 
 # --------------------------------------------------------------------------- commands

