@@ -81,20 +81,22 @@ def check_deepspeed(device: str, precision: str, workdir: Path) -> dict:
 
 def check_zerounlearn(device: str) -> dict:
     """The closed-form edit D = A B^-1 (float64 solve) for one random down_proj, as the method
-    computes it, on ``device``."""
-    from nshot.methods.zerounlearn.edit import closed_form_update
+    computes it (soft projector from the sensitive basis, combined statistics), on ``device``."""
+    from nshot.methods.zerounlearn.edit import closed_form_d, sensitive_basis, soft_projector
 
     g = torch.Generator().manual_seed(3)
     d, m, n = 48, 96, 4
-    w = torch.randn(d, m, generator=g)
-    kkt_w = (lambda k: k @ k.T / k.shape[1])(torch.randn(m, 500, generator=g))
-    vkt_w = w @ kkt_w
-    k_f = torch.randn(m, n, generator=g)
-    v_f = torch.randn(d, n, generator=g)
-    q = torch.linalg.qr(torch.randn(d, n, generator=g))[0]
-    args = [t.to(device) for t in (w, kkt_w, vkt_w, k_f, v_f, q)]
-    w_new = closed_form_update(*args, lam_w=15000.0, lam_f=50.0, lam_r=1.0, eps=0.01)
-    return {"w_new": w_new.double().cpu().flatten()[:64].tolist(), "norm": float(w_new.norm())}
+    w = torch.randn(d, m, generator=g, dtype=torch.float64)
+    k_w = torch.randn(m, 500, generator=g, dtype=torch.float64)
+    k_f = torch.randn(m, n, generator=g, dtype=torch.float64)
+    v_f = torch.randn(d, n, generator=g, dtype=torch.float64)
+    v_s = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w, k_w, k_f, v_f, v_s = (t.to(device) for t in (w, k_w, k_f, v_f, v_s))
+    kkt = 15000.0 * k_w @ k_w.T / k_w.shape[1] + 50.0 * k_f @ k_f.T
+    vkt = 15000.0 * w @ k_w @ k_w.T / k_w.shape[1] + 50.0 * v_f @ k_f.T
+    p = soft_projector(sensitive_basis(v_s), 0.01)
+    w_new = closed_form_d(w, kkt, vkt, p, 1.0) @ w
+    return {"w_new": w_new.cpu().flatten()[:64].tolist(), "norm": float(w_new.norm())}
 
 
 def check_keystone(device: str) -> dict:

@@ -596,7 +596,9 @@ def sensitive_basis(vs: torch.Tensor) -> torch.Tensor:
 def soft_projector(q: torch.Tensor, eps: float) -> torch.Tensor:
     """P = (1 + ε) I − Q Qᵀ (full rank; scales span(Q) by ε and its complement by 1 + ε)."""
     d = q.shape[0]
-    return (1.0 + eps) * torch.eye(d, dtype=torch.float64) - q @ q.T
+    return (1.0 + eps) * torch.eye(
+        d, dtype=torch.float64, device=q.device
+    ) - q.double() @ q.double().T
 
 
 def closed_form_d(
@@ -608,7 +610,7 @@ def closed_form_d(
     W = W.double()
     m = W.shape[1]
     A = P @ (vkt + lam_r * W) @ W.T
-    B = W @ (kkt + lam_r * torch.eye(m, dtype=torch.float64)) @ W.T
+    B = W @ (kkt + lam_r * torch.eye(m, dtype=torch.float64, device=W.device)) @ W.T
     return torch.linalg.solve(B.T, A.T).T
 
 
