@@ -154,17 +154,30 @@ def test_orthogonality_after_first_layer(edited_tiny):
     assert diag["layers"][0]["ortho_ratio"] == pytest.approx(float(ratio), rel=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured: on this 2-layer toy the remapping offset (clamp 0.75·‖h0‖, also 4·‖h0‖) "
-    "leaves the neutral-target NLL at 7-8 nats, so the edit does not remove the forget answers",
-)
-def test_edit_forgets_and_retains(edited_tiny):
-    model, tok, forget, retain, *_ = edited_tiny
-    known_f, _ = score(model, tok, [(r.prompt(), r.answer) for r in forget])
-    known_r, _ = score(model, tok, [(r.prompt(), r.answer) for r in retain])
-    assert all(known_r), "the edit destroyed retained facts"
-    assert not any(known_f), "the forgotten answers are still the argmax"
+def test_train_loop_forgets_on_tiny_lm_and_serves(ray_session, tiny_smoke_lm, tmp_path):
+    """The method end to end on the tiny LM nshot trains: Ray Train (local mode) runs the edit,
+    the checkpoint holds only the edited down_proj, evaluate and the predictor reload it."""
+    from nshot.method import get
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    method = get("zerounlearn")
+    cfg = method.config("smoke", delta_steps=10)
+    res = fit("zerounlearn", cfg, scaling=Scaling(workers=0), storage=tmp_path, name="zu")
+    m = res.metrics
+    assert m["eff_before"] == 100.0  # forget facts are chosen among those the model knows
+    assert m["eff"] < m["eff_before"]  # the edit removes some of them ...
+    assert m["spe"] >= 80.0  # ... and keeps most retained facts
+    ckpt = load_checkpoint(res.checkpoint, method="zerounlearn")
+    assert set(ckpt.weights()) == {"layers.0.down_proj"}
+    again = method.evaluate(ckpt, cfg)
+    assert again["eff"] == pytest.approx(m["eff"]) and again["spe"] == pytest.approx(m["spe"])
+    pred = method.predictor(ckpt)
+    meta = pred.metadata()
+    forgotten = ckpt.extra["forget"]
+    assert meta["n_forgotten"] == len(forgotten)
+    assert not any(f["subject"] in str(meta) for f in forgotten)  # never the facts themselves
+    out = pred(pred.Request(prompt=forgotten[0]["template"].format(forgotten[0]["subject"])))
+    assert out.edited_layers == [0] and len(out.next_token_top_k) == 5
 
 
 def test_gd_variant_and_ablations_run():

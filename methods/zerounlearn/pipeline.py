@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from .edit import (
     apply_edit,
     context_templates,
     edited_weights,
+    generated_text,
     key_statistics,
     load_edited_weights,
     model_fingerprint,
@@ -159,7 +161,14 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
     chunks = ppl_chunks(tok, general_text("heldout"), cfg.ppl_chunks, cfg.ppl_length)
     es = EvalSet(tuple(forget), tuple(retain), tuple(tuple(c) for c in chunks))
     t1 = time.time()
-    stats = key_statistics(model, tok, general_text("train"), cfg.edit_layers, cfg.stats_positions)
+    texts = list(general_text("train"))
+    if cfg.stats_text == "general+generated":
+        entities = sorted({r.subject for r in candidate_requests(cfg)})
+        generated = generated_text(model, tok, entities, seed=0)
+        info["generated_docs"] = len(generated)
+        # interleave so that a positions cap keeps both sources
+        texts = [t for pair in zip_longest(generated, texts) for t in pair if t is not None]
+    stats = key_statistics(model, tok, texts, cfg.edit_layers, cfg.stats_positions)
     info["stats_s"] = time.time() - t1
     info["stats_positions"] = stats[cfg.edit_layers[0]].n
     templates = context_templates(model, tok, cfg.context_templates, seed)
