@@ -32,14 +32,14 @@ from pathlib import Path
 import torch
 
 
-def _tiny_model(seed: int = 0):
+def _tiny_model(seed: int = 0, vocab: int = 256):
     from transformers import LlamaForCausalLM
 
     from nshot.nn.lm import tiny_llama_config
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(
-        tiny_llama_config(256, layers=2, hidden=64, intermediate=256, heads=4, max_positions=64)
+        tiny_llama_config(vocab, layers=2, hidden=64, intermediate=256, heads=4, max_positions=64)
     )
 
 
@@ -64,7 +64,7 @@ def check_deepspeed(device: str, precision: str, workdir: Path) -> dict:
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     engine.eval()
     with torch.no_grad():
         logits = engine(input_ids=x).logits.float().cpu()
@@ -100,17 +100,27 @@ def check_zerounlearn(device: str) -> dict:
 
 
 def check_keystone(device: str) -> dict:
-    """Probe strengths and the top neurons of the tiny model, and a masked forward pass."""
-    from nshot.methods.keystone.neurons import NeuronIndex, zero_neurons
-    from nshot.methods.keystone.probe import activation_strengths
+    """Stage 1 of the probe (mean |activation| over greedily generated tokens, with hooks) and a
+    masked forward pass (the top-10 neurons zeroed) on a small model, on ``device``."""
+    import numpy as np
 
-    model = _tiny_model(seed=5).to(device).eval()
-    index = NeuronIndex.from_model(model)
-    prompts = [_batch(s)[0, :8].tolist() for s in range(4)]
-    scores = activation_strengths(model, index, prompts, new_tokens=8)
-    top = torch.topk(scores.mean(0), 10).indices.tolist()
-    x = _batch().to(device)
-    with torch.no_grad(), zero_neurons(model, index, top):
+    from nshot.methods.keystone.neurons import NeuronHooks, NeuronSpace
+    from nshot.methods.keystone.probe import activation_strengths
+    from nshot.nn.tinylm import build_tokenizer
+
+    prompts = [
+        "the capital of alpha is red",
+        "one plus two is three",
+        "def f ( x ) : return x",
+        "la capitale de alpha est rouge",
+    ]
+    tok = build_tokenizer(prompts)
+    model = _tiny_model(seed=5, vocab=len(tok)).to(device).eval()
+    space = NeuronSpace(model)
+    s, _ = activation_strengths(model, tok, space, prompts, tokens=8, chat=False)
+    top = [int(i) for i in np.argsort(-s.mean(0), kind="stable")[:10]]
+    x = _batch().remainder(len(tok)).to(device)
+    with torch.no_grad(), NeuronHooks(space, scale=(top, 0.0)):
         masked = model(input_ids=x).logits.float().cpu()
     return {"top": top, "masked_logits_mean": float(masked.mean())}
 
