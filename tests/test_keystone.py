@@ -82,9 +82,9 @@ def test_delta_rows_equal_editing_rows(tiny) -> None:
 
 
 def test_delta_rows_train_only_delta(tiny) -> None:
-    from nshot.methods.keystone.sft import DeltaModel
-
     import copy
+
+    from nshot.methods.keystone.sft import DeltaModel
 
     lm = copy.deepcopy(tiny)
     space = NeuronSpace(lm)
@@ -130,6 +130,8 @@ def test_candidates_and_controls() -> None:
 
     space = Space()
     s = np.ones((2, 40))
+    s[0, 30:40], s[1, 30:40] = np.arange(10), np.arange(10)[::-1]  # different tops per prompt
+    s[1, 10:20] = np.arange(10)[::-1]
     s[:, [3, 25]] = 50.0  # strong in both prompts
     s[0, 12] = 80.0  # strong in one prompt only
     pool, strength = candidates(space, s, 0.1)
@@ -213,3 +215,13 @@ def test_train_loop_checkpoint_and_predictor(smoke_checkpoint) -> None:
     assert rnd.neurons_affected == len(ks)
     with pytest.raises(ValueError, match="context"):
         pred(KeystoneRequest(prompt="1 " * 300, max_new_tokens=200))
+
+
+def test_evaluate_smoke_checkpoint(smoke_checkpoint) -> None:
+    from nshot.train import load_checkpoint
+
+    method = get("keystone")
+    cfg = method.config("smoke")
+    out = method.evaluate(load_checkpoint(smoke_checkpoint, method="keystone"), cfg)
+    for key in ("acc", "ppl", "acc_keystone_off", "acc_random_off", "collapse_ratio", "acc_target"):
+        assert key in out and np.isfinite(out[key])

@@ -33,7 +33,8 @@ class KeystoneConfig(MethodConfig):
         "auto", description="probe prompt set; auto: 'tiny' for tiny-* models, else 'natural'"
     )
     chat: Literal["auto", "yes", "no"] = Field(
-        "auto", description="wrap probe prompts in the chat template (auto: if the tokenizer has one)"
+        "auto",
+        description="wrap probe prompts in the chat template (auto: if the tokenizer has one)",
     )
     probe_tokens: int = Field(64, ge=2, le=4096, description="greedy tokens generated per prompt")
     rho: float = Field(0.02, gt=0.0, le=1.0, description="top fraction per block")
@@ -52,7 +53,12 @@ class KeystoneConfig(MethodConfig):
     ppl_tokens: int = Field(64, ge=8, le=4096)
     eval_batch: int = Field(32, ge=1, le=4096)
     # controls, calibration, stability
-    control_draws: int = Field(5, ge=1, le=100, description="random draws per masking control")
+    control_draws: int = Field(
+        5, ge=1, le=100, description="random draws of the module-matched control (check 1)"
+    )
+    extra_control_draws: int = Field(
+        2, ge=1, le=100, description="draws of the uniform and same-layer random controls"
+    )
     calib_grid: list[float] = Field(
         [0.5, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0], min_length=1, description="scales r"
     )
@@ -66,6 +72,9 @@ class KeystoneConfig(MethodConfig):
     sft_lr_full: float = Field(1e-4, gt=0.0, le=1.0)
     sft_eval_every: int = Field(100, ge=1)
     sft_seeds: int = Field(3, ge=1, le=20)
+    sft_eval_items: int = Field(
+        100, ge=1, le=10_000, description="items per capability when judging forgetting"
+    )
     sft_keystones: int = Field(
         0, ge=0, description="rows for SFT when the SFT model does not collapse (0: its K*)"
     )
@@ -87,6 +96,7 @@ class KeystoneConfig(MethodConfig):
             mask_grid=[1, 2, 5, 10, 20, 30, 50, 90, 150, 250, 400, 690], max_fraction=0.005,
             eval_items=32, eval_candidates=120, ppl_texts=16, ppl_tokens=64, control_draws=5,
             stability_groups=2, sft_steps=300, sft_batch=32, sft_seeds=3, steps=1,
+            torch_threads=2,
         ),
         "paper": dict(
             model="HuggingFaceTB/SmolLM2-360M-Instruct", allow_download=True, probe_tokens=256,

@@ -98,10 +98,20 @@ def natural_candidates(per_capability: int = 120, seed: int = 0) -> dict[str, li
     return out
 
 
-def tiny_items() -> dict[str, list[Item]]:
+def tiny_items(n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
+    """The tiny LMs' capability items; with ``n``, a fixed random subset of ``n`` per capability
+    (the lists are ordered by operand, so a prefix would not be representative)."""
     from nshot.data.lmtext import tiny_capabilities
 
-    return tiny_capabilities("eval")
+    caps = tiny_capabilities("eval")
+    if n is None:
+        return caps
+    out = {}
+    for k, v in caps.items():
+        v = list(v)
+        random.Random(f"keystone-tiny-{k}-{seed}").shuffle(v)
+        out[k] = v[:n]
+    return out
 
 
 # --------------------------------------------------------------------------- scoring
@@ -128,7 +138,8 @@ def answer_ids(tok, prompt: str, answer: str) -> list[int]:
 
 @dataclass
 class _Batch:
-    ids: torch.Tensor  # [B, L] right-padded
+    prefix: torch.Tensor  # [P] tokens shared by every item of the capability (run once)
+    ids: torch.Tensor  # [B, L] right-padded, after the prefix
     mask: torch.Tensor  # [B, L]
     rows: torch.Tensor  # [P] batch row of each scored position
     cols: torch.Tensor  # [P] position whose logits predict the target
@@ -136,6 +147,46 @@ class _Batch:
     item_of: torch.Tensor  # [P] item index (within the batch)
     answers: list[list[int]]
     n: int
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    """Length of the token prefix shared by all sequences, leaving >= 1 token in each."""
+    if len(seqs) < 2:
+        return 0
+    n = min(len(x) for x in seqs) - 1
+    first = seqs[0]
+    for i in range(max(n, 0)):
+        if any(x[i] != first[i] for x in seqs):
+            return i
+    return max(n, 0)
+
+
+def _hidden(inner, b: _Batch, dev) -> torch.Tensor:
+    """Last hidden states of a batch; a shared prefix is computed once and its KV cache reused
+    by every row (positions continue after it)."""
+    ids, mask = b.ids.to(dev), b.mask.to(dev)
+    n_pre = int(b.prefix.numel())
+    if n_pre == 0:
+        return inner(input_ids=ids, attention_mask=mask).last_hidden_state
+    pre = inner(input_ids=b.prefix[None].to(dev), use_cache=True)
+    cache = getattr(pre, "cache", None) or pre.past_key_values
+    cache.batch_repeat_interleave(ids.shape[0])
+    full_mask = torch.cat([torch.ones(ids.shape[0], n_pre, dtype=mask.dtype, device=dev), mask], 1)
+    pos = torch.arange(n_pre, n_pre + ids.shape[1], device=dev)[None].expand(ids.shape[0], -1)
+    return inner(
+        input_ids=ids,
+        attention_mask=full_mask,
+        position_ids=pos,
+        use_cache=True,
+        **{_cache_kw(inner): cache},
+    ).last_hidden_state
+
+
+def _cache_kw(inner) -> str:
+    """The KV-cache argument's name: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -159,10 +210,12 @@ class Evaluator:
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         for cap, items in self.items.items():
             enc = [(encode(self.tok, p), answer_ids(self.tok, p, a)) for p, a in items]
-            order = list(range(len(enc)))
+            n_pre = _common_prefix([p for p, _ in enc])
+            prefix = torch.tensor(enc[0][0][:n_pre] if enc else [], dtype=torch.long)
+            enc = [(p[n_pre:], a) for p, a in enc]
             self._batches[cap] = []
-            for s in range(0, len(order), self.batch_size):
-                chunk = [enc[i] for i in order[s : s + self.batch_size]]
+            for s in range(0, len(enc), self.batch_size):
+                chunk = enc[s : s + self.batch_size]
                 L = max(len(p) + len(a) for p, a in chunk)
                 ids = torch.full((len(chunk), L), pad, dtype=torch.long)
                 mask = torch.zeros((len(chunk), L), dtype=torch.long)
@@ -176,6 +229,7 @@ class Evaluator:
                     rows.append(r), cols.append(len(seq) - 1), tg.append(-1), it.append(r)
                 self._batches[cap].append(
                     _Batch(
+                        prefix,
                         ids,
                         mask,
                         torch.tensor(rows),
@@ -212,7 +266,12 @@ class Evaluator:
                 head = self.tok.decode(ans[-2:])
                 full = self.tok.decode([*ans[-2:], nxt])
                 tail = full[len(head) :] if full.startswith(head) else " "
-                hit = bool(tail) and tail[0].isalnum()
+                word = self.tok.decode([nxt]).strip()
+                # glued to the answer, or a digit after a digit (word-level tokenizers put a
+                # space between single-digit tokens: "1 2" is the number 12)
+                hit = (bool(tail) and tail[0].isalnum()) or (
+                    head[-1:].isdigit() and word[:1].isdigit()
+                )
             self._cont[key] = hit
         return hit
 
@@ -225,7 +284,7 @@ class Evaluator:
         for cap, batches in self._batches.items():
             res = []
             for b in batches:
-                h = inner(input_ids=b.ids.to(dev), attention_mask=b.mask.to(dev)).last_hidden_state
+                h = _hidden(inner, b, dev)
                 pred = head(h[b.rows.to(dev), b.cols.to(dev)]).argmax(-1).cpu()
                 ok = np.ones(b.n, dtype=bool)
                 hit = (pred == b.targets) | (b.targets < 0)
@@ -303,5 +362,7 @@ def mean_over(values: Sequence[dict[str, float]]) -> tuple[dict[str, float], dic
     """Mean and standard deviation of each metric over several runs."""
     keys = values[0].keys()
     mean = {k: float(np.mean([v[k] for v in values])) for k in keys}
-    std = {k: float(np.std([v[k] for v in values], ddof=1)) if len(values) > 1 else 0.0 for k in keys}
+    std = {
+        k: float(np.std([v[k] for v in values], ddof=1)) if len(values) > 1 else 0.0 for k in keys
+    }
     return mean, std

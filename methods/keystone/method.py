@@ -68,7 +68,7 @@ def build_evaluator(model, tok, source: str, cfg: KeystoneConfig) -> tuple[Evalu
         return Evaluator(tok, items, ppl, ppl_tokens=cfg.ppl_tokens, batch_size=cfg.eval_batch)
 
     if cfg.suite(source) == "tiny":
-        items = {k: v[: cfg.eval_items] for k, v in E.tiny_items().items()}
+        items = E.tiny_items(cfg.eval_items)
         info = {k: {"items": float(len(v))} for k, v in items.items()}
         return factory(items), info
     cands = E.natural_candidates(cfg.eval_candidates, seed=0)
@@ -195,8 +195,9 @@ def train_loop(cfg: KeystoneConfig) -> None:
 def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
     """Check 4 on ``cfg.sft_model``: K* of that model, then full FT, keystone-only SFT and
     random-rows SFT (same row count and module histogram) for ``sft_seeds`` seeds each."""
-    from nshot.data.lmtext import tiny_capabilities, tiny_sft_task
+    from nshot.data.lmtext import tiny_sft_task
 
+    from .evaluation import tiny_items
     from .probe import module_matched_set
     from .sft import run_variant
 
@@ -209,7 +210,7 @@ def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
     gids = [space.gid(k["layer"], k["module"], k["index"]) for k in res.keystones]
     if cfg.sft_keystones:
         gids = gids[: cfg.sft_keystones]
-    caps = {k: v[: cfg.eval_items] for k, v in tiny_capabilities("eval").items()}
+    caps = tiny_items(cfg.sft_eval_items)
     target_ev = Evaluator(tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
     others_ev = Evaluator(tok, caps, batch_size=cfg.eval_batch)
 
@@ -223,7 +224,11 @@ def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
 
     base = evaluate_after(factory())
     log(f"SFT base ({source}): {base}")
-    runs: dict[str, list[dict[str, Any]]] = {"sft_full": [], "sft_keystone": [], "sft_random_rows": []}
+    runs: dict[str, list[dict[str, Any]]] = {
+        "sft_full": [],
+        "sft_keystone": [],
+        "sft_random_rows": [],
+    }
     deltas = {}
     for i in range(cfg.sft_seeds):
         seed = cfg.seed + i
@@ -294,22 +299,38 @@ class KeystoneMethod(Method):
 
         kind = cfg.prompt_kind()
         groups = prompt_groups(kind, cfg.stability_groups)
-        cands = E.natural_candidates(cfg.eval_candidates) if cfg.suite() == "natural" else E.tiny_items()
+        cands = (
+            E.natural_candidates(cfg.eval_candidates)
+            if cfg.suite() == "natural"
+            else E.tiny_items()
+        )
         rows = [(c, p, a) for c, items in cands.items() for p, a in items]
         return {
             "probe_prompts": pa.table(
                 {
                     "group": [g for g, grp in enumerate(groups) for _ in grp],
-                    "capability": [c for grp in groups for c in ("general", "math", "code", "multilingual")[: len(grp)]],
+                    "capability": [
+                        c
+                        for grp in groups
+                        for c in ("general", "math", "code", "multilingual")[: len(grp)]
+                    ],
                     "prompt": [p for grp in groups for p in grp],
                 }
             ),
             "capabilities": pa.table(
-                {"capability": [r[0] for r in rows], "prompt": [r[1] for r in rows], "answer": [r[2] for r in rows]}
+                {
+                    "capability": [r[0] for r in rows],
+                    "prompt": [r[1] for r in rows],
+                    "answer": [r[2] for r in rows],
+                }
             ),
             "perplexity": pa.table({"text": E.ppl_texts(cfg.ppl_texts)}),
-            "sft_train": pa.table({k: list(v) for k, v in zip(("prompt", "answer"), zip(*tiny_sft_task("train")))}),
-            "sft_eval": pa.table({k: list(v) for k, v in zip(("prompt", "answer"), zip(*tiny_sft_task("eval")))}),
+            "sft_train": pa.table(
+                {k: list(v) for k, v in zip(("prompt", "answer"), zip(*tiny_sft_task("train")))}
+            ),
+            "sft_eval": pa.table(
+                {k: list(v) for k, v in zip(("prompt", "answer"), zip(*tiny_sft_task("eval")))}
+            ),
         }
 
     def train_loop(self, cfg: KeystoneConfig) -> None:
@@ -329,7 +350,9 @@ class KeystoneMethod(Method):
         evaluate = make_evaluate(pred.model, pred.space, ev)
         full = evaluate(None)
         off = evaluate(zero(pred.gids))
-        rnd = evaluate(zero(module_matched_set(pred.space, pred.gids, np.random.default_rng([cfg.seed, 1]))))
+        rnd = evaluate(
+            zero(module_matched_set(pred.space, pred.gids, np.random.default_rng([cfg.seed, 1])))
+        )
         out = {f"{k}": v for k, v in full.items()}
         out.update({f"{k}_keystone_off": v for k, v in off.items()})
         out.update({f"{k}_random_off": v for k, v in rnd.items()})
@@ -340,7 +363,9 @@ class KeystoneMethod(Method):
 
             from .neurons import NeuronHooks
 
-            target = Evaluator(pred.tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
+            target = Evaluator(
+                pred.tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch
+            )
             out["acc_target_base"] = target(pred.model, ppl=False)["acc"]
             with NeuronHooks(pred.space, delta=pred.delta):
                 out["acc_target"] = target(pred.model, ppl=False)["acc"]
@@ -381,7 +406,14 @@ class KeystoneMethod(Method):
                 "trainable_params": 0.0,
             }
             for name, runs in sft["runs"].items():
-                keep = ["acc_target", "acc_others", "gain", "forgetting", "trainable_params", "n_neurons"]
+                keep = [
+                    "acc_target",
+                    "acc_others",
+                    "gain",
+                    "forgetting",
+                    "trainable_params",
+                    "n_neurons",
+                ]
                 mean, std = mean_over([{k: r[k] for k in keep} for r in runs])
                 rows[name], stds[name] = mean, std
         summary = summarize(cfg, res, rows, sft, space.total)
@@ -517,7 +549,8 @@ def summarize(cfg: KeystoneConfig, res, rows: dict, sft: dict | None, total: int
         "by construction for the natural suite. ppl = held-out stdlib docstrings.",
         "random_off: uniform random neurons; random_module_off: same module histogram as K*; "
         "random_samelayer_off: same (layer, module) per keystone; norm_off: largest row norms. "
-        f"{cfg.control_draws} draws each, ± = std over draws.",
+        f"{cfg.control_draws} draws of random_module_off (the check-1 control), "
+        f"{cfg.extra_control_draws} of random_off and random_samelayer_off; ± = std over draws.",
     ]
     for k, v in checks.items():
         notes.append(f"check {k}: {v:.4g}" if isinstance(v, float) else f"check {k}: {v}")
@@ -527,11 +560,21 @@ def summarize(cfg: KeystoneConfig, res, rows: dict, sft: dict | None, total: int
             f"collapsed={sft['collapsed']}); ± = std over {cfg.sft_seeds} seeds; acc_others = "
             "mean exact match on its 4 capabilities, forgetting = base - after."
         )
-    md = ["## Collapse curve (zero the top-N ranked candidates)", "", "| N | acc | ppl |", "|---|---|---|"]
+    md = [
+        "## Collapse curve (zero the top-N ranked candidates)",
+        "",
+        "| N | acc | ppl |",
+        "|---|---|---|",
+    ]
     md += [f"| {int(c['n'])} | {c['acc']:.3f} | {c['ppl']:.4g} |" for c in res.curve]
     if res.calibration:
-        md += ["", "## Calibration (scale outputs by r)", "",
-               "| r | acc keystone | acc random | ppl keystone | ppl random |", "|---|---|---|---|---|"]
+        md += [
+            "",
+            "## Calibration (scale outputs by r)",
+            "",
+            "| r | acc keystone | acc random | ppl keystone | ppl random |",
+            "|---|---|---|---|---|",
+        ]
         for r, c in res.calibration.items():
             md.append(
                 f"| {r} | {c['acc_keystone']:.3f} | {c['acc_random']:.3f} | "
@@ -539,31 +582,46 @@ def summarize(cfg: KeystoneConfig, res, rows: dict, sft: dict | None, total: int
             )
     if res.stability:
         s = res.stability
-        md += ["", "## Stability (disjoint prompt groups)", "",
-               f"K* sizes {s['sizes']}; pairwise IoU {s['iou']}; mean {s['iou_mean']:.3f}; "
-               f"chance ≈ {s['iou_chance']:.2g}"]
+        md += [
+            "",
+            "## Stability (disjoint prompt groups)",
+            "",
+            f"K* sizes {s['sizes']}; pairwise IoU {s['iou']}; mean {s['iou_mean']:.3f}; "
+            f"chance ≈ {s['iou_chance']:.2g}",
+        ]
     return {"checks": checks, "notes": notes, "markdown": "\n".join(md)}
 
 
 def write_plots(res, workdir: Path) -> None:
+    """probe.png: the collapse curve and the calibration curves (r = 1 is the unablated model)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    base = res.base["acc"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     if res.curve:
         ns = [c["n"] for c in res.curve]
-        axes[0].plot(ns, [c["acc"] for c in res.curve], "o-", label="acc")
+        axes[0].plot(ns, [c["acc"] for c in res.curve], "o-", label="top-N zeroed")
+        axes[0].axhline(base, color="grey", lw=0.7, ls=":", label="unablated")
         axes[0].set_xscale("log")
+        axes[0].minorticks_off()
+        axes[0].set_xticks(ns, [str(int(n)) for n in ns], fontsize=7)
+        axes[0].set_ylim(0, 1.05 * max(base, 1e-3))
         axes[0].set_xlabel("top-N candidates zeroed")
         axes[0].set_ylabel("mean exact match")
         axes[0].set_title("collapse curve", fontsize=9)
+        axes[0].legend(fontsize=7)
     if res.calibration:
-        rs = [float(r) for r in res.calibration]
-        axes[1].plot(rs, [c["acc_keystone"] for c in res.calibration.values()], "o-", label="keystone")
-        axes[1].plot(rs, [c["acc_random"] for c in res.calibration.values()], "s--", label="random")
-        axes[1].axvline(1.0, color="grey", lw=0.5)
+        pts = sorted([(float(r), c) for r, c in res.calibration.items()] + [(1.0, None)])
+        rs = [r for r, _ in pts]
+        for key, style, label in (
+            ("acc_keystone", "o-", "keystone"),
+            ("acc_random", "s--", "random"),
+        ):
+            axes[1].plot(rs, [base if c is None else c[key] for _, c in pts], style, label=label)
+        axes[1].set_ylim(0, 1.05 * max(base, 1e-3))
         axes[1].set_xlabel("scale r")
         axes[1].set_title("calibration", fontsize=9)
         axes[1].legend(fontsize=7)

@@ -195,7 +195,9 @@ def zero(gids: Sequence[int]) -> dict[int, float]:
     return dict.fromkeys((int(g) for g in gids), 0.0)
 
 
-def is_collapsed(m: dict[str, float], base: dict[str, float], acc_frac: float, ppl_x: float) -> bool:
+def is_collapsed(
+    m: dict[str, float], base: dict[str, float], acc_frac: float, ppl_x: float
+) -> bool:
     return m["acc"] <= acc_frac * base["acc"] or m["ppl"] >= ppl_x * base["ppl"]
 
 
@@ -335,7 +337,16 @@ def run_probe(
     kind = cfg.prompt_kind()
     groups = prompt_groups(kind, max(1, cfg.stability_groups if stability else 1))
     chat = cfg.use_chat(tok)
-    evaluate = make_evaluate(model, space, evaluator)
+    plain = make_evaluate(model, space, evaluator)
+    count = [0]
+
+    def evaluate(scale: dict[int, float] | None) -> dict[str, float]:
+        t = time.time()
+        m = plain(scale)
+        count[0] += 1
+        log(f"  eval {count[0]}: acc {m['acc']:.3f} ppl {m['ppl']:.4g} ({time.time() - t:.0f}s)")
+        return m
+
     base = evaluate(None)
     log(f"base: acc {base['acc']:.3f} ppl {base['ppl']:.4g} ({evaluator.n_items} items)")
     max_n = max(1, int(cfg.max_fraction * space.total))
@@ -370,15 +381,16 @@ def run_probe(
         t = time.time()
         rng = np.random.default_rng([cfg.seed, 1])
         draws = cfg.control_draws
-        res.rows["random_off"] = [
-            evaluate(zero(random_set(space, n, rng, keys))) for _ in range(draws)
-        ]
+        extra = cfg.extra_control_draws
         res.rows["random_module_off"] = [
             evaluate(zero(module_matched_set(space, keys, rng))) for _ in range(draws)
         ]
+        res.rows["random_off"] = [
+            evaluate(zero(random_set(space, n, rng, keys))) for _ in range(extra)
+        ]
         res.rows["random_samelayer_off"] = [
             evaluate(zero(module_matched_set(space, keys, rng, same_layer=True)))
-            for _ in range(draws)
+            for _ in range(extra)
         ]
         res.rows["norm_off"] = [evaluate(zero(norm_set(space, n, keys)))]
         timings["controls_s"] = time.time() - t

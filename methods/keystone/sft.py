@@ -98,8 +98,9 @@ def train(
         engine.backward(loss)
         engine.step()
         if step % log_every == 0 or step == steps:
-            hist.append({"step": step, "loss": float(loss)})
-            log(f"    step {step}: loss {float(loss):.4f}")
+            lv = float(loss.detach())
+            hist.append({"step": step, "loss": lv})
+            log(f"    step {step}: loss {lv:.4f}")
     module.eval()
     return {"history": hist, "train_s": time.time() - t0}
 

@@ -41,10 +41,10 @@ class ZeroUnlearnConfig(MethodConfig):
     consistent_stats: bool = Field(False, description="VKT_w = W·KKT_w instead of centred (§9)")
     context_templates: int = Field(5, ge=0, le=50, description="sampled context templates")
     stats_positions: int = Field(100_000, ge=16, description="general-text key positions")
-    stats_text: Literal["general", "general+generated"] = Field(
+    stats_text: Literal["general", "general+entities"] = Field(
         "general",
-        description="text of the key statistics: stdlib docstrings, or docstrings plus the "
-        "model's own encyclopedic text about the fact entities (a Wikipedia stand-in)",
+        description="text of the key statistics: stdlib docstrings, or docstrings plus neutral "
+        "sentences mentioning the fact entities (a stand-in for Wikipedia's coverage)",
     )
     gd_steps: int = Field(300, ge=1, le=100_000)
     gd_lr: float = Field(1e-3, gt=0.0)

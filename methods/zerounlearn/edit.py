@@ -827,85 +827,20 @@ def is_finite(x: float) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# a Wikipedia substitute: the model's own encyclopedic text about the entities of its world
+# a Wikipedia substitute: short neutral sentences that mention the entities of the world
 
-ENCYCLOPEDIC_PREFIXES = (
-    "{} is a country",
-    "The history of {}",
-    "The economy of {}",
-    "The people of {}",
-)
-GENERIC_PREFIXES = (
-    "The",
-    "In science,",
-    "The city",
-    "Music",
-    "Football",
-    "The river",
-    "The president",
-    "A famous writer",
-    "The mountains",
-    "The university",
-    "In 1990,",
-    "The company",
+ENTITY_SENTENCES = (
+    "{} is a country.",
+    "I have never been to {}.",
+    "There was news from {} today.",
+    "Many tourists travel to {} every year.",
+    "The people of {} are proud of their history.",
+    "The flag of {} has several colours.",
 )
 
 
-@torch.no_grad()
-def generated_text(
-    model: Any,
-    tok: Any,
-    entities: Sequence[str],
-    *,
-    new_tokens: int = 48,
-    seed: int = 0,
-    batch_size: int = 32,
-) -> list[str]:
-    """Sampled continuations (top-k 40) of encyclopedic prefixes about each entity
-    (``"{} is a country"``, ``"The history of {}"``, ...) and of generic prefixes: the offline
-    stand-in for the Wikipedia articles whose key statistics the paper uses. Cached under
-    ``NSHOT_CACHE/zerounlearn/text`` by model fingerprint, entities and settings."""
-    from nshot.data.cache import cache_dir
-
-    prefixes = [p.format(e) for e in entities for p in ENCYCLOPEDIC_PREFIXES]
-    prefixes += list(GENERIC_PREFIXES) * 4
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                model_fingerprint(model, model.config.num_hidden_layers - 1),
-                prefixes,
-                new_tokens,
-                seed,
-            ]
-        ).encode()
-    ).hexdigest()[:20]
-    path = cache_dir() / "zerounlearn" / "text" / f"{key}.json"
-    if path.is_file():
-        try:
-            return list(json.loads(path.read_text()))
-        except ValueError:
-            pass
-    torch.manual_seed(seed)
-    pad = pad_id(tok)
-    out: list[str] = []
-    for b in range(0, len(prefixes), batch_size):
-        rows = [encode(tok, p) for p in prefixes[b : b + batch_size]]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):  # left padding for generation
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-        gen = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            do_sample=True,
-            top_k=40,
-            pad_token_id=pad,
-        )
-        for i, p in enumerate(prefixes[b : b + batch_size]):
-            out.append(p + tok.decode(gen[i, width:], skip_special_tokens=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out))
-    return out
+def entity_text(entities: Sequence[str]) -> list[str]:
+    """Neutral sentences mentioning each entity (never the relation being edited): the offline
+    stand-in for the Wikipedia text whose key statistics the paper uses, where every country
+    is mentioned in many contexts. Python docstrings mention none of them."""
+    return [t.format(e) for e in entities for t in ENTITY_SENTENCES]

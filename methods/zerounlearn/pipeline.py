@@ -28,7 +28,7 @@ from .edit import (
     apply_edit,
     context_templates,
     edited_weights,
-    generated_text,
+    entity_text,
     key_statistics,
     load_edited_weights,
     model_fingerprint,
@@ -162,12 +162,12 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
     es = EvalSet(tuple(forget), tuple(retain), tuple(tuple(c) for c in chunks))
     t1 = time.time()
     texts = list(general_text("train"))
-    if cfg.stats_text == "general+generated":
+    if cfg.stats_text == "general+entities":
         entities = sorted({r.subject for r in candidate_requests(cfg)})
-        generated = generated_text(model, tok, entities, seed=0)
-        info["generated_docs"] = len(generated)
+        extra = entity_text(entities)
+        info["entity_sentences"] = len(extra)
         # interleave so that a positions cap keeps both sources
-        texts = [t for pair in zip_longest(generated, texts) for t in pair if t is not None]
+        texts = [t for pair in zip_longest(extra, texts) for t in pair if t is not None]
     stats = key_statistics(model, tok, texts, cfg.edit_layers, cfg.stats_positions)
     info["stats_s"] = time.time() - t1
     info["stats_positions"] = stats[cfg.edit_layers[0]].n
