@@ -117,17 +117,6 @@ def checkpoint_state(space: NeuronSpace, gids: list[int], delta=None) -> dict[st
     return state
 
 
-class _StateModule(torch.nn.Module):
-    """What session.report saves: the K* ids and (after SFT) the Δ rows, never the full model."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._state = state
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return dict(self._state)
-
-
 def train_loop(cfg: KeystoneConfig) -> None:
     """Probe ``cfg.model`` (Stages 1–2) and checkpoint K*; with ``train_sft`` also fine-tune the
     keystone rows on the new task and checkpoint the Δ rows (safetensors) with K* (JSON)."""
@@ -183,7 +172,7 @@ def train_loop(cfg: KeystoneConfig) -> None:
     session.report(
         metrics,
         step=1,
-        model=_StateModule(checkpoint_state(space, gids, delta)),
+        model=checkpoint_state(space, gids, delta),
         extra=extra,
         checkpoint=True,
     )

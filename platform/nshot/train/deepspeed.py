@@ -26,7 +26,6 @@ written or read.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Iterable
@@ -35,8 +34,6 @@ from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-
-from nshot.hashing import sha256_file
 
 __all__ = [
     "DeepSpeedOptions",
@@ -218,6 +215,8 @@ def save_hf_model(
         return None
     from transformers import AutoModelForCausalLM
 
+    from nshot.nn.lm import write_manifest
+
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     plain = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
@@ -228,12 +227,7 @@ def save_hf_model(
     plain.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
-    files = {
-        p.name: sha256_file(p)
-        for p in sorted(out.iterdir())
-        if p.is_file() and p.name != "nshot.json"
-    }
-    (out / "nshot.json").write_text(json.dumps({"sha256": files, **(extra or {})}, indent=1))
+    write_manifest(out, **(extra or {}))
     return out
 
 

@@ -176,13 +176,16 @@ def report(
     metrics: dict[str, float],
     *,
     step: int,
-    model: torch.nn.Module,
+    model: torch.nn.Module | dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer | None = None,
     extra: dict[str, Any] | None = None,
     checkpoint: bool = False,
     samples: int | None = None,
 ) -> None:
     """Report metrics for ``step`` (all ranks), with an nshot checkpoint from rank 0 if asked.
+
+    ``model``: a module (DDP-wrapped, or a DeepSpeed engine whose full weights are gathered) or
+    a plain state dict, for methods that checkpoint only what they changed (an edit, Δ rows).
 
     ``samples``: samples this worker processed since its previous report. The platform then
     adds ``samples_per_s``, the throughput of the whole worker group measured from the first
@@ -215,7 +218,9 @@ def report(
         ray.train.report(metrics)
         return
     name = f"checkpoint_{step:08d}"
-    if _is_deepspeed(model):
+    if isinstance(model, dict):  # methods that checkpoint only what they changed
+        model_state = model
+    elif _is_deepspeed(model):
         # ZeRO partitions: gather the full weights (collective, every rank); DeepSpeed's own
         # optimizer checkpoints are pickles, so its optimizer state is not saved
         from nshot.train.deepspeed import full_state_dict
