@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
+from nshot.tune.space import Float, Int, TuneSpec
 
 
 class TailConfig(MethodConfig):
@@ -47,6 +48,21 @@ class TailConfig(MethodConfig):
     features_path: str | None = Field(
         None,
         description="Parquet of precomputed features (features, label, dataset) to evaluate on",
+    )
+
+    # Sweeps: TAIL draws fresh episodes every step, so the windowed episode accuracy it reports
+    # is measured on episodes the model has not trained on (progressive validation); it is the
+    # objective f, and its curve with the loss is the auxiliary vector h.
+    TUNE: ClassVar[TuneSpec] = TuneSpec(
+        space={
+            "lr": Float(1e-4, 3e-3, log=True),
+            "weight_decay": Float(1e-6, 1e-1, log=True),
+            "depth": Int(1, 4),
+            "warmup_steps": Int(0, 20),
+        },
+        metric="episode_acc",
+        mode="max",
+        curve=("episode_acc", "loss"),
     )
 
     PRESETS: ClassVar[dict[str, dict]] = {

@@ -1,4 +1,4 @@
-"""The ``nshot`` command line: list, train, eval, reproduce, bench, quickstart.
+"""The ``nshot`` command line: list, train, eval, tune, history, reproduce, bench, serve, quickstart.
 
 Every command takes ``--json`` for machine-readable output on stdout; human output and
 progress go to stderr/stdout through ``rich``. Errors that are the user's to fix (bad config,
@@ -182,6 +182,82 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from nshot.tune.run import tune
+    from nshot.tune.space import SearchSpace
+
+    cfg = _config(args.method, args)
+    space = None
+    if args.space:
+        raw = args.space
+        if raw.startswith("@"):
+            raw = Path(raw[1:]).read_text()
+        space = SearchSpace.from_json(raw)
+    res = tune(
+        args.method,
+        cfg,
+        search=args.search,
+        num_samples=args.num_samples,
+        max_concurrent=args.max_concurrent,
+        scheduler=args.scheduler,
+        space=space,
+        scaling=_scaling(args),
+        storage=args.output,
+        name=args.name,
+        resume=args.resume,
+        history_dir=args.history,
+        save_history=not args.no_history,
+        search_options=parse_overrides(args.search_options),
+        seed=args.seed,
+        verbose=0 if args.json else 1,
+    )
+    payload = res.to_json()
+    if args.json:
+        _emit(args, payload)
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{args.method} sweep ({args.search}, {len(res.trials)} trials)")
+    t.add_column("trial")
+    t.add_column("config")
+    t.add_column(f"f ({res.metric}, {res.mode})", justify="right")
+    t.add_column("reports", justify="right")
+    for o in res.trials:
+        cfg_s = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.config.items()
+        )
+        t.add_row(o.trial_id, cfg_s, "-" if o.f is None else f"{o.f:.4f}", str(o.reports))
+    con = _console()
+    con.print(t)
+    con.print(f"best f={res.best_f} with {res.best_config} ({res.wall_s:.1f}s)")
+    if res.history_path:
+        con.print(f"history task: {res.history_path}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from nshot.tune.history import history_dir, load_tasks, summarize
+
+    rows = summarize(load_tasks(args.history, method=args.method))
+    if args.json:
+        _emit(args, rows)
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"sweep history ({history_dir(args.history)})")
+    for col in ("task_id", "method", "preset", "trials", "best_f", "space_hash"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            *(
+                f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])
+                for c in ("task_id", "method", "preset", "trials", "best_f", "space_hash")
+            )
+        )
+    _console().print(t)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from nshot.serve import start
     from nshot.serve.app import ServeOptions
@@ -250,6 +326,54 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("tune", help="sweep a method's config with Ray Tune")
+    s.add_argument("method")
+    _add_config_args(s)
+    s.add_argument(
+        "--search", default="random", help="random | optuna | ax | auxbo (or a method's searcher)"
+    )
+    s.add_argument("--num-samples", type=int, default=10, help="trials in the sweep")
+    s.add_argument("--max-concurrent", type=int, default=2, help="trials running at once")
+    s.add_argument("--scheduler", default=None, help="asha (early stopping on f) or none")
+    s.add_argument(
+        "--space",
+        default=None,
+        help="search space as JSON (or @file.json), overriding the method's declared one: "
+        '{"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": true}, ...}',
+    )
+    s.add_argument(
+        "--search-option",
+        dest="search_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="searcher option (repeatable), e.g. auxbo: checkpoint=DIR, fallback=gp, n_init=2",
+    )
+    s.add_argument("--seed", type=int, default=None, help="searcher seed (default: config seed)")
+    s.add_argument(
+        "--workers", type=int, default=None, help="Ray Train workers per trial (0: in-process)"
+    )
+    s.add_argument("--gpus-per-worker", type=float, default=None)
+    s.add_argument("--cpus-per-worker", type=float, default=None)
+    s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
+    s.add_argument("--output", default=None, help="storage path (default $NSHOT_STORAGE/tune)")
+    s.add_argument("--name", default=None, help="sweep name (default <method>-<preset>-<search>)")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    s.add_argument(
+        "--history", default=None, help="history directory (default $NSHOT_CACHE/history)"
+    )
+    s.add_argument("--no-history", action="store_true", help="do not save the sweep to the history")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("history", help="list the sweeps saved in the history")
+    s.add_argument("--method", default=None)
+    s.add_argument(
+        "--history", default=None, help="history directory (default $NSHOT_CACHE/history)"
+    )
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_history)
 
     s = sub.add_parser("reproduce", help="run the paper's comparison; write results.{json,md,png}")
     s.add_argument("method")

@@ -42,10 +42,17 @@ class RunInfo:
     method_version: str
     config: dict[str, Any]
     local_dir: str | None = None  # local mode: where checkpoints are written directly
+    # set when the loop runs inside a Ray Tune trial: {"metric", "mode", "curve"}; reports then
+    # carry the trial's objective ``f`` and auxiliary curve ``h`` (nshot.tune.report)
+    tune: dict[str, Any] | None = None
+    # the loop runs in-process in a Tune trial (no Ray Train worker group): reports go to
+    # ray.tune.report and checkpoints to ray.tune's checkpoint of the trial
+    in_tune: bool = False
     started: float = field(default_factory=time.time)
     # throughput bookkeeping (samples since the first report, which excludes warm-up)
     _t_first: float | None = None
     _samples_since_first: int = 0
+    _tracker: Any = None
 
 
 _RUN: RunInfo | None = None
@@ -75,8 +82,12 @@ class WorkerContext:
 def context() -> WorkerContext:
     import ray.train
 
+    info = run_info()
+    if info.in_tune:  # in-process in a Tune trial: one worker
+        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return WorkerContext(0, 1, True, dev)
     ctx = ray.train.get_context()
-    local = run_info().local_dir is not None
+    local = info.local_dir is not None
     if torch.cuda.is_available():
         try:
             from ray.train.torch import get_device
@@ -124,7 +135,12 @@ def restore(
 
     info = run_info()
     path: Path | None = None
-    ray_ckpt = ray.train.get_checkpoint()
+    if info.in_tune:
+        import ray.tune
+
+        ray_ckpt = ray.tune.get_checkpoint()
+    else:
+        ray_ckpt = ray.train.get_checkpoint()
     if ray_ckpt is not None:
         with ray_ckpt.as_directory() as d:
             loaded = load_checkpoint(d, method=info.method)
@@ -214,8 +230,11 @@ def report(
             file=sys.stderr,
             flush=True,
         )
+    reported = metrics
+    if info.tune is not None and ctx.rank == 0 and info.in_tune:
+        reported = {**metrics, **_tune_payload(info, metrics)}  # f and the curve h (a list)
     if not checkpoint:
-        ray.train.report(metrics)
+        _report(info, reported)
         return
     name = f"checkpoint_{step:08d}"
     if isinstance(model, dict):  # methods that checkpoint only what they changed
@@ -241,7 +260,7 @@ def report(
     )
     if ctx.local_mode:
         path = save_checkpoint(Path(info.local_dir) / name, **kwargs)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
+        _report(info, reported, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
         return
     if ctx.rank != 0:
         ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
@@ -253,3 +272,22 @@ def report(
             checkpoint=ray.train.Checkpoint.from_directory(str(path)),
             checkpoint_dir_name=name,
         )
+
+
+def _tune_payload(info: RunInfo, metrics: dict[str, float]) -> dict[str, Any]:
+    from nshot.tune.report import CurveTracker
+
+    if info._tracker is None:
+        info._tracker = CurveTracker(**info.tune)
+    return info._tracker.update(metrics)
+
+
+def _report(info: RunInfo, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    if info.in_tune:
+        import ray.tune
+
+        ray.tune.report(metrics, checkpoint=checkpoint)
+    else:
+        import ray.train
+
+        ray.train.report(metrics, checkpoint=checkpoint)

@@ -1,0 +1,314 @@
+"""``nshot tune``: sweep a method's config with Ray Tune, Train V2 inside every trial.
+
+Each trial is a Tune function trainable (Ray 2.60's pattern for Train V2 under Tune):
+
+* ``workers=0`` (default): the method's ``train_loop`` runs in the trial's own process, and
+  :mod:`nshot.train.session` reports straight to ``ray.tune.report`` (Ray Train's local mode
+  cannot run inside a Tune session);
+* ``workers>=1``: the trial builds a ``TorchTrainer`` whose worker group runs the loop, with
+  :class:`~nshot.tune.report.NshotTuneCallback` forwarding rank 0's reports to the trial.
+
+Every report that carries the method's objective also carries ``f`` (its value) and ``h``
+(the learning curve so far). When the sweep ends, its finished trials are written to the
+history (:mod:`nshot.tune.history`) so later sweeps, and the ``auxbo`` surrogate, learn from it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nshot.method import MethodConfig, NshotError, get
+from nshot.train.runner import Scaling, default_storage, ensure_ray
+from nshot.tune.searchers import SearchContext, build_searcher
+from nshot.tune.space import SearchSpace, TuneSpec
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: str
+    config: dict[str, Any]
+    f: float | None
+    h: list[list[float]]
+    reports: int
+    error: str | None = None
+
+
+@dataclass
+class TuneResult:
+    experiment_dir: Path
+    metric: str
+    mode: str
+    best_config: dict[str, Any] | None
+    best_f: float | None
+    trials: list[TrialOutcome]
+    history_path: Path | None
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "experiment_dir": str(self.experiment_dir),
+            "metric": self.metric,
+            "mode": self.mode,
+            "best_config": self.best_config,
+            "best_f": self.best_f,
+            "trials": [asdict(t) for t in self.trials],
+            "history_path": str(self.history_path) if self.history_path else None,
+            "wall_s": self.wall_s,
+            **self.extra,
+        }
+
+
+def tune_spec(cfg: MethodConfig, method_name: str) -> TuneSpec:
+    spec = getattr(type(cfg), "TUNE", None)
+    if spec is None:
+        raise NshotError(
+            f"method {method_name!r} declares no search space (TuneSpec); pass one with --space"
+        )
+    return spec
+
+
+def _trial(
+    config: dict[str, Any],
+    *,
+    method_name: str,
+    base: dict[str, Any],
+    scaling: dict[str, Any],
+    report: dict[str, Any],
+) -> None:
+    """The Tune function trainable: one training run of the method with ``config`` applied."""
+    import ray.tune
+    import torch
+
+    from nshot.train.session import RunInfo, _set_run
+
+    method = get(method_name)
+    cfg = method.config_from_dict({**base, **config})
+    trial_dir = Path(ray.tune.get_context().get_trial_dir())
+    if scaling["workers"] == 0:
+        torch.set_num_threads(cfg.torch_threads)
+        _set_run(
+            RunInfo(
+                method=method.name,
+                method_version=method.version,
+                config=cfg.model_dump(),
+                local_dir=str(trial_dir / "train"),
+                tune=report,
+                in_tune=True,
+            )
+        )
+        method.train_loop(cfg)
+        return
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from nshot.train.runner import _worker_entry
+    from nshot.tune.report import NshotTuneCallback
+
+    resources = {"CPU": scaling["cpus_per_worker"]}
+    if scaling["gpus_per_worker"]:
+        resources["GPU"] = scaling["gpus_per_worker"]
+    trainer = TorchTrainer(
+        _worker_entry,
+        train_loop_config={"method": method.name, "config": cfg.model_dump()},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling["workers"],
+            use_gpu=scaling["gpus_per_worker"] > 0,
+            resources_per_worker=resources,
+        ),
+        run_config=ray.train.RunConfig(
+            name="train",
+            storage_path=str(trial_dir),
+            callbacks=[NshotTuneCallback(**report)],
+        ),
+    )
+    trainer.fit()
+
+
+def tune(
+    method_name: str,
+    cfg: MethodConfig,
+    *,
+    search: str = "random",
+    num_samples: int = 10,
+    max_concurrent: int = 2,
+    scheduler: str | None = None,
+    space: SearchSpace | None = None,
+    scaling: Scaling | None = None,
+    storage: str | os.PathLike | None = None,
+    name: str | None = None,
+    resume: bool = False,
+    history_dir: str | os.PathLike | None = None,
+    save_history: bool = True,
+    search_options: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    seed: int | None = None,
+    verbose: int = 1,
+) -> TuneResult:
+    """Sweep ``cfg``'s method over its declared search space (or ``space``)."""
+    from ray import tune as rtune
+
+    method = get(method_name)
+    if not isinstance(cfg, method.Config):
+        raise NshotError(f"config for {method_name!r} must be a {method.Config.__name__}")
+    spec = getattr(type(cfg), "TUNE", None)
+    if space is None:
+        space = tune_spec(cfg, method_name).search_space()
+        metric, mode, curve = spec.metric, spec.mode, spec.curve
+    elif spec is None:
+        raise NshotError(
+            f"method {method_name!r} declares no objective (TuneSpec), so a sweep cannot tell "
+            "which metric to optimise"
+        )
+    else:
+        metric, mode, curve = spec.metric, spec.mode, spec.curve
+    base = cfg.model_dump()
+    space.validate_for(type(cfg), base)
+    if num_samples < 1:
+        raise NshotError("--num-samples must be >= 1")
+    if max_concurrent < 1:
+        raise NshotError("--max-concurrent must be >= 1")
+    scaling = scaling or Scaling()
+    scaling.validate()
+    seed = cfg.seed if seed is None else seed
+    storage_path = Path(storage).expanduser().resolve() if storage else default_storage() / "tune"
+    name = name or f"{method_name}-{cfg.preset}-{search}"
+    exp_dir = storage_path / name
+
+    ensure_ray()
+    report = {"metric": metric, "mode": mode, "curve": list(curve)}
+    trainable = rtune.with_parameters(
+        _trial, method_name=method_name, base=base, scaling=asdict(scaling), report=report
+    )
+    if scaling.workers == 0:
+        resources: dict[str, float] = {"cpu": float(cfg.torch_threads)}
+        if scaling.gpus_per_worker:
+            raise NshotError("--gpus-per-worker needs --workers >= 1")
+    else:  # the trial only drives the worker group
+        resources = {"cpu": 0.0}
+    trainable = rtune.with_resources(trainable, resources)
+
+    ctx = SearchContext(
+        space=space,
+        metric="f",
+        mode=mode,
+        seed=seed,
+        max_concurrent=max_concurrent,
+        num_samples=num_samples,
+        method=method_name,
+        preset=cfg.preset,
+        history_dir=Path(history_dir).expanduser() if history_dir else None,
+        options=dict(search_options or {}),
+    )
+    search_alg = build_searcher(search, ctx)
+    sched = None
+    if scheduler not in (None, "", "none", "fifo"):
+        if scheduler != "asha":
+            raise NshotError(f"--scheduler: unknown scheduler {scheduler!r}; use asha or none")
+        from ray.tune.schedulers import ASHAScheduler
+
+        sched = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=max(1, _expected_reports(cfg)),
+            grace_period=1,
+            reduction_factor=2,
+        )
+    tune_config = rtune.TuneConfig(
+        metric="f",
+        mode=mode,
+        search_alg=search_alg,
+        scheduler=sched,
+        num_samples=num_samples,
+        max_concurrent_trials=max_concurrent,
+    )
+    run_config = rtune.RunConfig(name=name, storage_path=str(storage_path), verbose=verbose)
+    t0 = time.time()
+    if resume:
+        if not rtune.Tuner.can_restore(str(exp_dir)):
+            raise NshotError(f"--resume: no sweep to resume at {exp_dir}")
+        tuner = rtune.Tuner.restore(
+            str(exp_dir),
+            trainable=trainable,
+            param_space=space.to_tune(),
+            resume_errored=True,
+        )
+    else:
+        if exp_dir.exists() and any(exp_dir.iterdir()):
+            raise NshotError(
+                f"sweep directory {exp_dir} already exists: pass --resume to continue it or "
+                "--name for a new sweep"
+            )
+        tuner = rtune.Tuner(
+            trainable,
+            param_space=space.to_tune(),
+            tune_config=tune_config,
+            run_config=run_config,
+        )
+    grid = tuner.fit()
+    wall = time.time() - t0
+
+    outcomes: list[TrialOutcome] = []
+    for r in grid:
+        m = dict(r.metrics or {})
+        f = m.get("f")
+        f = float(f) if isinstance(f, int | float) and math.isfinite(float(f)) else None
+        searched = {k: r.config[k] for k in space.params if k in (r.config or {})}
+        outcomes.append(
+            TrialOutcome(
+                trial_id=str(m.get("trial_id", r.path.rsplit("/", 1)[-1] if r.path else "?")),
+                config=searched,
+                f=f,
+                h=[list(map(float, row)) for row in (m.get("h") or [])],
+                reports=int(m.get("training_iteration", 0) or 0),
+                error=str(r.error) if r.error else None,
+            )
+        )
+    done = [o for o in outcomes if o.f is not None]
+    best = None
+    if done:
+        best = max(done, key=lambda o: o.f) if mode == "max" else min(done, key=lambda o: o.f)
+    history_path = None
+    if save_history and done:
+        from nshot.tune.history import Trial, save_task
+
+        history_path = save_task(
+            [Trial(o.trial_id, o.config, o.f, _h_array(o.h)) for o in done],
+            method=method_name,
+            preset=cfg.preset,
+            space=space,
+            metric=metric,
+            mode=mode,
+            dataset=dataset,
+            directory=history_dir,
+        )
+    extra = {}
+    info = getattr(search_alg, "searcher", search_alg)
+    if hasattr(info, "summary"):
+        extra["searcher"] = info.summary()
+    return TuneResult(
+        experiment_dir=exp_dir,
+        metric=metric,
+        mode=mode,
+        best_config=best.config if best else None,
+        best_f=best.f if best else None,
+        trials=outcomes,
+        history_path=history_path,
+        wall_s=wall,
+        extra=extra,
+    )
+
+
+def _h_array(h: list[list[float]]):
+    import numpy as np
+
+    return np.asarray(h, dtype=np.float64) if h else np.zeros((0, 1))
+
+
+def _expected_reports(cfg: MethodConfig) -> int:
+    """Reports a full trial makes (ASHA's max_t): one per ``log_every`` steps."""
+    return max(1, math.ceil(cfg.steps / max(1, cfg.log_every)))
