@@ -1,0 +1,93 @@
+"""auxbo configuration and presets (spec: shared/methods/auxbo.md, section 3)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+from nshot.tune.space import Float, Int, TuneSpec
+
+FAMILIES = ("synthetic", "lcbench")
+
+
+class AuxBOConfig(MethodConfig):
+    # what the surrogate is meta-trained on
+    family: Literal["synthetic", "lcbench", "history"] = Field(
+        "synthetic",
+        description="task family: the synthetic family, mini-LCBench (scikit-learn runs), or "
+        "the sweep history of `history_method` (then the surrogate also becomes the default "
+        "of that search space for `nshot tune --search auxbo`)",
+    )
+    history_method: str | None = Field(None, description="family=history: the swept method")
+    history_dir: str | None = Field(None, description="history directory (default: cache)")
+    # TNP sizes
+    d: int = Field(64, ge=4, le=4096)
+    heads: int = Field(4, ge=1, le=64)
+    layers_h: int = Field(1, ge=1, le=32)
+    layers: int = Field(3, ge=1, le=64)
+    use_h: bool = Field(True, description="False: the f-only ablation")
+    # meta-training
+    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    batch_tasks: int = Field(16, ge=1, le=4096)
+    n_max: int = Field(20, ge=1, le=1000, description="largest context size")
+    m_targets: int = Field(32, ge=1, le=10_000, description="targets per task and batch")
+    grad_clip: float = Field(1.0, gt=0.0)
+    # task families
+    n_train_tasks: int = Field(500, ge=1, le=100_000, description="synthetic history tasks")
+    n_test_tasks: int = Field(100, ge=1, le=100_000, description="synthetic held-out tasks")
+    n_candidates: int = Field(300, ge=8, le=100_000, description="synthetic designs per task")
+    lcbench_configs: int = Field(100, ge=8, le=10_000, description="mini-LCBench designs")
+    # BO
+    budget: int = Field(20, ge=1, le=10_000, description="evaluations per BO run")
+    n_init: int = Field(1, ge=1, le=1000)
+    xi: float = Field(0.01, ge=0.0, le=10.0)
+    # evaluate() / experiments()
+    eval_tasks: int = Field(20, ge=1, le=100_000, description="held-out tasks in evaluate()")
+    families: list[Literal["synthetic", "lcbench"]] = Field(
+        default_factory=lambda: list(FAMILIES), min_length=1
+    )
+    bo_tasks: int = Field(60, ge=1, le=100_000, description="held-out tasks per family for BO")
+    mtgp_history_tasks: int = Field(3, ge=1, le=100)
+    mtgp_points: int = Field(20, ge=2, le=10_000, description="history points per MTGP task")
+    mtgp_maxiter: int = Field(200, ge=1, le=100_000)
+    mtgp_refit_every: int = Field(5, ge=1, le=1000)
+
+    # `nshot tune auxbo`: the surrogate's own meta-training can be swept too
+    TUNE: ClassVar[TuneSpec] = TuneSpec(
+        space={"lr": Float(1e-4, 3e-3, log=True), "layers": Int(1, 4)},
+        metric="val_nll",
+        mode="min",
+        curve=("val_nll", "loss"),
+    )
+
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": dict(
+            d=16, heads=2, layers_h=1, layers=1, n_max=5, m_targets=8, batch_tasks=4, steps=30,
+            log_every=10, checkpoint_every=30, n_train_tasks=24, n_test_tasks=6,
+            n_candidates=60, lcbench_configs=12, budget=3, eval_tasks=4, bo_tasks=4,
+            families=["synthetic"], mtgp_points=6, mtgp_maxiter=20,
+        ),
+        "small": dict(
+            d=64, heads=4, layers_h=1, layers=3, n_max=20, m_targets=32, batch_tasks=16,
+            steps=4000, lr=3e-4, log_every=100, checkpoint_every=1000, n_train_tasks=500,
+            n_test_tasks=100, n_candidates=300, lcbench_configs=100, budget=20, eval_tasks=20,
+            bo_tasks=60,
+        ),
+        "paper": dict(
+            d=256, heads=8, layers_h=2, layers=6, n_max=30, m_targets=32, batch_tasks=32,
+            steps=100_000, lr=1e-4, log_every=500, checkpoint_every=10_000, budget=30,
+            n_train_tasks=5000, n_test_tasks=1000, lcbench_configs=200, bo_tasks=100,
+        ),
+    }  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> AuxBOConfig:
+        if self.d % self.heads:
+            raise ValueError(f"field 'heads': d={self.d} is not divisible by heads={self.heads}")
+        if self.family == "history" and not self.history_method:
+            raise ValueError("field 'history_method': family=history needs the swept method")
+        if self.n_init > self.budget:
+            raise ValueError("field 'n_init': must not exceed budget")
+        return self

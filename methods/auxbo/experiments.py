@@ -1,0 +1,322 @@
+"""auxbo's comparison (spec §5–7): few-shot prediction and BO regret on held-out tasks.
+
+For each task family (synthetic, mini-LCBench):
+
+1. meta-train the full TNP and the f-only TNP on the family's history tasks (two Ray tasks in
+   parallel, one CPU each);
+2. prediction: NLL at context 5 on held-out targets of the held-out tasks (full, f-only, the
+   h-shuffle control, and a per-task GP on the same z-scored f);
+3. BO: every system runs ``budget`` evaluations on every held-out task (Ray tasks over chunks
+   of tasks); all systems start from the same random design per task (paired), and the
+   normalised simple regret after 5, 10 and 20 evaluations is compared with paired one-sided
+   Wilcoxon tests (aux-BO lower than each baseline).
+
+Rows: auxbo, f_only, h_shuffle, gp_ei, multitask_gp, optuna_tpe, random. The synthetic
+family's metrics are ``regret_at_{5,10,20}`` and ``nll_ctx5``; mini-LCBench's are prefixed
+``lc_``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nshot.method import ResultsTable
+
+from .config import AuxBOConfig
+
+SYSTEMS = ("auxbo", "f_only", "h_shuffle", "gp_ei", "multitask_gp", "optuna_tpe", "random")
+PREFIX = {"synthetic": "", "lcbench": "lc_"}
+
+
+def _log(msg: str) -> None:
+    print(f"[auxbo] {msg}", file=sys.stderr, flush=True)
+
+
+def _train_model(cfg_dict: dict[str, Any], family: str, use_h: bool) -> dict[str, Any]:
+    import torch
+
+    from .method import AuxBOConfig, load_family, meta_train
+    from .model import family_stats
+
+    torch.set_num_threads(1)
+    cfg = AuxBOConfig.validated(cfg_dict)
+    train, _, _ = load_family(cfg, family)
+    stats = family_stats(train)
+    t0 = time.time()
+    model, losses = meta_train(
+        cfg, train, stats, use_h, progress=f"{family} {'full' if use_h else 'f-only'}"
+    )
+    return {
+        "state": {k: v.numpy() for k, v in model.state_dict().items()},
+        "tnp": model.cfg.to_dict(),
+        "stats": stats,
+        "losses": losses,
+        "seconds": time.time() - t0,
+    }
+
+
+def _model(trained: dict[str, Any]):
+    import torch
+
+    from .model import TNP, TNPConfig
+
+    model = TNP(TNPConfig.from_dict(trained["tnp"]))
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in trained["state"].items()})
+    model.eval()
+    return model
+
+
+def _proposer(system: str, ctx: dict[str, Any]):
+    from . import bo
+
+    cfg: AuxBOConfig = ctx["cfg"]
+    if system in ("auxbo", "h_shuffle"):
+        return bo.TNPProposer(
+            _model(ctx["full"]), ctx["full"]["stats"], xi=cfg.xi, h_shuffle=system == "h_shuffle"
+        )
+    if system == "f_only":
+        return bo.TNPProposer(_model(ctx["f_only"]), ctx["f_only"]["stats"], xi=cfg.xi)
+    if system == "gp_ei":
+        return bo.GPEIProposer()
+    if system == "multitask_gp":
+        return bo.MultiTaskGPProposer(
+            ctx["history"],
+            n_history_tasks=cfg.mtgp_history_tasks,
+            points_per_task=cfg.mtgp_points,
+            maxiter=cfg.mtgp_maxiter,
+            refit_every=cfg.mtgp_refit_every,
+        )
+    if system == "optuna_tpe":
+        return bo.OptunaTPEProposer()
+    if system == "random":
+        return bo.RandomProposer()
+    raise ValueError(system)
+
+
+def _bo_chunk(system: str, ctx: dict[str, Any], tasks: list[Any], offset: int) -> list[np.ndarray]:
+    import torch
+
+    from . import bo
+
+    torch.set_num_threads(1)
+    cfg: AuxBOConfig = ctx["cfg"]
+    out = []
+    for i, task in enumerate(tasks):
+        prop = _proposer(system, ctx)  # fresh per task: no state leaks between tasks
+        best = bo.run_bo(task, prop, cfg.budget, cfg.n_init, seed=cfg.seed * 100_003 + offset + i)
+        out.append(bo.simple_regret(task, best))
+    return out
+
+
+def gp_nll(tasks: list[Any], n_ctx: int, m_targets: int, stats: dict[str, Any], seed: int) -> float:
+    """Per-task GP (SingleTaskGP, fitted on n_ctx z-scored points) NLL on held-out targets."""
+    import torch
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from .model import gaussian_nll
+
+    torch.set_num_threads(1)
+    vals = []
+    for i, t in enumerate(tasks):
+        rng = np.random.default_rng([seed, i])
+        perm = rng.permutation(len(t.f))
+        tgt, ctx = perm[:m_targets], perm[m_targets : m_targets + n_ctx]
+        z = (np.asarray(t.f, np.float64) - stats["f_mean"]) / stats["f_std"]
+        Xc = torch.as_tensor(t.X[ctx], dtype=torch.float64)
+        yc = torch.as_tensor(z[ctx], dtype=torch.float64).unsqueeze(-1)
+        gp = SingleTaskGP(Xc, yc)
+        try:
+            fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+        except Exception:  # noqa: BLE001 - a failed fit keeps the prior hyperparameters
+            pass
+        with torch.no_grad():
+            post = gp.posterior(
+                torch.as_tensor(t.X[tgt], dtype=torch.float64), observation_noise=True
+            )
+            mu = post.mean.squeeze(-1)
+            sd = post.variance.clamp_min(1e-12).sqrt().squeeze(-1)
+        y = torch.as_tensor(z[tgt], dtype=torch.float64)
+        vals.append(float(gaussian_nll(mu, sd, y).mean()))
+    return float(np.mean(vals))
+
+
+def _wilcoxon(a: np.ndarray, b: np.ndarray) -> float:
+    """One-sided paired test that ``a`` (aux-BO regret) is lower than ``b``."""
+    from scipy.stats import wilcoxon
+
+    d = np.asarray(a) - np.asarray(b)
+    if np.all(d == 0):
+        return 1.0
+    return float(wilcoxon(a, b, alternative="less", zero_method="zsplit").pvalue)
+
+
+def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    from .method import load_family
+    from .model import evaluate_prediction
+
+    t0 = time.time()
+    ensure_ray()
+    cfg_dict = cfg.model_dump()
+    train_remote = ray.remote(num_cpus=1)(_train_model)
+    chunk_remote = ray.remote(num_cpus=1)(_bo_chunk)
+    rows: dict[str, dict[str, float | None]] = {s: {} for s in SYSTEMS}
+    stds: dict[str, dict[str, float | None]] = {s: {} for s in SYSTEMS}
+    metrics: dict[str, bool] = {}
+    notes: list[str] = []
+    extra: dict[str, Any] = {"curves": {}, "pvalues": {}, "prediction": {}, "meta_training": {}}
+    checks: list[str] = []
+    for family in cfg.families:
+        p = PREFIX[family]
+        for k in (5, 10, 20):
+            metrics[f"{p}regret_at_{k}"] = False
+        metrics[f"{p}nll_ctx5"] = False
+        train, test, _ = load_family(cfg, family)
+        test = test[: cfg.bo_tasks]
+        _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
+        full, fonly = ray.get(
+            [
+                train_remote.remote(cfg_dict, family, True),
+                train_remote.remote(cfg_dict, family, False),
+            ]
+        )
+        extra["meta_training"][family] = {
+            "full_seconds": full["seconds"],
+            "f_only_seconds": fonly["seconds"],
+            "full_losses": full["losses"],
+            "f_only_losses": fonly["losses"],
+        }
+        # ---- prediction
+        stats = full["stats"]
+        sizes = (1, 2, 5, 10, 20)
+        m = min(cfg.m_targets, min(len(t.f) for t in test) - max(sizes))
+        pred = {
+            "auxbo": evaluate_prediction(_model(full), test, sizes, m, stats, seed=cfg.seed),
+            "f_only": evaluate_prediction(_model(fonly), test, sizes, m, stats, seed=cfg.seed),
+            "h_shuffle": evaluate_prediction(
+                _model(full), test, sizes, m, stats, seed=cfg.seed, h_shuffle=True
+            ),
+        }
+        extra["prediction"][family] = {
+            s: {str(n): v for n, v in r.items()} for s, r in pred.items()
+        }
+        for s in ("auxbo", "f_only", "h_shuffle"):
+            rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"]
+        rows["gp_ei"][f"{p}nll_ctx5"] = gp_nll(test, 5, m, stats, cfg.seed)
+        for s in ("multitask_gp", "optuna_tpe", "random"):
+            rows[s][f"{p}nll_ctx5"] = None
+        # ---- BO
+        ctx = {"cfg": cfg, "full": full, "f_only": fonly, "history": train}
+        ctx_ref = ray.put(ctx)
+        chunk = max(1, int(np.ceil(len(test) / 8)))
+        refs: dict[str, list[Any]] = {}
+        for s in SYSTEMS:
+            refs[s] = [
+                chunk_remote.remote(s, ctx_ref, test[i : i + chunk], i)
+                for i in range(0, len(test), chunk)
+            ]
+        regrets: dict[str, np.ndarray] = {}
+        for s in SYSTEMS:
+            t1 = time.time()
+            regrets[s] = np.stack([r for part in ray.get(refs[s]) for r in part])
+            _log(f"{family}: {s} done (waited {time.time() - t1:.0f}s)")
+        n = len(test)
+        for s in SYSTEMS:
+            for k in (5, 10, 20):
+                kk = min(k, cfg.budget)
+                col = regrets[s][:, kk - 1]
+                rows[s][f"{p}regret_at_{k}"] = float(col.mean())
+                stds[s][f"{p}regret_at_{k}"] = (
+                    float(col.std(ddof=1) / np.sqrt(n)) if n > 1 else None
+                )
+            extra["curves"][f"{family}/{s}"] = regrets[s].mean(0).tolist()
+        pv = {}
+        for s in SYSTEMS[1:]:
+            for k in (5, 10, 20):
+                kk = min(k, cfg.budget)
+                pv[f"{s}@{k}"] = _wilcoxon(regrets["auxbo"][:, kk - 1], regrets[s][:, kk - 1])
+        extra["pvalues"][family] = pv
+        # ---- checks (issue 5 and spec §7)
+        better = all(
+            rows["auxbo"][f"{p}regret_at_{k}"] < rows[s][f"{p}regret_at_{k}"]
+            and pv[f"{s}@{k}"] < 0.05
+            for s in SYSTEMS[1:]
+            for k in (10, 20)
+        )
+        checks.append(
+            f"{family}: aux-BO regret below every baseline at 10 and 20 with p<0.05: {'yes' if better else 'NO'}"
+        )
+        fo = rows["f_only"][f"{p}regret_at_10"]
+        hs = rows["h_shuffle"][f"{p}regret_at_10"]
+        ab = rows["auxbo"][f"{p}regret_at_10"]
+        gap = fo - ab
+        removed = gap > 0 and hs >= ab + 0.5 * gap
+        checks.append(
+            f"{family}: h-shuffle removes (≥ half of) aux-BO's advantage over f-only at 10 "
+            f"(auxbo {ab:.3f}, h_shuffle {hs:.3f}, f_only {fo:.3f}): {'yes' if removed else 'NO'}"
+        )
+        nll_gain = pred["f_only"][5]["nll"] - pred["auxbo"][5]["nll"]
+        checks.append(
+            f"{family}: NLL at context 5 full {pred['auxbo'][5]['nll']:.3f} vs f-only {pred['f_only'][5]['nll']:.3f} (gain {nll_gain:.3f} nats)"
+        )
+        notes.append(
+            f"{family}: {len(train)} history tasks, {n} held-out tasks; meta-training "
+            f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only); BO budget "
+            f"{cfg.budget}, n_init {cfg.n_init}; paired one-sided Wilcoxon p (aux-BO lower): "
+            + ", ".join(f"{k} {v:.2g}" for k, v in pv.items() if not k.endswith("@5"))
+        )
+    notes.append(
+        "regret = (f* − best so far)/(f* − f_min) per task, mean over held-out tasks; ± is the "
+        "standard error over tasks; nll_ctx5 in nats per target on z-scored f (family stats), "
+        "context 5, held-out targets; metrics prefixed lc_ are mini-LCBench (scikit-learn MLP "
+        "runs), unprefixed the synthetic family."
+    )
+    notes += ["checks: " + c for c in checks]
+    _plot_curves(extra["curves"], cfg, workdir / "regret_curves.png")
+    return ResultsTable(
+        method="auxbo",
+        preset=cfg.preset,
+        seeds=1,
+        metrics=metrics,
+        rows=rows,
+        stds=stds,
+        runtime_s=time.time() - t0,
+        notes=notes,
+        extra=extra,
+    )
+
+
+def _plot_curves(curves: dict[str, list[float]], cfg: AuxBOConfig, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams = sorted({k.split("/")[0] for k in curves})
+    if not fams:
+        return
+    fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 3.6), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        for s in SYSTEMS:
+            c = curves.get(f"{fam}/{s}")
+            if c:
+                ax.plot(np.arange(1, len(c) + 1), c, label=s, lw=2 if s == "auxbo" else 1)
+        ax.set_yscale("log")
+        ax.set_xlabel("evaluations")
+        ax.set_ylabel("normalised simple regret")
+        ax.set_title(fam)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,322 @@
+"""auxbo as an nshot Method: meta-training under Ray Train, evaluation, serving, experiments."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from nshot.method import Method, NshotError, ResultsTable, register
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .config import AuxBOConfig
+from .model import (
+    TNP,
+    TNPConfig,
+    evaluate_prediction,
+    family_stats,
+    nll_loss,
+    sample_batch,
+    save_tnp,
+)
+from .tasks import Task
+
+
+def _log(msg: str) -> None:
+    print(f"[auxbo] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- task families
+
+
+def history_family(cfg: AuxBOConfig) -> tuple[list[Task], list[Task], dict[str, Any]]:
+    """Tasks from the sweep history of ``cfg.history_method`` (the most recent search space)."""
+    from nshot.tune.history import load_tasks
+
+    tasks = load_tasks(cfg.history_dir, method=cfg.history_method)
+    if not tasks:
+        raise NshotError(
+            f"family=history: no sweeps of {cfg.history_method!r} in the history; run "
+            f"`nshot tune {cfg.history_method} ...` first"
+        )
+    space_hash = tasks[-1].space_hash
+    same = [t for t in tasks if t.space_hash == space_hash]
+    widths = set()
+    out = []
+    for t in same:
+        h, mask = t.h_padded()
+        h = np.where(mask[..., None], h, np.nan).astype(np.float32)  # NaN frames = padding
+        widths.add(h.shape[-1])
+        out.append(
+            Task(
+                name=f"history/{t.task_id}",
+                family="history",
+                X=t.X.astype(np.float32),
+                f=t.y.astype(np.float32),
+                h=h,
+                h_names=tuple(f"h{i}" for i in range(h.shape[-1])),
+                configs=t.configs,
+            )
+        )
+    if len(widths) > 1:
+        raise NshotError(f"family=history: sweeps of one space report h of widths {widths}")
+    T = max(t.h.shape[1] for t in out)
+    for t in out:  # one h length for the family
+        if t.h.shape[1] < T:
+            pad = np.full((t.h.shape[0], T - t.h.shape[1], t.h.shape[2]), np.nan, np.float32)
+            t.h = np.concatenate([t.h, pad], axis=1)
+    n_test = len(out) // 5
+    train, test = out[: len(out) - n_test], out[len(out) - n_test :] or out[-1:]
+    info = {"space": same[-1].space, "space_hash": space_hash, "method": cfg.history_method}
+    return train, test, info
+
+
+def load_family(
+    cfg: AuxBOConfig, family: str | None = None
+) -> tuple[list[Task], list[Task], dict[str, Any]]:
+    """``(history tasks, held-out tasks, info)`` of ``family`` (default ``cfg.family``)."""
+    from . import tasks as T
+
+    family = family or cfg.family
+    if family == "synthetic":
+        train, test = T.synthetic_family(
+            n_train=cfg.n_train_tasks,
+            n_test=cfg.n_test_tasks,
+            n_candidates=cfg.n_candidates,
+            seed=cfg.seed,
+        )
+        return train, test, {"space": None, "space_hash": None}
+    if family == "lcbench":
+        train, test = T.lcbench_family(n_configs=cfg.lcbench_configs, seed=cfg.seed)
+        return train, test, {"space": T.lcbench_tune_space(), "space_hash": None}
+    if family == "history":
+        return history_family(cfg)
+    raise NshotError(f"unknown task family {family!r}")
+
+
+def tnp_config(cfg: AuxBOConfig, tasks: list[Task], use_h: bool | None = None) -> TNPConfig:
+    t = tasks[0]
+    return TNPConfig(
+        x_dim=int(t.X.shape[1]),
+        h_len=int(t.h.shape[1]),
+        h_dim=int(t.h.shape[2]),
+        d=cfg.d,
+        heads=cfg.heads,
+        layers_h=cfg.layers_h,
+        layers=cfg.layers,
+        use_h=cfg.use_h if use_h is None else use_h,
+    )
+
+
+def batch_shape(cfg: AuxBOConfig, tasks: list[Task]) -> tuple[int, int]:
+    """``(n_max, m_targets)`` that fit the smallest task (history tasks can be small)."""
+    smallest = min(len(t.f) for t in tasks)
+    if smallest < 2:
+        raise NshotError("every task needs at least 2 evaluated designs")
+    m = min(cfg.m_targets, smallest - 1)
+    return max(1, min(cfg.n_max, smallest - m)), m
+
+
+def meta_train(
+    cfg: AuxBOConfig,
+    train: list[Task],
+    stats: dict[str, Any],
+    use_h: bool,
+    *,
+    progress: str | None = None,
+) -> tuple[TNP, list[float]]:
+    """Meta-train one TNP in-process (used by experiments(); train_loop reports through Ray)."""
+    torch.manual_seed(cfg.seed)
+    model = TNP(tnp_config(cfg, train, use_h))
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    n_max, m = batch_shape(cfg, train)
+    losses = []
+    t0 = time.time()
+    window = []
+    for step in range(1, cfg.steps + 1):
+        rng = np.random.default_rng([cfg.seed, step])
+        batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
+        loss = nll_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        window.append(float(loss))
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            losses.append(float(np.mean(window)))
+            window = []
+            if progress:
+                _log(
+                    f"{progress}: step {step}/{cfg.steps} nll {losses[-1]:.3f} ({time.time() - t0:.0f}s)"
+                )
+    model.eval()
+    return model, losses
+
+
+# --------------------------------------------------------------------------- the Method
+
+
+@register
+class AuxBOMethod(Method):
+    name = "auxbo"
+    paper = "Few-shot Bayesian optimisation with auxiliary information (ICML 2026)"
+    area = "few-shot Bayesian optimisation / hyperparameter tuning"
+    version = "1"
+    Config = AuxBOConfig
+
+    def data(self, cfg: AuxBOConfig) -> dict[str, pa.Table]:
+        train, test, _ = load_family(cfg)
+        return {"train": _tasks_table(train), "test": _tasks_table(test)}
+
+    def train_loop(self, cfg: AuxBOConfig) -> None:
+        from nshot.train import session
+
+        ctx = session.context()
+        train, test, info = load_family(cfg)
+        stats = family_stats(train)
+        tcfg = tnp_config(cfg, train)
+        torch.manual_seed(cfg.seed)
+        model = session.prepare_model(TNP(tcfg))
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        restored = session.restore(model, opt)
+        start = restored.step if restored else 0
+        n_max, m = batch_shape(cfg, train)
+        val = test[: cfg.eval_tasks]
+        n_val = min(5, n_max, min(len(t.f) for t in val) - 1)
+        extra = {
+            "tnp": tcfg.to_dict(),
+            "stats": stats,
+            "family": cfg.family,
+            "space": info.get("space"),
+            "space_hash": info.get("space_hash"),
+            "history_method": info.get("method"),
+            "tasks": {"train": len(train), "test": len(test)},
+        }
+        window = []
+        for step in range(start + 1, cfg.steps + 1):
+            session.maybe_inject_fault(step, restored)
+            rng = np.random.default_rng([cfg.seed, step, ctx.rank])
+            batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
+            model.train()
+            loss = (
+                nll_loss(session.unwrap(model), batch)
+                if ctx.world_size == 1
+                else _ddp_loss(model, batch)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            window.append(float(loss))
+            is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+            if step % cfg.log_every == 0 or is_ckpt:
+                net = session.unwrap(model)
+                net.eval()
+                pred = evaluate_prediction(
+                    net, val, n_ctx_list=(n_val,), m_targets=m, stats=stats, seed=cfg.seed
+                )
+                metrics = {"loss": float(np.mean(window)), "val_nll": pred[n_val]["nll"],
+                           "val_mse": pred[n_val]["mse"]}  # fmt: skip
+                window = []
+                session.report(
+                    metrics,
+                    step=step,
+                    model=model,
+                    optimizer=opt,
+                    extra=extra,
+                    checkpoint=is_ckpt,
+                    samples=cfg.batch_tasks,
+                )
+        if cfg.family == "history" and ctx.rank == 0 and info.get("space_hash"):
+            from .searcher import surrogate_dir_for_hash
+
+            folder = save_tnp(
+                session.unwrap(model), stats, surrogate_dir_for_hash(info["space_hash"]),
+                extra={k: extra[k] for k in ("space", "space_hash", "history_method")},
+            )  # fmt: skip
+            _log(f"surrogate for space {info['space_hash']} saved to {folder}")
+
+    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: AuxBOConfig) -> dict[str, float]:
+        from .bo import RandomProposer, TNPProposer, run_bo, simple_regret
+
+        model, stats = load_from_checkpoint(checkpoint)
+        family = checkpoint.extra.get("family", cfg.family)
+        _, test, _ = load_family(cfg, family)
+        test = test[: cfg.eval_tasks]
+        smallest = min(len(t.f) for t in test)
+        sizes = tuple(n for n in (1, 2, 5, 10, 20) if n < smallest - 1)
+        m = min(cfg.m_targets, smallest - max(sizes))
+        out: dict[str, float] = {}
+        pred = evaluate_prediction(
+            model, test, n_ctx_list=sizes, m_targets=m, stats=stats, seed=cfg.seed
+        )
+        for n, r in pred.items():
+            out[f"nll_ctx{n}"] = r["nll"]
+            out[f"mse_ctx{n}"] = r["mse"]
+        budget = min(cfg.budget, smallest)
+        for name, prop in (
+            ("auxbo", TNPProposer(model, stats, xi=cfg.xi)),
+            ("random", RandomProposer()),
+        ):
+            regrets = np.stack(
+                [
+                    simple_regret(t, run_bo(t, prop, budget, cfg.n_init, seed=cfg.seed + i))
+                    for i, t in enumerate(test)
+                ]
+            )
+            for k in sorted({min(5, budget), min(10, budget), budget}):
+                out[f"{name}_regret_at_{k}"] = float(regrets[:, k - 1].mean())
+        return out
+
+    def predictor(self, checkpoint: LoadedCheckpoint):
+        from .serve import AuxBOPredictor
+
+        return AuxBOPredictor(checkpoint)
+
+    def experiments(self, cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
+        from .experiments import run_experiments
+
+        return run_experiments(cfg, workdir)
+
+
+def _ddp_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """NLL through the DDP wrapper (its forward syncs gradients)."""
+    from .model import gaussian_nll
+
+    use_h = model.module.cfg.use_h
+    mu, sigma = model(batch["xc"], batch["fc"], batch["hc"] if use_h else None, batch["xt"],
+                      batch["ctx_mask"], batch["h_mask"])  # fmt: skip
+    return gaussian_nll(mu, sigma, batch["ft"]).mean()
+
+
+def load_from_checkpoint(checkpoint: LoadedCheckpoint) -> tuple[TNP, dict[str, Any]]:
+    extra = checkpoint.extra
+    if "tnp" not in extra or "stats" not in extra:
+        raise NshotError(f"{checkpoint.path}: not an auxbo surrogate checkpoint (no TNP config)")
+    model = TNP(TNPConfig.from_dict(extra["tnp"]))
+    model.load_state_dict(checkpoint.weights())
+    model.eval()
+    return model, dict(extra["stats"])
+
+
+def _tasks_table(tasks: list[Task]) -> pa.Table:
+    import json
+
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("task_id", "family", "config", "x", "f", "h", "h_shape")
+    }
+    for t in tasks:
+        for i in range(len(t.f)):
+            rows["task_id"].append(t.name)
+            rows["family"].append(t.family)
+            rows["config"].append(json.dumps(t.configs[i]) if t.configs else "{}")
+            rows["x"].append(t.X[i].astype(float).tolist())
+            rows["f"].append(float(t.f[i]))
+            rows["h"].append(np.nan_to_num(t.h[i], nan=0.0).astype(float).ravel().tolist())
+            rows["h_shape"].append(list(t.h[i].shape))
+    return pa.table(rows)

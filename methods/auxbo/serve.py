@@ -1,0 +1,160 @@
+"""auxbo's predictor: the surrogate itself, for design tools and notebooks (spec §8).
+
+Given a few-shot context ``[{x, f, h}]`` and candidate designs, it returns the TNP's predictive
+mean and standard deviation of f (in the task's own units), the probability of improvement over
+the context's best f, and the index of the candidate BO would evaluate next.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field, field_validator
+
+from nshot.method import Predictor
+from nshot.train.checkpoint import LoadedCheckpoint
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError("NaN or infinite value")
+    return v
+
+
+class ContextPoint(BaseModel):
+    x: list[float] | dict[str, Any] = Field(..., description="design (unit cube) or a config")
+    f: float = Field(..., description="observed objective (higher is better)")
+    h: list[list[float]] | None = Field(None, description="auxiliary frames [T][d_h]")
+
+    @field_validator("f")
+    @classmethod
+    def _f(cls, v: float) -> float:
+        return _finite(v)
+
+    @field_validator("h")
+    @classmethod
+    def _h(cls, v: list[list[float]] | None) -> list[list[float]] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("h is empty; omit it instead")
+        if len({len(row) for row in v}) != 1:
+            raise ValueError("h frames have different widths")
+        for row in v:
+            for x in row:
+                _finite(x)
+        return v
+
+
+class AuxBORequest(BaseModel):
+    context: list[ContextPoint] = Field(..., min_length=1, max_length=10_000)
+    candidates: list[list[float] | dict[str, Any]] = Field(..., min_length=1, max_length=10_000)
+    xi: float | None = Field(None, ge=0.0, le=10.0, description="PI margin in z-scored units")
+
+
+class AuxBOResponse(BaseModel):
+    mean: list[float]
+    std: list[float]
+    pi: list[float]
+    best_index: int
+
+
+class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
+    Request = AuxBORequest
+    Response = AuxBOResponse
+
+    def __init__(self, checkpoint: LoadedCheckpoint) -> None:
+        from nshot.tune.space import SearchSpace
+
+        from .method import load_from_checkpoint
+
+        self.model, self.stats = load_from_checkpoint(checkpoint)
+        extra = checkpoint.extra
+        self.space = SearchSpace.from_json(extra["space"]) if extra.get("space") else None
+        self.xi = float(checkpoint.config.get("xi", 0.01))
+        self.meta = {
+            "family": extra.get("family"),
+            "x_dim": self.model.cfg.x_dim,
+            "h_len": self.model.cfg.h_len,
+            "h_dim": self.model.cfg.h_dim,
+            "uses_h": self.model.cfg.use_h,
+            "space": extra.get("space"),
+            "history_method": extra.get("history_method"),
+            "step": checkpoint.step,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.meta)
+
+    def _x(self, x: list[float] | dict[str, Any], where: str) -> np.ndarray:
+        D = self.model.cfg.x_dim
+        if isinstance(x, dict):
+            if self.space is None:
+                raise ValueError(f"{where}: this surrogate has no search space; send x as a list")
+            missing = sorted(set(self.space.params) - set(x))
+            unknown = sorted(set(x) - set(self.space.params))
+            if missing or unknown:
+                raise ValueError(f"{where}: missing keys {missing}, unknown keys {unknown}")
+            try:
+                return self.space.encode(x)
+            except Exception as err:  # noqa: BLE001 - SearchSpaceError names the parameter
+                raise ValueError(f"{where}: {err}") from None
+        if len(x) != D:
+            raise ValueError(f"{where}: x has {len(x)} coordinates, the surrogate expects {D}")
+        arr = np.asarray(x, dtype=np.float64)
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{where}: NaN or infinite coordinate")
+        return arr
+
+    def __call__(self, request: AuxBORequest) -> AuxBOResponse:
+        from .model import normalise_h
+
+        cfg = self.model.cfg
+        X = np.stack([self._x(c.x, f"context[{i}]") for i, c in enumerate(request.context)])
+        cand = np.stack([self._x(c, f"candidates[{i}]") for i, c in enumerate(request.candidates)])
+        f = np.asarray([c.f for c in request.context], dtype=np.float64)
+        hc = h_mask = None
+        if cfg.use_h:
+            h = np.full((len(X), cfg.h_len, cfg.h_dim), np.nan, dtype=np.float32)
+            for i, c in enumerate(request.context):
+                if c.h is None:
+                    raise ValueError(f"context[{i}]: h is required (the surrogate reads h)")
+                arr = np.asarray(c.h, dtype=np.float32)
+                if arr.shape[1] != cfg.h_dim:
+                    raise ValueError(
+                        f"context[{i}]: h frames have width {arr.shape[1]}, expected {cfg.h_dim}"
+                    )
+                if arr.shape[0] > cfg.h_len:
+                    raise ValueError(
+                        f"context[{i}]: h has {arr.shape[0]} frames, at most {cfg.h_len}"
+                    )
+                h[i, : arr.shape[0]] = arr
+            hn, mask = normalise_h(h, self.stats)
+            hc = torch.from_numpy(hn).unsqueeze(0)
+            h_mask = torch.from_numpy(mask).unsqueeze(0)
+        z = (f - self.stats["f_mean"]) / self.stats["f_std"]
+        with torch.no_grad():
+            mu, sigma = self.model(
+                torch.as_tensor(X, dtype=torch.float32).unsqueeze(0),
+                torch.as_tensor(z, dtype=torch.float32).unsqueeze(0),
+                hc,
+                torch.as_tensor(cand, dtype=torch.float32).unsqueeze(0),
+                None,
+                h_mask,
+            )
+        mu = mu[0].double()
+        sigma = sigma[0].double()
+        xi = self.xi if request.xi is None else request.xi
+        pi = torch.special.ndtr((mu - (float(z.max()) + xi)) / sigma)
+        # argmax PI, ties (PI saturates at 0 or 1) broken by the mean
+        order = np.lexsort((mu.numpy(), pi.numpy()))
+        best = int(order[-1])
+        return AuxBOResponse(
+            mean=(mu * self.stats["f_std"] + self.stats["f_mean"]).tolist(),
+            std=(sigma * self.stats["f_std"]).tolist(),
+            pi=pi.tolist(),
+            best_index=best,
+        )
