@@ -193,24 +193,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if raw.startswith("@"):
             raw = Path(raw[1:]).read_text()
         space = SearchSpace.from_json(raw)
-    res = tune(
-        args.method,
-        cfg,
-        search=args.search,
-        num_samples=args.num_samples,
-        max_concurrent=args.max_concurrent,
-        scheduler=args.scheduler,
-        space=space,
-        scaling=_scaling(args),
-        storage=args.output,
-        name=args.name,
-        resume=args.resume,
-        history_dir=args.history,
-        save_history=not args.no_history,
-        search_options=parse_overrides(args.search_options),
-        seed=args.seed,
-        verbose=0 if args.json else 1,
-    )
+    import contextlib
+
+    # with --json, stdout carries only the JSON: Tune's own status tables go to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with quiet:
+        res = _run_tune(tune, cfg, space, args)
     payload = res.to_json()
     if args.json:
         _emit(args, payload)
@@ -233,6 +221,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if res.history_path:
         con.print(f"history task: {res.history_path}")
     return 0
+
+
+def _run_tune(tune, cfg, space, args: argparse.Namespace):
+    return tune(
+        args.method,
+        cfg,
+        search=args.search,
+        num_samples=args.num_samples,
+        max_concurrent=args.max_concurrent,
+        scheduler=args.scheduler,
+        space=space,
+        scaling=_scaling(args),
+        storage=args.output,
+        name=args.name,
+        resume=args.resume,
+        history_dir=args.history,
+        save_history=not args.no_history,
+        search_options=parse_overrides(args.search_options),
+        seed=args.seed,
+        verbose=0 if args.json else 1,
+    )
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -260,7 +260,13 @@ def report(
     )
     if ctx.local_mode:
         path = save_checkpoint(Path(info.local_dir) / name, **kwargs)
-        _report(info, reported, checkpoint=ray.train.Checkpoint.from_directory(str(path)))
+        if info.in_tune:
+            import ray.tune
+
+            ckpt = ray.tune.Checkpoint.from_directory(str(path))
+        else:
+            ckpt = ray.train.Checkpoint.from_directory(str(path))
+        _report(info, reported, checkpoint=ckpt)
         return
     if ctx.rank != 0:
         ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)

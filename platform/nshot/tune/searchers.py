@@ -11,7 +11,6 @@ A searcher factory takes a :class:`SearchContext` and returns a Ray Tune search 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,14 +109,14 @@ def _optuna(ctx: SearchContext) -> Any:
 def _ax(ctx: SearchContext) -> Any:
     try:
         import ax  # noqa: F401
-        from ray.tune.search.ax import AxSearch
-    except ImportError as err:
+    except ImportError:
         raise NshotError(
-            f"--search ax needs the Ax platform ({err}); install a version Ray 2.60's AxSearch "
-            "supports (pip install ax-platform) or use --search auxbo, which runs BoTorch directly"
+            "--search ax needs the Ax platform: pip install 'nshot[ax]' (or ax-platform>=1); "
+            "--search auxbo runs BoTorch directly"
         ) from None
-    os.environ.setdefault("AX_LOG_LEVEL", "WARNING")
-    return AxSearch(metric=ctx.metric, mode=ctx.mode)
+    from nshot.tune.ax_searcher import AxClientSearcher
+
+    return AxClientSearcher(ctx.space, metric=ctx.metric, mode=ctx.mode, seed=ctx.seed)
 
 
 register_searcher("random", _random)
