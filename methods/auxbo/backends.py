@@ -106,9 +106,7 @@ class TNPBackend:
     def propose_discrete(self, X, y, hs, candidates, excluded, xi) -> int | None:
         from .surrogate import propose_discrete
 
-        evaluated = np.array(
-            [np.any(np.all(np.isclose(c[None], excluded), axis=1)) for c in candidates]
-        ) if len(excluded) else np.zeros(len(candidates), bool)  # fmt: skip
+        evaluated = _evaluated(candidates, excluded)
         if evaluated.all():
             return None
         model = self.botorch_model(X, y, hs)
@@ -135,26 +133,20 @@ class GPBackend:
         return np.asarray(x, dtype=np.float64).reshape(-1)
 
     def propose_discrete(self, X, y, hs, candidates, excluded, xi) -> int | None:
-        from botorch.acquisition.analytic import LogExpectedImprovement
-        from botorch.fit import fit_gpytorch_mll
-        from botorch.models import SingleTaskGP
-        from gpytorch.mlls import ExactMarginalLogLikelihood
+        from .surrogate import gp_propose_discrete
 
-        evaluated = np.array(
-            [np.any(np.all(np.isclose(c[None], excluded), axis=1)) for c in candidates]
-        ) if len(excluded) else np.zeros(len(candidates), bool)  # fmt: skip
+        evaluated = _evaluated(candidates, excluded)
         if evaluated.all():
             return None
-        Xt = torch.as_tensor(X, dtype=torch.float64)
-        yt = torch.as_tensor(y, dtype=torch.float64).unsqueeze(-1)
-        yt = (yt - yt.mean()) / (yt.std() if len(yt) > 1 and yt.std() > 0 else 1.0)
-        gp = SingleTaskGP(Xt, yt)
-        try:
-            fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
-        except Exception:  # noqa: BLE001 - keep the prior hyperparameters
-            pass
-        acq = LogExpectedImprovement(gp, best_f=float(yt.max()))
-        with torch.no_grad():
-            vals = acq(torch.as_tensor(candidates, dtype=torch.float64).unsqueeze(1))
-        vals[torch.as_tensor(evaluated)] = -float("inf")
-        return int(torch.argmax(vals))
+        return gp_propose_discrete(
+            torch.as_tensor(X, dtype=torch.float64),
+            torch.as_tensor(y, dtype=torch.float64),
+            torch.as_tensor(candidates, dtype=torch.float64),
+            torch.as_tensor(evaluated),
+        )
+
+
+def _evaluated(candidates: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    if not len(excluded):
+        return np.zeros(len(candidates), bool)
+    return np.array([np.any(np.all(np.isclose(c[None], excluded), axis=1)) for c in candidates])

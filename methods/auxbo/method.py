@@ -146,7 +146,7 @@ def meta_train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        window.append(float(loss))
+        window.append(float(loss.detach()))
         if step % cfg.log_every == 0 or step == cfg.steps:
             losses.append(float(np.mean(window)))
             window = []
@@ -212,7 +212,7 @@ class AuxBOMethod(Method):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            window.append(float(loss))
+            window.append(float(loss.detach()))
             is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
             if step % cfg.log_every == 0 or is_ckpt:
                 net = session.unwrap(model)

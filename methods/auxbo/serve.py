@@ -52,7 +52,7 @@ class ContextPoint(BaseModel):
 class AuxBORequest(BaseModel):
     context: list[ContextPoint] = Field(..., min_length=1, max_length=10_000)
     candidates: list[list[float] | dict[str, Any]] = Field(..., min_length=1, max_length=10_000)
-    xi: float | None = Field(None, ge=0.0, le=10.0, description="PI margin in z-scored units")
+    xi: float | None = Field(None, ge=0.0, le=10.0, description="PI margin in f's own units")
 
 
 class AuxBOResponse(BaseModel):
@@ -145,16 +145,16 @@ class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
                 None,
                 h_mask,
             )
-        mu = mu[0].double()
-        sigma = sigma[0].double()
+        mu = mu[0].double() * self.stats["f_std"] + self.stats["f_mean"]  # raw f units
+        sigma = sigma[0].double() * self.stats["f_std"]
         xi = self.xi if request.xi is None else request.xi
-        pi = torch.special.ndtr((mu - (float(z.max()) + xi)) / sigma)
+        pi = torch.special.ndtr((mu - (float(f.max()) + xi)) / sigma)
         # argmax PI, ties (PI saturates at 0 or 1) broken by the mean
         order = np.lexsort((mu.numpy(), pi.numpy()))
         best = int(order[-1])
         return AuxBOResponse(
-            mean=(mu * self.stats["f_std"] + self.stats["f_mean"]).tolist(),
-            std=(sigma * self.stats["f_std"]).tolist(),
+            mean=mu.tolist(),
+            std=sigma.tolist(),
             pi=pi.tolist(),
             best_index=best,
         )

@@ -1,0 +1,982 @@
+"""Offline task families for auxbo (spec: shared/methods/auxbo.md, section 4 "Data").
+
+Two families of few-shot BO tasks, each task a finite candidate set with objective ``f`` (higher
+is better) and auxiliary information ``h`` per design:
+
+* :func:`synthetic_family`: "h reveals what f hides". τ ~ U[-1, 1]^4 per task; one shared set of
+  candidates x in [-1, 1]^4 for the family; f(x) = exp(-|x - τ|^2 / 0.5) + N(0, 0.01^2);
+  h_t(x) = tanh(A_t (x - τ)) + N(0, 0.05^2), t = 0..9, A_t in R^{3x4} fixed for the family.
+* :func:`lcbench_family`: mini-LCBench, real learning curves of
+  ``MLPClassifier(solver="sgd")`` on scikit-learn's bundled datasets (no downloads): 110 tasks,
+  shared configurations, h = per-epoch validation (accuracy, log-loss) over 20 epochs,
+  f = final validation accuracy. Computed once with one Ray task per dataset and cached as a
+  Parquet file in the history format (``task_id``, ``family``, ``config``, ``x``, ``f``, ``h``,
+  ``h_shape``, ``split``); read back with pyarrow only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LCBENCH_EPOCHS",
+    "LCBENCH_VERSION",
+    "LOSS_CAP",
+    "Task",
+    "decode_x",
+    "encode_config",
+    "family",
+    "lcbench_configs",
+    "lcbench_data",
+    "lcbench_family",
+    "lcbench_space",
+    "lcbench_split",
+    "lcbench_task",
+    "lcbench_task_names",
+    "lcbench_tune_space",
+    "compute_lcbench_task",
+    "read_tasks",
+    "synthetic_family",
+    "tasks_from_table",
+    "tasks_to_table",
+    "train_curve",
+    "write_tasks",
+]
+
+# --------------------------------------------------------------------------------------------
+# Task
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    """One offline BO task: every candidate design with its objective and auxiliary information."""
+
+    name: str  # unique, e.g. "synthetic/test/0007", "lcbench/digits_3v8/n40"
+    family: str  # "synthetic" | "lcbench"
+    X: np.ndarray  # [n, D] float32, designs encoded in [0, 1]^D
+    f: np.ndarray  # [n] float32, higher is better
+    h: np.ndarray  # [n, T, d_h] float32
+    h_names: tuple[str, ...]  # names of the d_h channels
+    configs: list[dict] | None = None  # decoded designs (lcbench hyperparameters); None: synthetic
+    info: dict = field(default_factory=dict)  # JSON-able extras (synthetic: tau; lcbench: sizes)
+
+    @property
+    def f_star(self) -> float:
+        return float(np.max(self.f))
+
+    @property
+    def f_min(self) -> float:
+        return float(np.min(self.f))
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic family
+# --------------------------------------------------------------------------------------------
+
+_SYN_D = 4
+_SYN_T = 10
+_SYN_DH = 3
+_SYN_F_NOISE = 0.01
+_SYN_H_NOISE = 0.05
+_SYN_LENGTH = 0.5  # f = exp(-|x - tau|^2 / 0.5)
+
+# independent random streams (numpy SeedSequence spawn keys) under one seed
+_STREAM_CANDIDATES = (0, 0)
+_STREAM_A = (0, 1)
+_STREAM_TRAIN = 1
+_STREAM_TEST = 2
+
+
+def _rng(seed: int, key: tuple[int, ...]) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
+
+
+def synthetic_family(
+    n_train: int = 500,
+    n_test: int = 100,
+    n_candidates: int = 300,
+    seed: int = 0,
+    noise: bool = True,
+) -> tuple[list[Task], list[Task]]:
+    """``(train_tasks, test_tasks)`` of the synthetic family (spec §4, offline substitute 1).
+
+    The candidates (uniform in [-1, 1]^4, one set for the family) and the matrices A_t (entries
+    N(0, 1/4), so A_t (x - τ) stays mostly in tanh's informative range) depend only on ``seed``.
+    Task i of a split draws τ and its noise from its own stream (spawn key (split, i)), so train
+    and test tasks are disjoint and a task does not change with ``n_train``/``n_test``. X is the
+    candidate set mapped to [0, 1]^4 by (x + 1) / 2. ``noise=False`` gives the noiseless f and h of
+    the same τ.
+    """
+    if n_candidates < 1 or n_train < 0 or n_test < 0:
+        raise ValueError("n_candidates must be >= 1 and n_train, n_test >= 0")
+    cand = _rng(seed, _STREAM_CANDIDATES).uniform(-1.0, 1.0, size=(n_candidates, _SYN_D))
+    A = _rng(seed, _STREAM_A).normal(0.0, 1.0 / math.sqrt(_SYN_D), size=(_SYN_T, _SYN_DH, _SYN_D))
+    X = ((cand + 1.0) / 2.0).astype(np.float32)
+    h_names = tuple(f"h{k}" for k in range(_SYN_DH))
+
+    def make(split: str, stream: int, count: int) -> list[Task]:
+        tasks = []
+        for i in range(count):
+            rng = _rng(seed, (stream, i))
+            tau = rng.uniform(-1.0, 1.0, size=_SYN_D)
+            diff = cand - tau  # [n, D]
+            f = np.exp(-np.sum(diff**2, axis=1) / _SYN_LENGTH)
+            h = np.tanh(np.einsum("tkd,nd->ntk", A, diff))  # [n, T, d_h]
+            f_eps = rng.normal(0.0, _SYN_F_NOISE, size=f.shape)
+            h_eps = rng.normal(0.0, _SYN_H_NOISE, size=h.shape)
+            if noise:
+                f = f + f_eps
+                h = h + h_eps
+            tasks.append(
+                Task(
+                    name=f"synthetic/{split}/{i:04d}",
+                    family="synthetic",
+                    X=X.copy(),
+                    f=f.astype(np.float32),
+                    h=h.astype(np.float32),
+                    h_names=h_names,
+                    configs=None,
+                    info={"tau": [float(v) for v in tau], "seed": int(seed)},
+                )
+            )
+        return tasks
+
+    return make("train", _STREAM_TRAIN, n_train), make("test", _STREAM_TEST, n_test)
+
+
+# --------------------------------------------------------------------------------------------
+# mini-LCBench: search space, encoding
+# --------------------------------------------------------------------------------------------
+
+LCBENCH_VERSION = "v1"
+LCBENCH_EPOCHS = 20
+LOSS_CAP = 10.0  # validation log-loss is capped here; diverged runs record it
+LCBENCH_H_NAMES = ("val_acc", "val_loss")
+_N40 = 40  # the small training-set size of the digit-pair tasks
+
+_SPACE: dict[str, Any] = {
+    "name": "mini-lcbench/mlp-sgd",
+    "params": [
+        {"name": "learning_rate_init", "type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+        {"name": "alpha", "type": "float", "low": 1e-6, "high": 1e-1, "log": True},
+        {"name": "width", "type": "int", "low": 8, "high": 128, "log": True},
+        {"name": "batch_size", "type": "int", "low": 8, "high": 128, "log": True},
+        {"name": "momentum", "type": "float", "low": 0.5, "high": 0.99, "log": False},
+    ],
+}
+
+
+def lcbench_space() -> dict:
+    """The mini-LCBench hyperparameter space (JSON-able; ``params`` in the column order of X).
+
+    Each parameter: ``name``, ``type`` ("float" | "int"), ``low``, ``high`` (both inclusive) and
+    ``log`` (encoded on a log scale). ``width`` is the single hidden layer's size.
+    """
+    return json.loads(json.dumps(_SPACE))
+
+
+def lcbench_tune_space() -> dict:
+    """The same space as Ray Tune domains (``lograndint``'s upper bound is exclusive)."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for p in _SPACE["params"]:
+        lo, hi = p["low"], p["high"]
+        if p["type"] == "int":
+            out[p["name"]] = tune.lograndint(lo, hi + 1) if p["log"] else tune.randint(lo, hi + 1)
+        else:
+            out[p["name"]] = tune.loguniform(lo, hi) if p["log"] else tune.uniform(lo, hi)
+    return out
+
+
+def encode_config(config: Mapping[str, Any], space: Mapping[str, Any] | None = None) -> np.ndarray:
+    """A config dict → its point in [0, 1]^D (log scale for log parameters), float64."""
+    space = space or _SPACE
+    out = np.empty(len(space["params"]), dtype=np.float64)
+    for k, p in enumerate(space["params"]):
+        if p["name"] not in config:
+            raise KeyError(f"config lacks {p['name']!r}")
+        v, lo, hi = float(config[p["name"]]), float(p["low"]), float(p["high"])
+        if p["log"]:
+            if v <= 0:
+                raise ValueError(f"{p['name']}={v} must be > 0 (log-scale parameter)")
+            u = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        else:
+            u = (v - lo) / (hi - lo)
+        out[k] = min(max(u, 0.0), 1.0)
+    return out
+
+
+def decode_x(x: Sequence[float] | np.ndarray, space: Mapping[str, Any] | None = None) -> dict:
+    """A point of [0, 1]^D → its config dict (integers rounded, values clipped to the bounds)."""
+    space = space or _SPACE
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if x.shape[0] != len(space["params"]):
+        raise ValueError(f"x has {x.shape[0]} values, the space has {len(space['params'])}")
+    out: dict[str, Any] = {}
+    for u, p in zip(np.clip(x, 0.0, 1.0), space["params"]):
+        lo, hi = float(p["low"]), float(p["high"])
+        if p["log"]:
+            v = math.exp(math.log(lo) + float(u) * (math.log(hi) - math.log(lo)))
+        else:
+            v = lo + float(u) * (hi - lo)
+        v = min(max(v, lo), hi)
+        out[p["name"]] = int(round(v)) if p["type"] == "int" else float(v)
+    return out
+
+
+def lcbench_configs(n_configs: int = 100, seed: int = 0) -> tuple[np.ndarray, list[dict]]:
+    """The shared designs: scrambled Sobol points (seeded) decoded to configs, re-encoded.
+
+    Returns ``(X [n_configs, 5] float32, configs)``; X is the exact encoding of each (rounded)
+    config.
+    """
+    from scipy.stats import qmc
+
+    if n_configs < 1:
+        raise ValueError("n_configs must be >= 1")
+    d = len(_SPACE["params"])
+    m = max(0, math.ceil(math.log2(n_configs)))
+    u = qmc.Sobol(d=d, scramble=True, seed=seed).random_base2(m)[:n_configs]
+    configs = [decode_x(row) for row in u]
+    X = np.stack([encode_config(c) for c in configs]).astype(np.float32)
+    return X, configs
+
+
+# --------------------------------------------------------------------------------------------
+# mini-LCBench: tasks (datasets), split
+# --------------------------------------------------------------------------------------------
+
+_PAIR = re.compile(r"lcbench/(digits|wine|iris)_(\d)v(\d)(?:/(full|n40))?")
+_OVR = re.compile(r"lcbench/digits_(\d)vrest")
+_FULL = ("wine", "iris", "breast_cancer", "digits")
+
+
+def lcbench_task_names() -> list[str]:
+    """All 110 mini-LCBench task names, in a fixed order.
+
+    ``lcbench/digits_{a}v{b}/full`` and ``.../n40`` (45 digit pairs, full training split and a
+    40-sample stratified subsample), ``lcbench/digits_{k}vrest`` (10, balanced), ``lcbench/wine_
+    {a}v{b}`` and ``lcbench/iris_{a}v{b}`` (3 each), ``lcbench/{wine,iris,breast_cancer,digits}``.
+    """
+    names = []
+    for a in range(10):
+        for b in range(a + 1, 10):
+            names += [f"lcbench/digits_{a}v{b}/full", f"lcbench/digits_{a}v{b}/n40"]
+    names += [f"lcbench/digits_{k}vrest" for k in range(10)]
+    for ds in ("wine", "iris"):
+        names += [f"lcbench/{ds}_{a}v{b}" for a, b in ((0, 1), (0, 2), (1, 2))]
+    names += [f"lcbench/{ds}" for ds in _FULL]
+    return names
+
+
+def _group(name: str) -> str:
+    """Tasks of one group always land on the same side of the split (the two sizes of a pair)."""
+    m = _PAIR.fullmatch(name)
+    return f"lcbench/digits_{m.group(2)}v{m.group(3)}" if m and m.group(1) == "digits" else name
+
+
+def _always_test(name: str) -> bool:
+    return not name.startswith("lcbench/digits")
+
+
+_TEST_DIGIT_PAIRS = 22  # 44 tasks
+_TEST_DIGIT_OVR = 3
+
+
+def lcbench_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str, str]:
+    """``{task name: "train" | "test"}``, fixed by ``seed``.
+
+    Test: every wine, iris and breast-cancer task (9), 22 of the 45 digit pairs (both sizes, 44)
+    and 3 of the 10 digit one-vs-rest tasks: 56 test tasks, 54 train. ``names`` restricts the
+    result to those tasks (the assignment of each task does not change).
+    """
+    rng = _rng(seed, (3,))
+    pairs = [f"lcbench/digits_{a}v{b}" for a in range(10) for b in range(a + 1, 10)]
+    ovr = [f"lcbench/digits_{k}vrest" for k in range(10)]
+    test_groups = set(np.asarray(pairs)[rng.permutation(len(pairs))[:_TEST_DIGIT_PAIRS]].tolist())
+    test_groups |= set(np.asarray(ovr)[rng.permutation(len(ovr))[:_TEST_DIGIT_OVR]].tolist())
+    all_names = lcbench_task_names()
+    out = {n: "test" if _always_test(n) or _group(n) in test_groups else "train" for n in all_names}
+    if names is None:
+        return out
+    unknown = [n for n in names if n not in out]
+    if unknown:
+        raise KeyError(f"unknown mini-LCBench task(s): {unknown}")
+    return {n: out[n] for n in names}
+
+
+def _stable_seed(*parts: Any) -> np.random.SeedSequence:
+    return np.random.SeedSequence([zlib.crc32(str(p).encode()) for p in parts])
+
+
+@dataclass
+class _Data:
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_val: np.ndarray
+    y_val: np.ndarray
+    n_classes: int
+    info: dict
+
+
+def lcbench_data(name: str, seed: int = 0) -> _Data:
+    """Standardised train/validation arrays of one mini-LCBench task (deterministic per seed).
+
+    Fixed 80/20 stratified split per task (its random state from ``seed`` and the dataset); the
+    ``n40`` variant of a digit pair subsamples 40 stratified training points of the same split and
+    keeps its validation set. One-vs-rest digit tasks subsample the rest class to the positive
+    class's size. The StandardScaler is fit on the (final) training split. Labels are 0..K-1.
+    """
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    def rs(*parts: Any) -> int:
+        return int(_stable_seed(seed, *parts).generate_state(1)[0] % (2**31 - 1))
+
+    m_pair, m_ovr = _PAIR.fullmatch(name), _OVR.fullmatch(name)
+    size = "full"
+    if m_pair:
+        ds, a, b = m_pair.group(1), int(m_pair.group(2)), int(m_pair.group(3))
+        if (ds == "digits") != (m_pair.group(4) is not None) or a >= b:
+            raise KeyError(f"unknown mini-LCBench task {name!r}")
+        size = m_pair.group(4) or "full"
+        X, y = getattr(datasets, f"load_{ds}")(return_X_y=True)
+        if b >= len(np.unique(y)):
+            raise KeyError(f"unknown mini-LCBench task {name!r}")
+        keep = (y == a) | (y == b)
+        X, y = X[keep], (y[keep] == b).astype(np.int64)
+        source, classes = ds, [a, b]
+        split_key = f"{ds}_{a}v{b}"
+    elif m_ovr:
+        k = int(m_ovr.group(1))
+        X, y = datasets.load_digits(return_X_y=True)
+        pos, rest = np.flatnonzero(y == k), np.flatnonzero(y != k)
+        rest = np.sort(np.random.default_rng(rs("ovr", k)).choice(rest, pos.size, replace=False))
+        idx = np.sort(np.concatenate([pos, rest]))
+        X, y = X[idx], (y[idx] == k).astype(np.int64)
+        source, classes = "digits", [f"not {k}", k]
+        split_key = f"digits_{k}vrest"
+    elif name.startswith("lcbench/") and name[len("lcbench/") :] in _FULL:
+        source = name[len("lcbench/") :]
+        X, y = getattr(datasets, f"load_{source}")(return_X_y=True)
+        y = y.astype(np.int64)
+        classes = sorted(int(c) for c in np.unique(y))
+        split_key = source
+    else:
+        raise KeyError(f"unknown mini-LCBench task {name!r}")
+
+    X = X.astype(np.float64)
+    X_tr, X_va, y_tr, y_va = train_test_split(
+        X, y, test_size=0.2, stratify=y, random_state=rs("split", split_key)
+    )
+    if size == "n40":
+        X_tr, _, y_tr, _ = train_test_split(
+            X_tr, y_tr, train_size=_N40, stratify=y_tr, random_state=rs("n40", split_key)
+        )
+    scaler = StandardScaler().fit(X_tr)
+    n_classes = int(len(np.unique(y)))
+    info = {
+        "dataset": source,
+        "classes": classes,
+        "n_classes": n_classes,
+        "n_train": int(len(y_tr)),
+        "n_val": int(len(y_va)),
+        "n_features": int(X.shape[1]),
+        "size": size,
+    }
+    return _Data(
+        X_train=scaler.transform(X_tr),
+        y_train=y_tr,
+        X_val=scaler.transform(X_va),
+        y_val=y_va,
+        n_classes=n_classes,
+        info=info,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# mini-LCBench: training runs
+# --------------------------------------------------------------------------------------------
+
+
+def _config_seed(seed: int, index: int) -> int:
+    """The MLP's random state for design ``index`` (same for every task)."""
+    return int(_stable_seed(seed, "mlp", index).generate_state(1)[0] % (2**31 - 1))
+
+
+_MLP_CLASS: type | None = None
+
+
+def _mlp_class() -> type:
+    """``MLPClassifier``, with the validation of repeated ``partial_fit`` inputs cached.
+
+    sklearn re-validates X and re-binarises y on every ``partial_fit`` call; for the small
+    arrays here that costs about as much as the training itself. The subclass validates an
+    (X, y) pair once and reuses the result while the same two array objects are passed again,
+    and ``predict_proba`` skips the input check; training and prediction are otherwise
+    sklearn's own (tests check the curves equal those of a plain MLPClassifier).
+    """
+    global _MLP_CLASS
+    if _MLP_CLASS is not None:
+        return _MLP_CLASS
+    from sklearn.neural_network import MLPClassifier
+
+    if not callable(getattr(MLPClassifier, "_validate_input", None)):
+        _MLP_CLASS = MLPClassifier
+        return _MLP_CLASS
+
+    class _CachedInputMLP(MLPClassifier):
+        def _validate_input(self, X, y, incremental, reset):
+            cache = self.__dict__.get("_auxbo_input")
+            if incremental and not reset and cache is not None and cache[0] is X and cache[1] is y:
+                return cache[2]
+            out = super()._validate_input(X, y, incremental, reset)
+            self.__dict__["_auxbo_input"] = (X, y, out)
+            return out
+
+        def predict_proba(self, X):
+            # predict_proba without re-validating X (validated standardised float arrays here)
+            try:
+                p = self._forward_pass_fast(X, check_input=False)
+            except TypeError:  # another sklearn signature: the public path
+                return super().predict_proba(X)
+            if self.n_outputs_ == 1:
+                p = p.ravel()
+            return np.vstack([1 - p, p]).T if p.ndim == 1 else p
+
+    _MLP_CLASS = _CachedInputMLP
+    return _MLP_CLASS
+
+
+def train_curve(
+    data: _Data | str,
+    config: Mapping[str, Any],
+    epochs: int = LCBENCH_EPOCHS,
+    random_state: int = 0,
+    seed: int = 0,
+) -> np.ndarray:
+    """Train one config for ``epochs`` epochs of ``partial_fit``; ``[epochs, 2]`` float32 of
+    (validation accuracy, validation log-loss) after every epoch.
+
+    ``data`` is a task name (loaded with ``seed``) or :func:`lcbench_data`'s result. The log-loss
+    is clipped at ``LOSS_CAP``. A run that diverges (non-finite weights or probabilities, which
+    happens at high learning rates) records chance accuracy 1/K and ``LOSS_CAP`` from that epoch
+    on. Call it inside :func:`_quiet` (or accept sklearn's warnings).
+    """
+    if isinstance(data, str):
+        data = lcbench_data(data, seed)
+    K = data.n_classes
+    classes = np.arange(K)
+    clf = _mlp_class()(
+        hidden_layer_sizes=(int(config["width"]),),
+        solver="sgd",
+        learning_rate_init=float(config["learning_rate_init"]),
+        alpha=float(config["alpha"]),
+        batch_size=int(config["batch_size"]),
+        momentum=float(config["momentum"]),
+        random_state=int(random_state),
+        shuffle=True,
+    )
+    out = np.empty((epochs, 2), dtype=np.float32)
+    rows = np.arange(len(data.y_val))
+    for e in range(epochs):
+        try:
+            if e == 0:
+                clf.partial_fit(data.X_train, data.y_train, classes=classes)
+            else:
+                clf.partial_fit(data.X_train, data.y_train)
+            proba = clf.predict_proba(data.X_val)
+        except (ValueError, FloatingPointError, OverflowError):
+            proba = None
+        if proba is None or not np.all(np.isfinite(proba)):
+            out[e:, 0] = 1.0 / K
+            out[e:, 1] = LOSS_CAP
+            break
+        acc = float(np.mean(np.argmax(proba, axis=1) == data.y_val))
+        p_true = np.clip(proba[rows, data.y_val], np.finfo(np.float64).eps, 1.0)
+        loss = float(-np.mean(np.log(p_true)))
+        out[e, 0] = acc
+        out[e, 1] = min(loss, LOSS_CAP) if math.isfinite(loss) else LOSS_CAP
+    return out
+
+
+class _quiet:
+    """One thread for BLAS/OpenMP and no sklearn convergence/batch-size or overflow warnings.
+
+    Also, while active, sklearn's MLP indexes its minibatches of a NumPy array with plain
+    ``X[idx]`` (what ``_safe_indexing`` ends up doing for an ndarray) instead of going through
+    ``_safe_indexing``'s dataframe detection, which costs more than the training step itself at
+    these sizes. Anything but an ndarray indexed by an integer array takes the original path.
+    """
+
+    def __enter__(self) -> _quiet:
+        from sklearn.exceptions import ConvergenceWarning
+        from threadpoolctl import threadpool_limits
+
+        self._limits = threadpool_limits(limits=1)
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.filterwarnings("ignore", message=".*batch_size.*", category=UserWarning)
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
+        self._np = np.seterr(all="ignore")
+        import sklearn
+
+        # inputs are finite standardised arrays and the parameters come from the checked space
+        self._skl = sklearn.config_context(assume_finite=True, skip_parameter_validation=True)
+        self._skl.__enter__()
+        from sklearn.neural_network import _multilayer_perceptron as mlp_module
+
+        self._mlp_module = mlp_module
+        self._orig_indexing = orig = getattr(mlp_module, "_safe_indexing", None)
+        if orig is not None:
+
+            def fast_indexing(X, indices, *args, **kwargs):
+                if (
+                    not args
+                    and kwargs.get("axis", 0) == 0
+                    and type(X) is np.ndarray
+                    and type(indices) is np.ndarray
+                    and indices.dtype.kind in "iu"
+                ):
+                    return X[indices, ...]
+                return orig(X, indices, *args, **kwargs)
+
+            mlp_module._safe_indexing = fast_indexing
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._orig_indexing is not None:
+            self._mlp_module._safe_indexing = self._orig_indexing
+        self._skl.__exit__(*exc)
+        np.seterr(**self._np)
+        self._warn.__exit__(*exc)
+        self._limits.unregister()
+
+
+def compute_lcbench_task(
+    name: str,
+    configs: Sequence[Mapping[str, Any]],
+    epochs: int = LCBENCH_EPOCHS,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The per-dataset worker (plain Python; :func:`lcbench_family` runs it as a Ray task).
+
+    Returns ``{"name", "h": [n, epochs, 2] float32, "f": [n] float32, "info": dict}`` with
+    f = the final validation accuracy.
+    """
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.perf_counter()
+    with _quiet():
+        data = lcbench_data(name, seed)
+        h = np.stack(
+            [
+                train_curve(data, cfg, epochs=epochs, random_state=_config_seed(seed, i))
+                for i, cfg in enumerate(configs)
+            ]
+        ).reshape(len(configs), epochs, 2)
+    info = dict(data.info, seconds=round(time.perf_counter() - t0, 3))
+    return {"name": name, "h": h, "f": h[:, -1, 0].copy(), "info": info}
+
+
+def _make_lcbench_task(result: Mapping[str, Any], X: np.ndarray, configs: list[dict]) -> Task:
+    return Task(
+        name=result["name"],
+        family="lcbench",
+        X=X.copy(),
+        f=np.asarray(result["f"], dtype=np.float32),
+        h=np.asarray(result["h"], dtype=np.float32),
+        h_names=LCBENCH_H_NAMES,
+        configs=[dict(c) for c in configs],
+        info=dict(result["info"]),
+    )
+
+
+def lcbench_task(
+    name: str, n_configs: int = 100, seed: int = 0, epochs: int = LCBENCH_EPOCHS
+) -> Task:
+    """Compute one mini-LCBench task in this process (no Ray, no cache)."""
+    X, configs = lcbench_configs(n_configs, seed)
+    return _make_lcbench_task(compute_lcbench_task(name, configs, epochs, seed), X, configs)
+
+
+def _cost(name: str) -> int:
+    """Rough relative cost (training-set size) for scheduling the largest tasks first."""
+    if name == "lcbench/digits":
+        return 1440
+    if name == "lcbench/breast_cancer":
+        return 455
+    if name.endswith("/n40"):
+        return 40
+    return 290 if name.startswith("lcbench/digits") else 110
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int, what: str) -> None:
+        self.enabled, self.total, self.what = enabled, total, what
+        self.done, self.t0 = 0, time.perf_counter()
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        if self.enabled:
+            dt = time.perf_counter() - self.t0
+            print(
+                f"\r[auxbo] {self.what}: {self.done}/{self.total} tasks, {dt:.0f} s ({label})"
+                + " " * 10,
+                end="" if self.done < self.total else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _part_path(parts: Path, name: str) -> Path:
+    return parts / (name.replace("/", "__") + ".parquet")
+
+
+def _load_parts(parts: Path, names: Sequence[str], n_configs: int, epochs: int) -> dict[str, Task]:
+    """Finished tasks of an interrupted computation (unreadable or mismatched parts are skipped)."""
+    done: dict[str, Task] = {}
+    if not parts.is_dir():
+        return done
+    for n in names:
+        p = _part_path(parts, n)
+        if not p.exists():
+            continue
+        try:
+            tr, te = read_tasks(p)
+        except Exception:  # a damaged part is computed again
+            continue
+        for t in tr + te:
+            if t.name == n and t.h.shape == (n_configs, epochs, len(LCBENCH_H_NAMES)):
+                done[n] = t
+    return done
+
+
+def _compute_all(
+    names: Sequence[str],
+    X: np.ndarray,
+    configs: list[dict],
+    epochs: int,
+    seed: int,
+    parallel: bool,
+    progress: bool,
+    parts: Path | None = None,
+) -> dict[str, Task]:
+    """Compute the tasks ``names`` (largest first); each finished task is also written to
+    ``parts`` so an interrupted computation resumes where it stopped."""
+    order = sorted(names, key=lambda n: -_cost(n))
+    bar = _Progress(progress, len(order), f"mini-LCBench ({len(configs)} configs)")
+    results: dict[str, Task] = {}
+
+    def finish(res: Mapping[str, Any]) -> None:
+        task = _make_lcbench_task(res, X, configs)
+        if parts is not None:
+            write_tasks(_part_path(parts, task.name), [task], [])
+        results[task.name] = task
+        bar.update(task.name)
+
+    if not order:
+        return results
+    if not parallel:
+        for n in order:
+            finish(compute_lcbench_task(n, configs, epochs, seed))
+        return results
+
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+        started = True
+    try:
+        worker = ray.remote(num_cpus=1)(compute_lcbench_task)
+        cfg_ref = ray.put([dict(c) for c in configs])
+        pending = [worker.remote(n, cfg_ref, epochs, seed) for n in order]
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                finish(ray.get(ready[0]))
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+    finally:
+        if started:
+            ray.shutdown()
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet history format
+# --------------------------------------------------------------------------------------------
+
+_META_KEY = b"auxbo"
+
+
+def tasks_to_table(tasks_by_split: Mapping[str, Sequence[Task]], metadata: dict | None = None):
+    """A ``pyarrow.Table`` in the history format, one row per design.
+
+    Columns: ``task_id`` (str), ``family`` (str), ``config`` (JSON str; "{}" without configs),
+    ``x`` (list<float>), ``f`` (double), ``h`` (list<float>, flattened), ``h_shape`` (list<int32>),
+    ``split`` (str). Per-task ``h_names`` and ``info`` and ``metadata`` go into the schema
+    metadata (JSON under ``auxbo``).
+    """
+    import pyarrow as pa
+
+    cols: dict[str, list] = {k: [] for k in ("task_id", "family", "config", "split")}
+    xs, fs, hs, shapes = [], [], [], []
+    per_task: dict[str, dict] = {}
+    for split, tasks in tasks_by_split.items():
+        for t in tasks:
+            if t.name in per_task:
+                raise ValueError(f"duplicate task name {t.name!r}")
+            n = t.n
+            if t.f.shape != (n,) or t.h.shape[0] != n or t.h.ndim != 3:
+                raise ValueError(f"task {t.name!r}: inconsistent X {t.X.shape}, f, h shapes")
+            per_task[t.name] = {"h_names": list(t.h_names), "info": t.info}
+            cols["task_id"] += [t.name] * n
+            cols["family"] += [t.family] * n
+            cols["split"] += [split] * n
+            cols["config"] += (
+                [json.dumps(c, sort_keys=True) for c in t.configs] if t.configs else ["{}"] * n
+            )
+            xs.append(np.asarray(t.X, np.float32).reshape(n, -1))
+            fs.append(np.asarray(t.f, np.float64))
+            hs.append(np.asarray(t.h, np.float32).reshape(n, -1))
+            shapes += [list(t.h.shape[1:])] * n
+
+    def list_col(parts: list[np.ndarray]) -> pa.Array:
+        if not parts:
+            return pa.array([], type=pa.list_(pa.float32()))
+        widths = [p.shape[1] for p in parts]
+        lengths = np.concatenate([np.full(p.shape[0], w, np.int32) for p, w in zip(parts, widths)])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = np.concatenate([p.reshape(-1) for p in parts]).astype(np.float32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+    schema_meta = {_META_KEY: json.dumps({"tasks": per_task, "params": metadata or {}}).encode()}
+    return pa.table(
+        {
+            "task_id": pa.array(cols["task_id"], pa.string()),
+            "family": pa.array(cols["family"], pa.string()),
+            "config": pa.array(cols["config"], pa.string()),
+            "x": list_col(xs),
+            "f": pa.array(np.concatenate(fs) if fs else [], pa.float64()),
+            "h": list_col(hs),
+            "h_shape": pa.array(shapes, pa.list_(pa.int32())),
+            "split": pa.array(cols["split"], pa.string()),
+        }
+    ).replace_schema_metadata(schema_meta)
+
+
+def tasks_from_table(table) -> dict[str, list[Task]]:
+    """``{split: [Task, ...]}`` from a history-format table (tasks in first-row order).
+
+    Without a ``split`` column every task is "train"; without schema metadata the h channels are
+    named ``h0``, ``h1``, ...
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    required = {"task_id", "family", "config", "x", "f", "h", "h_shape"}
+    missing = required - set(table.column_names)
+    if missing:
+        raise ValueError(f"not a history-format table: missing column(s) {sorted(missing)}")
+    meta = {}
+    if table.schema.metadata and _META_KEY in table.schema.metadata:
+        meta = json.loads(table.schema.metadata[_META_KEY].decode()).get("tasks", {})
+    ids = table.column("task_id").to_pylist()
+    rows: dict[str, list[int]] = {}
+    for i, tid in enumerate(ids):
+        rows.setdefault(tid, []).append(i)
+    splits = table.column("split").to_pylist() if "split" in table.column_names else None
+    out: dict[str, list[Task]] = {}
+    for tid, idx_list in rows.items():
+        idx = pa.array(idx_list, pa.int64())
+        sub = table.take(idx)
+        n = len(idx_list)
+        shape = sub.column("h_shape")[0].as_py()
+        if any(s != shape for s in sub.column("h_shape").to_pylist()):
+            raise ValueError(f"task {tid!r}: rows have different h_shape")
+        X = pc.list_flatten(sub.column("x").combine_chunks()).to_numpy(zero_copy_only=False)
+        h = pc.list_flatten(sub.column("h").combine_chunks()).to_numpy(zero_copy_only=False)
+        f = sub.column("f").to_numpy()
+        if X.size % n or h.size != n * int(np.prod(shape)):
+            raise ValueError(f"task {tid!r}: x or h lengths differ between rows")
+        configs = [json.loads(c) for c in sub.column("config").to_pylist()]
+        fam = sub.column("family")[0].as_py()
+        tm = meta.get(tid, {})
+        h_names = tuple(tm.get("h_names") or [f"h{k}" for k in range(shape[-1])])
+        task = Task(
+            name=tid,
+            family=fam,
+            X=X.astype(np.float32).reshape(n, -1),
+            f=f.astype(np.float32),
+            h=h.astype(np.float32).reshape(n, *shape),
+            h_names=h_names,
+            configs=configs if any(configs) else None,
+            info=dict(tm.get("info") or {}),
+        )
+        out.setdefault(splits[idx_list[0]] if splits else "train", []).append(task)
+    return out
+
+
+def write_tasks(
+    path: str | Path,
+    train: Sequence[Task],
+    test: Sequence[Task],
+    metadata: dict | None = None,
+) -> Path:
+    """Write tasks as one history-format Parquet file, atomically (temp file, then os.replace)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = tasks_to_table({"train": train, "test": test}, metadata)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_tasks(path: str | Path) -> tuple[list[Task], list[Task]]:
+    """``(train, test)`` from a history-format Parquet file (pyarrow only, nothing unpickled)."""
+    import pyarrow.parquet as pq
+
+    by_split = tasks_from_table(pq.read_table(Path(path)))
+    return by_split.get("train", []), by_split.get("test", [])
+
+
+# --------------------------------------------------------------------------------------------
+# mini-LCBench family
+# --------------------------------------------------------------------------------------------
+
+
+def _default_cache_dir() -> Path:
+    from nshot.data import cache_dir
+
+    return cache_dir() / "auxbo"
+
+
+def lcbench_family(
+    n_configs: int = 100,
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+    *,
+    epochs: int = LCBENCH_EPOCHS,
+    names: Sequence[str] | None = None,
+    parallel: bool = True,
+) -> tuple[list[Task], list[Task]]:
+    """``(train_tasks, test_tasks)`` of mini-LCBench (spec §4, offline substitute 2, enlarged).
+
+    110 tasks (see :func:`lcbench_task_names`; ``names`` restricts to a subset), split by
+    :func:`lcbench_split` into 54 train and 56 test tasks. All tasks share the ``n_configs``
+    designs of :func:`lcbench_configs`. The first call computes every task (one Ray task per
+    dataset, ``num_cpus=1``; ``parallel=False`` runs them in this process) and writes
+    ``<cache_dir>/mini-lcbench-n{n_configs}-e{epochs}-s{seed}-{version}[-{names hash}].parquet``;
+    later calls read that file. Finished tasks are kept in ``<file stem>.parts/`` until the file
+    is written, so an interrupted computation resumes. An unreadable cache file is warned about and
+    rebuilt.
+    """
+    all_names = lcbench_task_names()
+    if names is None:
+        names = all_names
+        suffix = ""
+    else:
+        names = list(dict.fromkeys(names))
+        lcbench_split(seed, names)  # validates
+        suffix = "-" + hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:10]
+    cache_dir = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    path = cache_dir / (
+        f"mini-lcbench-n{int(n_configs)}-e{int(epochs)}-s{int(seed)}-{LCBENCH_VERSION}{suffix}"
+        ".parquet"
+    )
+    if path.exists():
+        try:
+            train, test = read_tasks(path)
+            if sorted(t.name for t in train + test) == sorted(names):
+                return train, test
+            warnings.warn(f"{path}: cached tasks do not match; recomputing", stacklevel=2)
+        except Exception as err:  # corrupted or foreign file: rebuild
+            warnings.warn(f"{path}: unreadable cache ({err}); recomputing", stacklevel=2)
+
+    X, configs = lcbench_configs(n_configs, seed)
+    parts = path.with_name(path.stem + ".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    results = _load_parts(parts, names, n_configs, epochs)
+    if results and progress:
+        print(f"[auxbo] resuming: {len(results)} tasks already computed", file=sys.stderr)
+    todo = [n for n in names if n not in results]
+    results.update(_compute_all(todo, X, configs, epochs, seed, parallel, progress, parts))
+    split = lcbench_split(seed, names)
+    train = [results[n] for n in names if split[n] == "train"]
+    test = [results[n] for n in names if split[n] == "test"]
+    params = {
+        "family": "lcbench",
+        "n_configs": int(n_configs),
+        "epochs": int(epochs),
+        "seed": int(seed),
+        "version": LCBENCH_VERSION,
+        "space": lcbench_space(),
+    }
+    write_tasks(path, train, test, metadata=params)
+    shutil.rmtree(parts, ignore_errors=True)
+    return train, test
+
+
+# --------------------------------------------------------------------------------------------
+# Convenience
+# --------------------------------------------------------------------------------------------
+
+_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "synthetic": {
+        "paper": {"n_train": 500, "n_test": 100, "n_candidates": 300},
+        "small": {"n_train": 500, "n_test": 100, "n_candidates": 300},
+        "smoke": {"n_train": 16, "n_test": 4, "n_candidates": 64},
+    },
+    "lcbench": {
+        "paper": {"n_configs": 200},
+        "small": {"n_configs": 100},
+        "smoke": {"n_configs": 8, "epochs": 3},
+    },
+}
+
+
+def family(name: str, preset: str = "small", **overrides: Any) -> tuple[list[Task], list[Task]]:
+    """``(train, test)`` of the family ``name`` ("synthetic" | "lcbench" | "mini-lcbench") at the
+    sizes of ``preset`` ("paper" | "small" | "smoke"); keyword ``overrides`` win."""
+    key = {"mini-lcbench": "lcbench"}.get(name, name)
+    if key not in _PRESETS:
+        raise ValueError(f"unknown task family {name!r}: use 'synthetic' or 'lcbench'")
+    if preset not in _PRESETS[key]:
+        raise ValueError(f"unknown preset {preset!r}: use one of {sorted(_PRESETS[key])}")
+    kwargs = {**_PRESETS[key][preset], **overrides}
+    return synthetic_family(**kwargs) if key == "synthetic" else lcbench_family(**kwargs)

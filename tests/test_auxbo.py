@@ -1,0 +1,188 @@
+"""auxbo as a Method and as a Ray Tune searcher."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from nshot.method import get
+from nshot.tune import Float, SearchSpace
+
+SYNTH_SPACE = SearchSpace({f"x{i}": Float(0.0, 1.0) for i in range(4)})
+
+
+@pytest.fixture(scope="module")
+def smoke_checkpoint(tmp_path_factory):
+    """A smoke-size TNP meta-trained on the synthetic family through nshot.train.fit."""
+    from nshot.train import fit
+
+    cfg = get("auxbo").config("smoke")
+    res = fit("auxbo", cfg, storage=tmp_path_factory.mktemp("auxbo-runs"), name="smoke")
+    assert res.checkpoint is not None
+    return res.checkpoint
+
+
+def _synthetic_objective(x, tau, A):
+    from nshot.methods.auxbo.demo import synthetic_objective
+
+    return synthetic_objective(x, tau, A)
+
+
+def test_train_evaluate_and_predict(smoke_checkpoint):
+    from nshot.train import load_checkpoint
+
+    method = get("auxbo")
+    ckpt = load_checkpoint(smoke_checkpoint, method="auxbo")
+    assert "val_nll" in ckpt.metrics and np.isfinite(ckpt.metrics["val_nll"])
+    cfg = method.config_from_dict(ckpt.config)
+    metrics = method.evaluate(ckpt, cfg)
+    assert {"nll_ctx1", "auxbo_regret_at_3", "random_regret_at_3"} <= set(metrics)
+    assert all(np.isfinite(v) for v in metrics.values())
+    pred = method.predictor(ckpt)
+    req = pred.Request(
+        context=[{"x": [0.2, 0.4, 0.6, 0.8], "f": 0.3, "h": [[0.1, 0.2, 0.3]] * 10}],
+        candidates=[[0.5, 0.5, 0.5, 0.5], [0.1, 0.9, 0.1, 0.9]],
+    )
+    out = pred(req)
+    assert len(out.mean) == 2 and all(s > 0 for s in out.std) and 0 <= out.best_index < 2
+    assert all(0.0 <= p <= 1.0 for p in out.pi)
+    # a candidate's prediction does not depend on the others scored with it
+    alone = pred(pred.Request(context=req.context, candidates=[[0.5, 0.5, 0.5, 0.5]]))
+    assert alone.mean[0] == pytest.approx(out.mean[0], abs=1e-5)
+    with pytest.raises(ValueError, match="x has 3 coordinates"):
+        pred(pred.Request(context=req.context, candidates=[[0.5, 0.5, 0.5]]))
+    with pytest.raises(ValueError, match="h frames have width 2, expected 3"):
+        pred(pred.Request(context=[{"x": [0.2] * 4, "f": 0.3, "h": [[0.1, 0.2]]}],
+                          candidates=[[0.5] * 4]))  # fmt: skip
+    with pytest.raises(ValueError, match="h is required"):
+        pred(pred.Request(context=[{"x": [0.2] * 4, "f": 0.3}], candidates=[[0.5] * 4]))
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        pred.Request(context=[], candidates=[[0.5] * 4])
+    with pytest.raises(ValidationError):
+        pred.Request(context=[{"x": [0.2] * 4, "f": float("nan")}], candidates=[[0.5] * 4])
+
+
+def _cycle(searcher, n: int, tau, A, offset: int = 0) -> list[dict]:
+    configs = []
+    for i in range(n):
+        cfg = searcher.suggest(f"t{offset + i}")
+        x = np.array([cfg[f"x{j}"] for j in range(4)])
+        f, h = _synthetic_objective(x, tau, A)
+        searcher.on_trial_complete(f"t{offset + i}", {"f": f, "h": h})
+        configs.append(cfg)
+    return configs
+
+
+def test_searcher_save_restore_continues_without_repeats(smoke_checkpoint, tmp_path):
+    from nshot.methods.auxbo.searcher import AuxBOSearcher
+
+    rng = np.random.default_rng(0)
+    tau, A = rng.uniform(-1, 1, 4), rng.normal(size=(10, 3, 4))
+    s1 = AuxBOSearcher(SYNTH_SPACE, checkpoint=smoke_checkpoint, n_init=2, seed=3, n_raw=64,
+                       restarts=2)  # fmt: skip
+    assert s1.summary()["backend"].startswith("tnp:")
+    first = _cycle(s1, 4, tau, A)
+    s1.save(str(tmp_path / "state.json"))
+    assert json.loads((tmp_path / "state.json").read_text())["version"] == 1
+    s2 = AuxBOSearcher(SYNTH_SPACE, checkpoint=smoke_checkpoint, n_init=2, seed=99, n_raw=64,
+                       restarts=2)  # fmt: skip
+    s2.restore(str(tmp_path / "state.json"))
+    # the restored searcher makes exactly the proposal the original would make next
+    assert s2.suggest("next") == s1.suggest("next")
+    rest = _cycle(s2, 3, tau, A, offset=10)
+    keys = [json.dumps(c, sort_keys=True) for c in first + rest]
+    assert len(set(keys)) == len(keys)  # no repeated trial
+    assert s2.summary()["context"] == 4 + 3
+
+
+def test_searcher_refuses_a_mismatched_surrogate(smoke_checkpoint):
+    from nshot.methods.auxbo.searcher import AuxBOSearcher, SurrogateMismatchError
+
+    two = SearchSpace({"a": Float(0, 1), "b": Float(0, 1)})
+    with pytest.raises(SurrogateMismatchError, match="4-dimensional designs.*encodes to 2"):
+        AuxBOSearcher(two, checkpoint=smoke_checkpoint)
+    s = AuxBOSearcher(two, checkpoint=smoke_checkpoint, fallback="gp", n_init=1, seed=0)
+    assert s.summary()["backend"] == "gp"
+    for i in range(3):
+        cfg = s.suggest(f"t{i}")
+        s.on_trial_complete(f"t{i}", {"f": -((cfg["a"] - 0.3) ** 2), "h": [0.0]})
+    assert s.summary()["context"] == 3
+
+
+def test_discrete_candidates_are_never_repeated(smoke_checkpoint):
+    from nshot.methods.auxbo.searcher import AuxBOSearcher
+
+    rng = np.random.default_rng(1)
+    tau, A = rng.uniform(-1, 1, 4), rng.normal(size=(10, 3, 4))
+    cands = [{f"x{j}": float(v) for j, v in enumerate(row)} for row in rng.random((6, 4))]
+    s = AuxBOSearcher(SYNTH_SPACE, checkpoint=smoke_checkpoint, candidates=cands, seed=0)
+    got = _cycle(s, 6, tau, A)
+    assert sorted(json.dumps(c, sort_keys=True) for c in got) == sorted(
+        json.dumps(c, sort_keys=True) for c in cands
+    )
+    from nshot.method import NshotError
+
+    with pytest.raises(NshotError, match="every candidate"):
+        s.suggest("t99")
+
+
+@pytest.mark.ray
+def test_searcher_drives_a_tune_sweep(ray_session, smoke_checkpoint, tmp_path):
+    from ray import tune
+
+    from nshot.methods.auxbo.searcher import AuxBOSearcher
+
+    rng = np.random.default_rng(2)
+    tau, A = rng.uniform(-1, 1, 4), rng.normal(size=(10, 3, 4))
+
+    from nshot.methods.auxbo.demo import synthetic_trainable
+
+    trainable = tune.with_parameters(synthetic_trainable, tau=tau.tolist(), A=A.tolist())
+    searcher = AuxBOSearcher(checkpoint=smoke_checkpoint, n_init=2, seed=0, n_raw=64, restarts=2)
+    tuner = tune.Tuner(
+        trainable,
+        param_space=SYNTH_SPACE.to_tune(),
+        tune_config=tune.TuneConfig(
+            metric="f", mode="max", search_alg=searcher, num_samples=5, max_concurrent_trials=1
+        ),  # fmt: skip
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="sweep", verbose=0),
+    )
+    grid = tuner.fit()
+    assert len(grid) == 5 and not grid.errors
+    assert searcher.summary()["context"] == 5  # every trial's f and h reached the searcher
+
+
+@pytest.mark.ray
+def test_tail_sweep_with_auxbo_then_a_history_surrogate(ray_session, tmp_path, monkeypatch):
+    """`nshot tune tail --search auxbo` (GP fallback: no surrogate yet) lands in the history;
+    `nshot train auxbo --set family=history` meta-trains a surrogate on it; the next sweep uses
+    the surrogate and starts from the history's best config."""
+    from nshot.train import fit
+    from nshot.tune.history import load_tasks
+    from nshot.tune.run import tune as run_tune
+
+    monkeypatch.setenv("NSHOT_CACHE", str(tmp_path / "cache"))
+    tail = get("tail")
+    cfg = tail.config("smoke", steps=10, log_every=5, checkpoint_every=10)
+    hist = tmp_path / "cache" / "history"
+    for k in range(2):
+        res = run_tune("tail", cfg, search="auxbo", num_samples=3, max_concurrent=1,
+                       storage=tmp_path / "runs", name=f"s{k}", seed=k, verbose=0)  # fmt: skip
+        assert res.extra["searcher"]["backend"] == "gp"
+        assert all(t.error is None for t in res.trials)
+    tasks = load_tasks(hist, method="tail")
+    assert len(tasks) == 2 and all(len(t.configs) == 3 for t in tasks)
+    acfg = get("auxbo").config("smoke", family="history", history_method="tail", steps=5,
+                               log_every=5, checkpoint_every=5)  # fmt: skip
+    fit("auxbo", acfg, storage=tmp_path / "runs", name="surrogate")
+    res = run_tune("tail", cfg, search="auxbo", num_samples=2, max_concurrent=1,
+                   storage=tmp_path / "runs", name="warm", verbose=0)  # fmt: skip
+    assert res.extra["searcher"]["backend"].startswith("tnp:")
+    assert res.extra["searcher"]["warm_starts"] == 2
+    best_previous = max(tasks[-1].configs, key=lambda c: tasks[-1].y[tasks[-1].configs.index(c)])
+    first = res.trials[0].config
+    assert first == pytest.approx(best_previous)
