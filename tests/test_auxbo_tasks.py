@@ -1,0 +1,331 @@
+"""auxbo task families (methods/auxbo/tasks.py): synthetic and mini-LCBench, Parquet cache."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from nshot.methods.auxbo import tasks as T
+
+# ------------------------------------------------------------------------------- synthetic
+
+
+@pytest.fixture(scope="module")
+def syn():
+    return T.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+
+
+def test_synthetic_shapes_and_encoding(syn):
+    train, test = syn
+    assert len(train) == 20 and len(test) == 10
+    X0 = train[0].X
+    for t in train + test:
+        assert t.family == "synthetic" and t.configs is None
+        assert t.X.shape == (300, 4) and t.X.dtype == np.float32
+        assert t.f.shape == (300,) and t.f.dtype == np.float32
+        assert t.h.shape == (300, 10, 3) and t.h.dtype == np.float32
+        assert len(t.h_names) == 3
+        assert np.array_equal(t.X, X0)  # one candidate set for the whole family
+        assert t.X.min() >= 0.0 and t.X.max() <= 1.0
+        assert t.f_star == pytest.approx(float(t.f.max())) and t.f_min == pytest.approx(t.f.min())
+    names = [t.name for t in train + test]
+    assert len(set(names)) == len(names)
+    assert train[3].name == "synthetic/train/0003" and test[7].name == "synthetic/test/0007"
+
+
+def test_synthetic_deterministic_and_seeded(syn):
+    train, test = syn
+    train2, test2 = T.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+    for a, b in zip(train + test, train2 + test2):
+        assert np.array_equal(a.f, b.f) and np.array_equal(a.h, b.h) and np.array_equal(a.X, b.X)
+    # a task does not depend on how many tasks are drawn
+    more, _ = T.synthetic_family(n_train=25, n_test=1, n_candidates=300, seed=0)
+    assert np.array_equal(more[5].h, train[5].h)
+    other, _ = T.synthetic_family(n_train=2, n_test=1, n_candidates=300, seed=1)
+    assert not np.allclose(other[0].X, train[0].X)
+    assert not np.allclose(other[0].info["tau"], train[0].info["tau"])
+
+
+def test_synthetic_train_test_disjoint(syn):
+    train, test = syn
+    taus_train = np.array([t.info["tau"] for t in train])
+    taus_test = np.array([t.info["tau"] for t in test])
+    dist = np.abs(taus_train[:, None, :] - taus_test[None, :, :]).sum(-1)
+    assert dist.min() > 1e-6
+    assert np.all(np.abs(taus_train) <= 1.0)
+
+
+def test_synthetic_f_peaks_near_tau(syn):
+    train, test = syn
+    clean_train, _ = T.synthetic_family(n_train=20, n_test=0, seed=0, noise=False)
+    for noisy, clean in zip(train, clean_train):
+        tau = np.asarray(noisy.info["tau"])
+        x = noisy.X * 2.0 - 1.0
+        d2 = ((x - tau) ** 2).sum(1)
+        nearest = int(np.argmin(d2))
+        assert int(np.argmax(clean.f)) == nearest
+        np.testing.assert_allclose(clean.f, np.exp(-d2 / 0.5), rtol=1e-5, atol=1e-6)
+        assert noisy.f[nearest] >= noisy.f.max() - 0.05
+        resid = noisy.f - clean.f
+        assert 0.005 < resid.std() < 0.02  # N(0, 0.01^2) noise
+        # h is ~0 at the optimum (tanh(A (x - tau))) and larger far from it
+        far = int(np.argmax(d2))
+        assert np.abs(clean.h[nearest]).mean() < np.abs(clean.h[far]).mean()
+
+
+def test_synthetic_h_depends_on_tau(syn):
+    train, _ = syn
+    a, b = train[0], train[1]
+    assert np.abs(a.h - b.h).mean() > 0.1
+    # clean h = tanh(A (x - tau)) spans the informative range of tanh, not just its tails
+    clean, _ = T.synthetic_family(n_train=1, n_test=0, seed=0, noise=False)
+    t = clean[0]
+    assert np.abs(t.h).max() < 1.0
+    assert t.h.std() > 0.2
+
+
+# ------------------------------------------------------------------------------- mini-LCBench
+
+
+def test_lcbench_space_encode_decode():
+    space = T.lcbench_space()
+    json.dumps(space)
+    assert [p["name"] for p in space["params"]] == [
+        "learning_rate_init",
+        "alpha",
+        "width",
+        "batch_size",
+        "momentum",
+    ]
+    X, configs = T.lcbench_configs(100, seed=0)
+    assert X.shape == (100, 5) and X.dtype == np.float32
+    assert X.min() >= 0.0 and X.max() <= 1.0
+    for x, c in zip(X, configs):
+        assert 1e-4 <= c["learning_rate_init"] <= 1e-1 and 1e-6 <= c["alpha"] <= 1e-1
+        assert isinstance(c["width"], int) and 8 <= c["width"] <= 128
+        assert isinstance(c["batch_size"], int) and 8 <= c["batch_size"] <= 128
+        assert 0.5 <= c["momentum"] <= 0.99
+        np.testing.assert_allclose(T.encode_config(c), x, atol=1e-6)
+        assert T.decode_x(x)["width"] == c["width"]
+    assert T.decode_x([0, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(1e-4)
+    assert T.decode_x([1, 1, 1, 1, 1]) == pytest.approx(
+        {"learning_rate_init": 0.1, "alpha": 0.1, "width": 128, "batch_size": 128, "momentum": 0.99}
+    )
+    # log scale: the middle of the lr axis is the geometric mean
+    assert T.decode_x([0.5, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(10**-2.5)
+    # spread over the space, deterministic
+    assert X.std(0).min() > 0.2
+    X2, configs2 = T.lcbench_configs(100, seed=0)
+    assert configs2 == configs and np.array_equal(X2, X)
+    assert not np.array_equal(T.lcbench_configs(100, seed=1)[0], X)
+
+
+def test_lcbench_split():
+    names = T.lcbench_task_names()
+    assert len(names) == len(set(names)) == 110
+    split = T.lcbench_split(0)
+    test = [n for n, s in split.items() if s == "test"]
+    assert len(test) >= 55 and len(split) - len(test) >= 50
+    for n in names:
+        if any(k in n for k in ("wine", "iris", "breast_cancer")):
+            assert split[n] == "test", n
+    for a in range(10):
+        for b in range(a + 1, 10):
+            full, small = f"lcbench/digits_{a}v{b}/full", f"lcbench/digits_{a}v{b}/n40"
+            assert split[full] == split[small]
+    assert T.lcbench_split(0) == split
+    assert T.lcbench_split(1) != split
+    assert T.lcbench_split(0, ["lcbench/iris"]) == {"lcbench/iris": "test"}
+    with pytest.raises(KeyError):
+        T.lcbench_split(0, ["lcbench/mnist"])
+
+
+def test_lcbench_data_variants():
+    full = T.lcbench_data("lcbench/digits_3v8/full")
+    small = T.lcbench_data("lcbench/digits_3v8/n40")
+    assert small.X_train.shape == (40, 64) and set(small.y_train.tolist()) == {0, 1}
+    assert abs(small.y_train.mean() - 0.5) < 0.1  # stratified
+    assert full.X_train.shape[0] > 250
+    np.testing.assert_array_equal(full.y_val, small.y_val)  # same validation split
+    np.testing.assert_allclose(full.X_train.mean(0), 0.0, atol=1e-6)  # scaler fit on train
+    ovr = T.lcbench_data("lcbench/digits_4vrest")
+    y = np.concatenate([ovr.y_train, ovr.y_val])
+    assert abs(y.mean() - 0.5) < 0.01 and ovr.n_classes == 2
+    assert T.lcbench_data("lcbench/digits").n_classes == 10
+    assert T.lcbench_data("lcbench/wine_1v2").n_classes == 2
+    for bad in ("lcbench/iris_0v3", "lcbench/wine_0v1/n40", "lcbench/digits_3v8", "nope"):
+        with pytest.raises(KeyError):
+            T.lcbench_data(bad)
+
+
+def test_lcbench_task_tiny():
+    task = T.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
+    assert task.family == "lcbench" and task.h_names == ("val_acc", "val_loss")
+    assert task.X.shape == (4, 5) and task.h.shape == (4, 3, 2) and task.f.shape == (4,)
+    assert len(task.configs) == 4
+    np.testing.assert_array_equal(task.f, task.h[:, -1, 0])
+    assert np.all((task.h[..., 0] >= 0) & (task.h[..., 0] <= 1))
+    assert np.all((task.h[..., 1] >= 0) & (task.h[..., 1] <= T.LOSS_CAP))
+    assert np.isfinite(task.h).all()
+    assert task.info["n_val"] == 20 and task.info["n_train"] == 80
+    again = T.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
+    np.testing.assert_array_equal(again.h, task.h)
+
+
+def test_train_curve_matches_plain_sklearn():
+    from sklearn.neural_network import MLPClassifier
+
+    data = T.lcbench_data("lcbench/wine_0v1")
+    cfg = {
+        "learning_rate_init": 0.01,
+        "alpha": 1e-4,
+        "width": 16,
+        "batch_size": 16,
+        "momentum": 0.9,
+    }
+    with T._quiet():
+        curve = T.train_curve(data, cfg, epochs=4, random_state=7)
+    clf = MLPClassifier(
+        hidden_layer_sizes=(16,),
+        solver="sgd",
+        learning_rate_init=0.01,
+        alpha=1e-4,
+        batch_size=16,
+        momentum=0.9,
+        random_state=7,
+    )
+    accs = []
+    for e in range(4):
+        clf.partial_fit(data.X_train, data.y_train, classes=[0, 1] if e == 0 else None)
+        accs.append(np.mean(clf.predict(data.X_val) == data.y_val))
+    np.testing.assert_allclose(curve[:, 0], accs, atol=1e-6)
+    from sklearn.metrics import log_loss
+
+    assert curve[-1, 1] == pytest.approx(
+        log_loss(data.y_val, clf.predict_proba(data.X_val), labels=[0, 1]), rel=1e-4
+    )
+    assert curve[-1, 0] > 0.8  # an easy pair learns
+
+
+def test_train_curve_divergence_is_guarded():
+    data = T.lcbench_data("lcbench/iris_0v1")
+    data.X_train = data.X_train * 1e300  # overflow → non-finite weights
+    cfg = {"learning_rate_init": 0.1, "alpha": 1e-6, "width": 8, "batch_size": 8, "momentum": 0.99}
+    with T._quiet():
+        curve = T.train_curve(data, cfg, epochs=5)
+    assert np.isfinite(curve).all()
+    np.testing.assert_allclose(curve[-1], [0.5, T.LOSS_CAP])
+
+
+# ------------------------------------------------------------------------------- Parquet cache
+
+_SUBSET = ["lcbench/iris_0v1", "lcbench/wine_0v2", "lcbench/digits_0v1/n40"]
+
+
+def _assert_same(a: T.Task, b: T.Task) -> None:
+    assert a.name == b.name and a.family == b.family and a.h_names == b.h_names
+    np.testing.assert_array_equal(a.X, b.X)
+    np.testing.assert_array_equal(a.f, b.f)
+    np.testing.assert_array_equal(a.h, b.h)
+    assert a.configs == b.configs and a.info == b.info
+
+
+def test_write_read_roundtrip(tmp_path, syn):
+    train, test = syn
+    lc = T.lcbench_task("lcbench/iris_0v2", n_configs=3, epochs=2)
+    path = T.write_tasks(tmp_path / "h.parquet", train[:2] + [lc], test[:1])
+    r_train, r_test = T.read_tasks(path)
+    for a, b in zip(train[:2] + [lc] + test[:1], r_train + r_test):
+        _assert_same(a, b)
+    table = pq.read_table(path)
+    assert set(table.column_names) == {
+        "task_id",
+        "family",
+        "config",
+        "x",
+        "f",
+        "h",
+        "h_shape",
+        "split",
+    }
+    assert table.num_rows == 300 * 3 + 3
+    assert table.column("h_shape")[0].as_py() == [10, 3]
+    assert json.loads(table.column("config")[600].as_py()) == lc.configs[0]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_lcbench_family_cache(tmp_path, monkeypatch):
+    calls: list[str] = []
+    real = T.compute_lcbench_task
+
+    def counting(name, *a, **k):
+        calls.append(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(T, "compute_lcbench_task", counting)
+    kw = dict(n_configs=3, seed=0, cache_dir=tmp_path, progress=False, epochs=2, parallel=False)
+    train, test = T.lcbench_family(names=_SUBSET, **kw)
+    assert sorted(calls) == sorted(_SUBSET)
+    split = T.lcbench_split(0, _SUBSET)
+    assert [t.name for t in test] == [n for n in _SUBSET if split[n] == "test"]
+    assert [t.name for t in train] == [n for n in _SUBSET if split[n] == "train"]
+    files = list(tmp_path.glob("*.parquet"))
+    assert len(files) == 1 and "n3-e2-s0" in files[0].name
+    assert not list(tmp_path.glob("*.parts"))
+    meta = json.loads(pq.read_schema(files[0]).metadata[b"auxbo"])
+    assert meta["params"]["n_configs"] == 3 and meta["params"]["epochs"] == 2
+
+    # second call: read from the cache, nothing computed
+    calls.clear()
+    train2, test2 = T.lcbench_family(names=_SUBSET, **kw)
+    assert calls == []
+    for a, b in zip(train + test, train2 + test2):
+        _assert_same(a, b)
+
+    # another protocol (epochs) is another file
+    T.lcbench_family(names=_SUBSET[:1], **{**kw, "epochs": 1})
+    assert len(list(tmp_path.glob("*.parquet"))) == 2
+
+    # a damaged cache file is rebuilt, with a warning
+    files[0].write_bytes(b"not parquet")
+    calls.clear()
+    with pytest.warns(UserWarning, match="unreadable cache"):
+        train3, _ = T.lcbench_family(names=_SUBSET, **kw)
+    assert sorted(calls) == sorted(_SUBSET)
+    np.testing.assert_array_equal(train3[0].h, train[0].h)
+
+
+def test_lcbench_family_resumes(tmp_path, monkeypatch):
+    real = T.compute_lcbench_task
+    calls: list[str] = []
+    fail_at = [2]  # the second computed task fails once
+
+    def flaky(name, *a, **k):
+        calls.append(name)
+        if len(calls) == fail_at[0]:
+            fail_at[0] = -1
+            raise RuntimeError("worker lost")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(T, "compute_lcbench_task", flaky)
+    kw = dict(n_configs=2, seed=0, cache_dir=tmp_path, progress=False, epochs=1, parallel=False)
+    with pytest.raises(RuntimeError):
+        T.lcbench_family(names=_SUBSET, **kw)
+    first = calls[0]
+    calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train, test = T.lcbench_family(names=_SUBSET, **kw)
+    assert first not in calls and len(calls) == len(_SUBSET) - 1
+    assert sorted(t.name for t in train + test) == sorted(_SUBSET)
+
+
+def test_family_dispatch():
+    train, test = T.family("synthetic", "smoke")
+    assert len(train) == 16 and len(test) == 4 and train[0].X.shape == (64, 4)
+    with pytest.raises(ValueError):
+        T.family("gripper")
