@@ -53,6 +53,7 @@ __all__ = [
     "compute_lcbench_task",
     "read_tasks",
     "synthetic_family",
+    "synthetic_maps",
     "tasks_from_table",
     "tasks_to_table",
     "train_curve",
@@ -112,6 +113,13 @@ def _rng(seed: int, key: tuple[int, ...]) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
 
 
+def synthetic_maps(seed: int = 0) -> np.ndarray:
+    """The family's fixed maps ``A [T, d_h, D]`` (h_t(x) = tanh(A_t (x − τ)))."""
+    return _rng(seed, _STREAM_A).normal(
+        0.0, 1.0 / math.sqrt(_SYN_D), size=(_SYN_T, _SYN_DH, _SYN_D)
+    )
+
+
 def synthetic_family(
     n_train: int = 500,
     n_test: int = 100,
@@ -131,7 +139,7 @@ def synthetic_family(
     if n_candidates < 1 or n_train < 0 or n_test < 0:
         raise ValueError("n_candidates must be >= 1 and n_train, n_test >= 0")
     cand = _rng(seed, _STREAM_CANDIDATES).uniform(-1.0, 1.0, size=(n_candidates, _SYN_D))
-    A = _rng(seed, _STREAM_A).normal(0.0, 1.0 / math.sqrt(_SYN_D), size=(_SYN_T, _SYN_DH, _SYN_D))
+    A = synthetic_maps(seed)
     X = ((cand + 1.0) / 2.0).astype(np.float32)
     h_names = tuple(f"h{k}" for k in range(_SYN_DH))
 
