@@ -165,7 +165,7 @@ class TNPProposer:
 
     def propose(self, task: Any, evaluated_idx: list[int], rng: np.random.Generator) -> int:
         if self._task_X is None or self._task_X[0] != id(task):
-            self._task_X = (id(task), torch.from_numpy(np.asarray(task.X, dtype=np.float32)))
+            self._task_X = (id(task), torch.from_numpy(np.array(task.X, dtype=np.float32)))
         model = self.surrogate(task, evaluated_idx, rng)
         return propose_discrete(model, self._task_X[1], _free_mask(task, evaluated_idx), self.xi)
 
