@@ -142,18 +142,18 @@ def test_searcher_drives_a_tune_sweep(ray_session, smoke_checkpoint, tmp_path):
     from nshot.methods.auxbo.demo import synthetic_trainable
 
     trainable = tune.with_parameters(synthetic_trainable, tau=tau.tolist(), A=A.tolist())
-    searcher = AuxBOSearcher(checkpoint=smoke_checkpoint, n_init=2, seed=0, n_raw=64, restarts=2)
+    searcher = AuxBOSearcher(checkpoint=smoke_checkpoint, n_init=1, seed=0, n_raw=32, restarts=1)
     tuner = tune.Tuner(
         trainable,
         param_space=SYNTH_SPACE.to_tune(),
         tune_config=tune.TuneConfig(
-            metric="f", mode="max", search_alg=searcher, num_samples=5, max_concurrent_trials=1
+            metric="f", mode="max", search_alg=searcher, num_samples=3, max_concurrent_trials=1
         ),  # fmt: skip
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="sweep", verbose=0),
     )
     grid = tuner.fit()
-    assert len(grid) == 5 and not grid.errors
-    assert searcher.summary()["context"] == 5  # every trial's f and h reached the searcher
+    assert len(grid) == 3 and not grid.errors
+    assert searcher.summary()["context"] == 3  # every trial's f and h reached the searcher
 
 
 @pytest.mark.ray

@@ -101,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.method,
         cfg,
         scaling=_scaling(args),
-        storage=args.output,
+        storage=args.storage,
         name=args.name,
         resume=args.resume,
         overwrite=args.overwrite,
@@ -315,7 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="train a method with Ray Train")
     s.add_argument("method")
     _add_config_args(s)
-    s.add_argument("--output", default=None, help="storage path for runs (default $NSHOT_STORAGE)")
+    s.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="where runs live: a local path or a URI (s3://bucket/runs, gs://...); default "
+        "$NSHOT_STORAGE, else ~/.cache/nshot/runs. A worker group on several hosts needs a URI "
+        "or a shared mount (NSHOT_STORAGE_SHARED=1)",
+    )
     s.add_argument("--name", default=None, help="run name (default <method>-<preset>)")
     s.add_argument("--workers", type=int, default=None, help="Ray Train workers (0: in-process)")
     s.add_argument("--gpus-per-worker", type=float, default=None)
@@ -366,7 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus-per-worker", type=float, default=None)
     s.add_argument("--cpus-per-worker", type=float, default=None)
     s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
-    s.add_argument("--output", default=None, help="storage path (default $NSHOT_STORAGE/tune)")
+    s.add_argument(
+        "--storage",
+        "--output",
+        dest="output",
+        default=None,
+        help="storage path or URI for the sweep (default $NSHOT_STORAGE/tune)",
+    )
     s.add_argument("--name", default=None, help="sweep name (default <method>-<preset>-<search>)")
     s.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     s.add_argument(

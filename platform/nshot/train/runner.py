@@ -5,7 +5,11 @@
 runs the method's ``train_loop`` on the workers (or in-process with ``workers=0``, Ray Train's
 local mode) and returns where the final checkpoint is.
 
-Runs live in ``<storage>/<name>``. Re-running with the same storage and name and
+Runs live in ``<storage>/<name>``. The storage is a local directory or a URI that pyarrow opens
+(``s3://``, ``gs://``, ``abfs://``, ``hdfs://``, ``file://``). On a cluster of several hosts a
+worker group needs storage every node reaches: a local path is refused there (``NshotError``)
+unless all nodes share one host (a local multi-node cluster) or ``NSHOT_STORAGE_SHARED=1`` says
+the path is a shared mount (NFS, Lustre, ...). Re-running with the same storage and name and
 ``resume=True`` continues from the run's latest checkpoint (Ray Train V2 restores its
 checkpoint manager from the run directory; local mode reads the latest nshot checkpoint).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,20 +62,110 @@ class Scaling:
 
 @dataclass
 class TrainResult:
-    run_dir: Path
-    checkpoint: Path | None
+    run_dir: Path | str  # a str URI when the storage is remote (s3://...)
+    checkpoint: Path | str | None
     metrics: dict[str, Any]
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def default_storage() -> Path:
+def is_uri(path: str | os.PathLike) -> bool:
+    """``s3://bucket/x``, ``gs://...``, ``file:///...``: a storage URI (pyarrow opens it)."""
+    text = str(path)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum()
+
+
+def is_local_storage(path: str | os.PathLike) -> bool:
+    """A path on this machine's file system (a plain path or a ``file://`` URI)."""
+    return not is_uri(path) or str(path).startswith("file://")
+
+
+def resolve_storage(storage: str | os.PathLike | None) -> Path | str:
+    """``storage`` (or ``$NSHOT_STORAGE``, or the cache) as an absolute local ``Path``, or the
+    URI itself (a ``str``, without a trailing slash) for remote storage."""
+    if storage is None:
+        return default_storage()
+    if is_uri(storage):
+        return str(storage).rstrip("/")
+    return Path(storage).expanduser().resolve()
+
+
+def default_storage() -> Path | str:
     env = os.environ.get("NSHOT_STORAGE")
     if env:
-        return Path(env).expanduser()
+        return env.rstrip("/") if is_uri(env) else Path(env).expanduser().resolve()
     from nshot.data import cache_dir
 
     return cache_dir() / "runs"
+
+
+def check_storage_reachable(storage: Path | str, nodes: list[dict[str, Any]] | None = None) -> None:
+    """Refuse a local storage path for a worker group on a cluster of several hosts.
+
+    Every worker writes its checkpoint shards to the storage path, so the path must be one that
+    every node reaches: a URI (``s3://``, ``gs://``, ...), a local path when all alive nodes run
+    on the same host (a local multi-node cluster: the path is the same directory for all), or a
+    shared mount declared with ``NSHOT_STORAGE_SHARED=1``. ``nodes`` defaults to ``ray.nodes()``.
+    """
+    if not is_local_storage(storage):
+        return
+    if os.environ.get("NSHOT_STORAGE_SHARED", "").lower() in ("1", "true", "yes"):
+        return
+    if nodes is None:
+        import ray
+
+        nodes = ray.nodes()
+    alive = [n for n in nodes if n.get("Alive", n.get("alive", True))]
+    hosts = {n.get("NodeManagerAddress") or n.get("node_ip") for n in alive}
+    if len(alive) <= 1 or len(hosts) <= 1:
+        return
+    raise NshotError(
+        f"--storage {storage} is a local path, but the cluster has {len(alive)} nodes on "
+        f"{len(hosts)} hosts: workers on other hosts would write their checkpoints where the "
+        "driver cannot read them. Use storage every node reaches: --storage s3://bucket/runs "
+        "(or gs://..., or another pyarrow URI; or set NSHOT_STORAGE), or a shared mount (NFS) "
+        "marked with NSHOT_STORAGE_SHARED=1"
+    )
+
+
+class _RunDir:
+    """The run directory ``<storage>/<name>``, on the local disk or behind a pyarrow URI."""
+
+    def __init__(self, storage: Path | str, name: str):
+        self.local = isinstance(storage, Path)
+        if self.local:
+            self.path: Path | str = storage / name
+            self._fs = None
+        else:
+            from pyarrow import fs as pafs
+
+            self.path = f"{storage}/{name}"
+            self._fs, self._fs_path = pafs.FileSystem.from_uri(self.path)
+
+    def has_files(self) -> bool:
+        if self.local:
+            p = Path(self.path)
+            return p.exists() and any(p.iterdir())
+        from pyarrow import fs as pafs
+
+        sel = pafs.FileSelector(self._fs_path, allow_not_found=True, recursive=False)
+        return bool(self._fs.get_file_info(sel))
+
+    def clear(self) -> None:
+        if self.local:
+            shutil.rmtree(self.path)
+        else:
+            self._fs.delete_dir(self._fs_path)
+
+    def write(self, name: str, text: str) -> None:
+        if self.local:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            (Path(self.path) / name).write_text(text)
+            return
+        self._fs.create_dir(self._fs_path, recursive=True)
+        with self._fs.open_output_stream(f"{self._fs_path}/{name}") as f:
+            f.write(text.encode())
 
 
 def ensure_ray(**init_kwargs: Any) -> None:
@@ -104,6 +199,18 @@ def _worker_entry(loop_config: dict[str, Any]) -> None:
     # local mode logs every report at INFO; nshot prints its own progress line
     logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
     method = get_method(loop_config["method"])
+    if loop_config.get("local_dir") is None:  # a worker group: say where each rank runs
+        import ray
+        import ray.train
+
+        ctx = ray.train.get_context()
+        rt = ray.get_runtime_context()
+        print(
+            f"[nshot {method.name}] rank {ctx.get_world_rank()}/{ctx.get_world_size()} "
+            f"on node {rt.get_node_id()}",
+            file=sys.stderr,
+            flush=True,
+        )
     cfg = method.config_from_dict(loop_config["config"])
     torch.set_num_threads(cfg.torch_threads)
     _set_run(
@@ -138,26 +245,40 @@ def fit(
         raise ConfigError(f"config for {method_name!r} must be a {method.Config.__name__}")
     scaling = scaling or Scaling()
     scaling.validate()
-    storage_path = Path(storage).expanduser().resolve() if storage else default_storage()
+    local = scaling.workers == 0
+    storage_path = resolve_storage(storage)
+    if local and not is_local_storage(storage_path):
+        raise NshotError(
+            f"--storage {storage_path}: --workers 0 (in-process) writes checkpoints to a local "
+            "directory; use --workers >= 1 with a URI, or a local path"
+        )
+    if isinstance(storage_path, str):  # file:// URI: a local directory after all
+        from urllib.parse import urlparse
+
+        if storage_path.startswith("file://"):
+            storage_path = Path(urlparse(storage_path).path).resolve()
     name = name or f"{method_name}-{cfg.preset}"
-    run_dir = storage_path / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if overwrite:
-            shutil.rmtree(run_dir)
-        elif not resume:
-            raise NshotError(
-                f"run directory {run_dir} already exists: pass --resume to continue it, "
-                "--overwrite to replace it, or --name for a new run"
-            )
-    elif resume:
+    run = _RunDir(storage_path, name)
+    run_dir = run.path
+    exists = run.has_files()
+    if exists and not (overwrite or resume):
+        raise NshotError(
+            f"run directory {run_dir} already exists: pass --resume to continue it, "
+            "--overwrite to replace it, or --name for a new run"
+        )
+    if not exists and resume:
         raise NshotError(f"--resume: no run to resume at {run_dir}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "nshot_run.json").write_text(
-        _json({"method": method_name, "config": cfg.model_dump(), "scaling": scaling.__dict__})
-    )
 
     ensure_ray()
-    local = scaling.workers == 0
+    if not local:
+        check_storage_reachable(storage_path)
+    if exists and overwrite:
+        run.clear()
+    run.write(
+        "nshot_run.json",
+        _json({"method": method_name, "config": cfg.model_dump(), "scaling": scaling.__dict__}),
+    )
+
     loop_config: dict[str, Any] = {"method": method_name, "config": cfg.model_dump()}
     if local:
         loop_config["local_dir"] = str(run_dir)
@@ -176,6 +297,8 @@ def fit(
         storage_path=str(storage_path),
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep_checkpoints),
         failure_config=ray.train.FailureConfig(max_failures=max_failures),
+        # workers on other nodes do not inherit the driver's environment: one progress line each
+        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
     )
     trainer = TorchTrainer(
         _worker_entry,
@@ -186,7 +309,7 @@ def fit(
     t0 = time.time()
     result = trainer.fit()
     wall = time.time() - t0
-    ckpt = _final_checkpoint(result, run_dir)
+    ckpt = _final_checkpoint(result, run_dir) if run.local else _final_uri(result, str(run_dir))
     if local:
         _prune_local(run_dir, keep_checkpoints)
         ckpt = find_checkpoints(run_dir)[-1] if find_checkpoints(run_dir) else None
@@ -200,6 +323,12 @@ def _final_checkpoint(result: Any, run_dir: Path) -> Path | None:
         return Path(result.checkpoint.path)
     found = find_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def _final_uri(result: Any, run_uri: str) -> str | None:
+    if result.checkpoint is None:
+        return None
+    return f"{run_uri}/{Path(result.checkpoint.path).name}"
 
 
 def _prune_local(run_dir: Path, keep: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nshot.method import MethodConfig, NshotError, get
-from nshot.train.runner import Scaling, default_storage, ensure_ray
+from nshot.train.runner import Scaling, default_storage, ensure_ray, is_uri
 from nshot.tune.searchers import SearchContext, build_searcher
 from nshot.tune.space import SearchSpace, TuneSpec
 
@@ -40,7 +40,7 @@ class TrialOutcome:
 
 @dataclass
 class TuneResult:
-    experiment_dir: Path
+    experiment_dir: Path | str
     metric: str
     mode: str
     best_config: dict[str, Any] | None
@@ -176,9 +176,14 @@ def tune(
     scaling = scaling or Scaling()
     scaling.validate()
     seed = cfg.seed if seed is None else seed
-    storage_path = Path(storage).expanduser().resolve() if storage else default_storage() / "tune"
     name = name or f"{method_name}-{cfg.preset}-{search}"
-    exp_dir = storage_path / name
+    root = storage if storage else default_storage()
+    if is_uri(root):  # s3://, gs://, file://: Tune writes there through pyarrow
+        storage_path: Path | str = str(root).rstrip("/") + ("" if storage else "/tune")
+        exp_dir: Path | str = f"{storage_path}/{name}"
+    else:
+        storage_path = Path(root).expanduser().resolve() / ("" if storage else "tune")
+        exp_dir = storage_path / name
 
     ensure_ray()
     report = {"metric": metric, "mode": mode, "curve": list(curve)}
@@ -238,7 +243,7 @@ def tune(
             resume_errored=True,
         )
     else:
-        if exp_dir.exists() and any(exp_dir.iterdir()):
+        if isinstance(exp_dir, Path) and exp_dir.exists() and any(exp_dir.iterdir()):
             raise NshotError(
                 f"sweep directory {exp_dir} already exists: pass --resume to continue it or "
                 "--name for a new sweep"
