@@ -5,8 +5,13 @@
    search, same trainable, same budget. Every trial reports ``f`` and its auxiliary ``h``.
 3. Ask the trained surrogate directly (the object ``nshot serve auxbo`` serves).
 
-    python examples/auxbo_tune.py                  # about 2 minutes on 2 cores
-    python examples/auxbo_tune.py --steps 4000     # the `small` meta-training (a few minutes)
+    python examples/auxbo_tune.py                  # about 8 minutes on 2 cores
+    python examples/auxbo_tune.py --steps 600      # a quick run (an under-trained surrogate)
+
+Measured (2 cores, default 4,000 meta-training steps, val NLL −0.645): best f after 10 trials
+0.947 with AuxBOSearcher against 0.612 with Tune's random search; from one context point
+(f = 0.000) the surrogate's pick among 256 random candidates has f = 0.610 (the best has 0.722).
+With 600 steps (val NLL 0.515) the surrogate is not trained enough and loses to random.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=600, help="meta-training steps")
+    ap.add_argument("--steps", type=int, default=4000, help="meta-training steps")
     ap.add_argument("--trials", type=int, default=10, help="evaluations per sweep")
     ap.add_argument("--task-seed", type=int, default=7)
     args = ap.parse_args()
