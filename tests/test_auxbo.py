@@ -14,7 +14,7 @@ SYNTH_SPACE = SearchSpace({f"x{i}": Float(0.0, 1.0) for i in range(4)})
 
 
 @pytest.fixture(scope="module")
-def smoke_checkpoint(tmp_path_factory):
+def smoke_checkpoint(tmp_path_factory, ray_session):
     """A smoke-size TNP meta-trained on the synthetic family through nshot.train.fit."""
     from nshot.train import fit
 

@@ -715,9 +715,11 @@ def _compute_all(
 
     import ray
 
+    from nshot.train.runner import ensure_ray
+
     started = False
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False)
+    if not ray.is_initialized():  # RAY_ADDRESS, else an embedded Ray on loopback, stopped below
+        ensure_ray()
         started = True
     try:
         worker = ray.remote(num_cpus=1)(compute_lcbench_task)
