@@ -153,3 +153,16 @@ def test_unknown_searcher_is_rejected():
 
     with pytest.raises(UnknownSearcherError, match="unknown searcher 'nope'.*auxbo"):
         build_searcher("nope", SearchContext(space=space()))
+
+
+def test_cli_rejects_a_bad_space_before_starting_anything(capsys):
+    from nshot.cli import main
+
+    bad = '{"lr": {"type": "float", "low": 0, "high": 0.1, "log": true}}'
+    assert main(["tune", "tail", "--preset", "smoke", "--space", bad]) == 2
+    assert "parameter 'lr': a log scale needs low > 0" in capsys.readouterr().err
+    worse = '{"depth": {"type": "int", "low": 1, "high": 99}}'
+    assert main(["tune", "tail", "--preset", "smoke", "--space", worse]) == 2
+    assert "parameter 'depth': value 99 is not a valid config" in capsys.readouterr().err
+    assert main(["tune", "tail", "--preset", "smoke", "--search", "nope"]) == 2
+    assert "unknown searcher 'nope'" in capsys.readouterr().err

@@ -185,19 +185,6 @@ def tune(
         storage_path = Path(root).expanduser().resolve() / ("" if storage else "tune")
         exp_dir = storage_path / name
 
-    ensure_ray()
-    report = {"metric": metric, "mode": mode, "curve": list(curve)}
-    trainable = rtune.with_parameters(
-        _trial, method_name=method_name, base=base, scaling=asdict(scaling), report=report
-    )
-    if scaling.workers == 0:
-        resources: dict[str, float] = {"cpu": float(cfg.torch_threads)}
-        if scaling.gpus_per_worker:
-            raise NshotError("--gpus-per-worker needs --workers >= 1")
-    else:  # the trial only drives the worker group
-        resources = {"cpu": 0.0}
-    trainable = rtune.with_resources(trainable, resources)
-
     ctx = SearchContext(
         space=space,
         metric="f",
@@ -210,7 +197,19 @@ def tune(
         history_dir=Path(history_dir).expanduser() if history_dir else None,
         options=dict(search_options or {}),
     )
-    search_alg = build_searcher(search, ctx)
+    search_alg = build_searcher(search, ctx)  # bad options fail here, before Ray starts
+    if scaling.workers == 0:
+        resources: dict[str, float] = {"cpu": float(cfg.torch_threads)}
+        if scaling.gpus_per_worker:
+            raise NshotError("--gpus-per-worker needs --workers >= 1")
+    else:  # the trial only drives the worker group
+        resources = {"cpu": 0.0}
+    ensure_ray()  # with_parameters puts the base config into the object store
+    report = {"metric": metric, "mode": mode, "curve": list(curve)}
+    trainable = rtune.with_parameters(
+        _trial, method_name=method_name, base=base, scaling=asdict(scaling), report=report
+    )
+    trainable = rtune.with_resources(trainable, resources)
     sched = None
     if scheduler not in (None, "", "none", "fifo"):
         if scheduler != "asha":
