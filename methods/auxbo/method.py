@@ -174,8 +174,10 @@ class AuxBOMethod(Method):
     Config = AuxBOConfig
 
     def data(self, cfg: AuxBOConfig) -> dict[str, pa.Table]:
+        from .tasks import tasks_to_table
+
         train, test, _ = load_family(cfg)
-        return {"train": _tasks_table(train), "test": _tasks_table(test)}
+        return {"train": tasks_to_table({"train": train}), "test": tasks_to_table({"test": test})}
 
     def train_loop(self, cfg: AuxBOConfig) -> None:
         from nshot.train import session
@@ -207,11 +209,7 @@ class AuxBOMethod(Method):
             rng = np.random.default_rng([cfg.seed, step, ctx.rank])
             batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
             model.train()
-            loss = (
-                nll_loss(session.unwrap(model), batch)
-                if ctx.world_size == 1
-                else _ddp_loss(model, batch)
-            )
+            loss = nll_loss(model, batch)  # through the DDP wrapper when there is one
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -288,16 +286,6 @@ class AuxBOMethod(Method):
         return run_experiments(cfg, workdir)
 
 
-def _ddp_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """NLL through the DDP wrapper (its forward syncs gradients)."""
-    from .model import gaussian_nll
-
-    use_h = model.module.cfg.use_h
-    mu, sigma = model(batch["xc"], batch["fc"], batch["hc"] if use_h else None, batch["xt"],
-                      batch["ctx_mask"], batch["h_mask"])  # fmt: skip
-    return gaussian_nll(mu, sigma, batch["ft"]).mean()
-
-
 def load_from_checkpoint(checkpoint: LoadedCheckpoint) -> tuple[TNP, dict[str, Any]]:
     extra = checkpoint.extra
     if "tnp" not in extra or "stats" not in extra:
@@ -306,21 +294,3 @@ def load_from_checkpoint(checkpoint: LoadedCheckpoint) -> tuple[TNP, dict[str, A
     model.load_state_dict(checkpoint.weights())
     model.eval()
     return model, dict(extra["stats"])
-
-
-def _tasks_table(tasks: list[Task]) -> pa.Table:
-    import json
-
-    rows: dict[str, list[Any]] = {
-        k: [] for k in ("task_id", "family", "config", "x", "f", "h", "h_shape")
-    }
-    for t in tasks:
-        for i in range(len(t.f)):
-            rows["task_id"].append(t.name)
-            rows["family"].append(t.family)
-            rows["config"].append(json.dumps(t.configs[i]) if t.configs else "{}")
-            rows["x"].append(t.X[i].astype(float).tolist())
-            rows["f"].append(float(t.f[i]))
-            rows["h"].append(np.nan_to_num(t.h[i], nan=0.0).astype(float).ravel().tolist())
-            rows["h_shape"].append(list(t.h[i].shape))
-    return pa.table(rows)

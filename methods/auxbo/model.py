@@ -384,16 +384,24 @@ def sample_batch(
     return _pack(chosen, ctx, tgt, n_max, stats, h_src)
 
 
-def nll_loss(model: TNP, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Gaussian NLL (nats per target, mean over targets and tasks) of ``batch["ft"]``."""
-    mu, sigma = model(
+def predict_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(μ, σ)`` of a packed batch; ``model`` may be wrapped (DDP) around a :class:`TNP`."""
+    use_h = getattr(model, "module", model).cfg.use_h
+    return model(
         batch["xc"],
         batch["fc"],
-        batch["hc"] if model.cfg.use_h else None,
+        batch["hc"] if use_h else None,
         batch["xt"],
         batch["ctx_mask"],
         batch["h_mask"],
     )
+
+
+def nll_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Gaussian NLL (nats per target, mean over targets and tasks) of ``batch["ft"]``."""
+    mu, sigma = predict_batch(model, batch)
     return gaussian_nll(mu, sigma, batch["ft"]).mean()
 
 
@@ -445,14 +453,7 @@ def evaluate_prediction(
             ctx = [perms[k][m_targets : m_targets + n] for k in group]
             h_src = [shuffles[k][c] for k, c in zip(group, ctx)] if h_shuffle else None
             batch = _pack(chunk, ctx, tgt, n, stats, h_src)
-            mu, sigma = model(
-                batch["xc"],
-                batch["fc"],
-                batch["hc"] if model.cfg.use_h else None,
-                batch["xt"],
-                batch["ctx_mask"],
-                batch["h_mask"],
-            )
+            mu, sigma = predict_batch(model, batch)
             nll_sum += float(gaussian_nll(mu, sigma, batch["ft"]).sum())
             se_sum += float(((mu - batch["ft"]) ** 2).sum())
             count += mu.numel()
