@@ -178,3 +178,45 @@ def test_internal_failure_is_500_with_request_id_and_replica_survives(served):
     ep = _episode(1)
     assert client.predict(ep) == predictor(predictor.Request(**ep)).model_dump(mode="json")
     assert client.healthz()["pid"] == pid
+
+
+def test_conformal_wrapper_serves_prediction_sets(served, untrained_tail_checkpoint):
+    """`nshot serve tail --conformal caos --alpha 0.1`: the same answer as in process, plus sets;
+    a field error from the wrapper is a 422 naming the field."""
+    from ray import serve
+
+    from nshot.serve.app import ServeOptions, build_app
+    from nshot.serve.conformal import ConformalPredictor
+
+    url, predictor = served
+    opts = ServeOptions(token=TOKEN, conformal="caos", alpha=0.1, conformal_k=2)
+    serve.run(
+        build_app("tail", untrained_tail_checkpoint, opts),
+        name="tail-conformal",
+        route_prefix="/tail-conformal",
+    )
+    try:
+        client = Client(url.rsplit("/", 1)[0] + "/tail-conformal", token=TOKEN)
+        local = ConformalPredictor(predictor, "caos", 0.1, 2)
+        ep = _episode(4)
+        got = client.predict(ep)
+        assert got == local(local.Request(**ep)).model_dump(mode="json")
+        assert got["labels"] == client_plain(url).predict(ep)["labels"]
+        assert got["alpha"] == 0.1 and got["k"] == 2 and len(got["sets"]) == len(ep["query_x"])
+        assert client.metadata()["predictor"]["conformal"] == {
+            "method": "caos",
+            "alpha": 0.1,
+            "k": 2,
+        }
+        small = {**ep, "support_x": ep["support_x"][:2] + ep["support_x"][3:4]}
+        small["support_y"] = ep["support_y"][:2] + ep["support_y"][3:4]
+        small["support_x"], small["support_y"] = small["support_x"][1:], small["support_y"][1:]
+        with pytest.raises(ServeError) as err:  # 2 support rows < k + 1 = 3
+            client.predict(small)
+        assert err.value.status == 422 and err.value.detail[0]["field"] == "support_y"
+    finally:
+        serve.delete("tail-conformal")
+
+
+def client_plain(url: str) -> Client:
+    return Client(url, token=TOKEN)

@@ -61,9 +61,12 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
     Request = TailRequest
     Response = TailResponse
 
-    def __init__(self, model: TailModel, cfg: TailConfig) -> None:
+    def __init__(
+        self, model: TailModel, cfg: TailConfig, conformal_embedding: str = "encoder"
+    ) -> None:
         self.model = model.eval()
         self.cfg = cfg
+        self.conformal_embedding = conformal_embedding
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> TailPredictor:
@@ -116,6 +119,43 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             p = torch.softmax(self.model(**views), dim=-1)
             total = p if total is None else total + p
         return (total / draws).numpy()
+
+    @torch.no_grad()
+    def one_shot_embeddings(self, request: TailRequest, kind: str | None = None):
+        """Frozen per-row features for conformal prediction sets (``nshot.serve.conformal``).
+
+        Support and query rows are centred by the mean of **all** rows of the request (support
+        and queries, labels unused: a symmetric function of the rows, so exchangeability and
+        hence the CAOS guarantee are kept), row-normalised like TAIL's inputs, placed in the
+        model's ``d_data`` coordinates by the fixed identity map (zero padding or truncation),
+        and, for ``kind="encoder"`` (default), passed one row at a time through TAIL's encoder
+        as a lone query token: a row's feature depends on no other row's label.
+        """
+        from nshot.serve.conformal import OneShotEpisode
+
+        from .episodes import preprocess, project
+
+        kind = kind or self.conformal_embedding
+        classes = list(dict.fromkeys(request.support_y))
+        index = {c: i for i, c in enumerate(classes)}
+        x = np.asarray(request.support_x + request.query_x, dtype=np.float32)
+        f = preprocess(x, x.mean(axis=0, keepdims=True))
+        f = project(f, self.cfg.d_data, "none", np.random.default_rng(0))
+        if kind == "encoder":
+            t = torch.cat(
+                [torch.from_numpy(f), self.model.unknown.expand(len(f), self.cfg.d_label)], dim=-1
+            ).unsqueeze(1)  # [N, 1, W]: every row its own sequence
+            mask = torch.ones(1, 1, 1, dtype=torch.bool)
+            f = self.model.encoder(t, mask)[:, 0].numpy()
+        elif kind != "input":
+            raise ValueError(f"kind: expected 'encoder' or 'input', got {kind!r}")
+        n = len(request.support_x)
+        return OneShotEpisode(
+            support_emb=f[:n],
+            support_labels=np.array([index[c] for c in request.support_y]),
+            query_emb=f[n:],
+            classes=classes,
+        )
 
     def __call__(self, request: TailRequest) -> TailResponse:
         return self.batch([request])[0]

@@ -276,6 +276,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
         token=args.token,
         num_replicas=args.replicas,
+        conformal=args.conformal,
+        alpha=args.alpha,
+        conformal_k=args.conformal_k,
     )
     url = start(args.method, args.checkpoint, host=args.host, port=args.port, options=opts)
     _console().print(
@@ -432,6 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-wait-ms", type=float, default=5.0)
     s.add_argument(
         "--token", default=None, help="require this bearer token (default $NSHOT_SERVE_TOKEN)"
+    )
+    s.add_argument(
+        "--conformal",
+        choices=["caos"],
+        default=None,
+        help="also return prediction sets (CAOS over the support set) from a few-shot classifier",
+    )
+    s.add_argument("--alpha", type=float, default=0.1, help="--conformal: miscoverage level")
+    s.add_argument(
+        "--conformal-k", type=int, default=1, help="--conformal: smallest one-shot scores summed"
     )
     s.set_defaults(func=cmd_serve)
 

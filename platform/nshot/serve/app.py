@@ -44,6 +44,10 @@ class ServeOptions:
     num_replicas: int = 1
     # tests only: a request with header `x-nshot-inject-fault: 1` fails inside the handler
     allow_fault_injection: bool = False
+    # prediction sets around a few-shot classifier (nshot.serve.conformal): "caos" or None
+    conformal: str | None = None
+    alpha: float = 0.1
+    conformal_k: int = 1
 
 
 def _count_items(obj: Any, limit: int) -> int:
@@ -108,12 +112,18 @@ class MethodServer:
 
     def __init__(self, method: str, checkpoint: str, options: dict[str, Any]) -> None:
         from nshot.method import get
+        from nshot.serve.conformal import wrap
         from nshot.train.checkpoint import load_checkpoint
 
         self.opts = ServeOptions(**options)
         self.method = get(method)
         self.checkpoint = load_checkpoint(checkpoint, method=self.method.name)
-        self.predictor = self.method.predictor(self.checkpoint)
+        self.predictor = wrap(
+            self.method.predictor(self.checkpoint),
+            self.opts.conformal,
+            self.opts.alpha,
+            self.opts.conformal_k,
+        )
         self.predict_batch.set_max_batch_size(self.opts.max_batch_size)
         self.predict_batch.set_batch_wait_timeout_s(self.opts.batch_wait_timeout_s)
 
@@ -160,9 +170,9 @@ class MethodServer:
                 raise RuntimeError("injected fault (allow_fault_injection)")
             answer = await self.predict_batch(req)
             if isinstance(answer, ValueError):
-                return JSONResponse(
-                    {"detail": [{"field": None, "msg": str(answer)}]}, status_code=422
-                )
+                msg = str(answer)
+                field = m.group(1) if (m := _FIELD_PREFIX.match(msg)) else None
+                return JSONResponse({"detail": [{"field": field, "msg": msg}]}, status_code=422)
             if isinstance(answer, Exception):
                 raise answer
         except Exception:
@@ -207,6 +217,11 @@ def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions 
     if opts.token is None:
         opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
     ckpt = load_checkpoint(checkpoint, method=method)  # fail fast, in the caller, on a bad path
+    if opts.conformal is not None:  # and on a method that cannot give prediction sets
+        from nshot.method import get
+        from nshot.serve.conformal import wrap
+
+        wrap(get(method).predictor(ckpt), opts.conformal, opts.alpha, opts.conformal_k)
     return MethodServer.options(
         num_replicas=opts.num_replicas,
         # room for a full batch while the previous one runs

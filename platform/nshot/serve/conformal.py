@@ -1,0 +1,125 @@
+"""``nshot serve <method> --conformal caos``: prediction sets around any few-shot classifier.
+
+The wrapped predictor must expose one-shot embeddings of a request::
+
+    def one_shot_embeddings(self, request) -> OneShotEpisode
+
+a frozen feature per support row and per query (a function of that row and of the request's
+unlabelled rows only, never of the support labels), the support labels as class indices, and the
+class names in the order the predictor reports them. Every labelled support row ``i`` induces the
+one-shot predictor ``s_i(x, y) = 1 - cos(e(x), e(X_i))`` if ``y == Y_i`` else 2, and CAOS
+(:mod:`nshot.conformal`) aggregates them with ``A_k`` and calibrates leave-one-out on the same
+support set: no support row is spent on calibration, and for exchangeable support and query rows
+``P(y_query in set) >= 1 - alpha``.
+
+The response is the wrapped predictor's response plus ``sets`` (the class names in each query's
+set), ``set_sizes``, ``q_hat`` (``null`` when the set is trivial: fewer than
+``ceil((1 - alpha)(n + 1))`` support rows), ``trivial``, ``alpha``, ``k`` and ``n_calibration``.
+A request may override the served ``alpha`` with its own ``conformal_alpha``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field, create_model
+
+from nshot.conformal import classification_sets
+from nshot.method import NshotError, Predictor
+
+CONFORMAL_METHODS = ("caos",)
+
+
+@dataclass
+class OneShotEpisode:
+    support_emb: np.ndarray  # [n, D]
+    support_labels: np.ndarray  # [n] class indices into `classes`
+    query_emb: np.ndarray  # [q, D]
+    classes: list[Any]  # class names, in the predictor's order
+
+
+class ConformalPredictor(Predictor):
+    """Wraps a few-shot classifier's predictor so that it also returns CAOS prediction sets."""
+
+    def __init__(self, inner: Predictor, method: str = "caos", alpha: float = 0.1, k: int = 1):
+        if method not in CONFORMAL_METHODS:
+            raise NshotError(
+                f"--conformal {method!r}: unknown; choose one of {', '.join(CONFORMAL_METHODS)}"
+            )
+        if not 0.0 < alpha < 1.0:
+            raise NshotError(f"--alpha: must lie in (0, 1), got {alpha}")
+        if k < 1:
+            raise NshotError(f"--conformal-k: must be at least 1, got {k}")
+        if not callable(getattr(inner, "one_shot_embeddings", None)):
+            raise NshotError(
+                f"--conformal {method}: {type(inner).__name__} does not expose one-shot "
+                "embeddings (one_shot_embeddings); conformal sets need a few-shot classifier "
+                "that does, such as tail"
+            )
+        self.inner, self.method, self.alpha, self.k = inner, method, float(alpha), int(k)
+        base_req, base_resp = inner.Request, inner.Response
+        self.Request = create_model(  # type: ignore[misc]
+            f"Conformal{base_req.__name__}",
+            __base__=base_req,
+            conformal_alpha=(
+                float | None,
+                Field(None, gt=0.0, lt=1.0, description=f"overrides the served alpha ({alpha})"),
+            ),
+        )
+        self.Response = create_model(  # type: ignore[misc]
+            f"Conformal{base_resp.__name__}",
+            __base__=base_resp,
+            sets=(list[list[Any]], Field(..., description="per query: the classes in its set")),
+            set_sizes=(list[int], ...),
+            q_hat=(float | None, Field(..., description="threshold; null when trivial")),
+            trivial=(bool, ...),
+            alpha=(float, ...),
+            k=(int, ...),
+            n_calibration=(int, ...),
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            **self.inner.metadata(),
+            "conformal": {"method": self.method, "alpha": self.alpha, "k": self.k},
+        }
+
+    def _sets(self, request: BaseModel) -> dict[str, Any]:
+        ep: OneShotEpisode = self.inner.one_shot_embeddings(request)  # type: ignore[attr-defined]
+        alpha = getattr(request, "conformal_alpha", None) or self.alpha
+        n = len(ep.support_labels)
+        if n < self.k + 1:
+            raise ValueError(
+                f"support_y: conformal sets need at least k + 1 = {self.k + 1} support rows, got {n}"
+            )
+        out = classification_sets(
+            ep.support_emb, ep.support_labels, ep.query_emb, len(ep.classes), alpha, self.k
+        )
+        sets = [[ep.classes[c] for c in np.flatnonzero(row)] for row in out["sets"]]
+        q = out["q_hat"]
+        return {
+            "sets": sets,
+            "set_sizes": [len(s) for s in sets],
+            "q_hat": q if math.isfinite(q) else None,
+            "trivial": not math.isfinite(q),
+            "alpha": alpha,
+            "k": self.k,
+            "n_calibration": n,
+        }
+
+    def __call__(self, request: BaseModel) -> BaseModel:
+        return self.batch([request])[0]
+
+    def batch(self, requests: list[BaseModel]) -> list[BaseModel]:
+        base = self.inner.batch(requests)
+        return [self.Response(**b.model_dump(), **self._sets(r)) for b, r in zip(base, requests)]
+
+
+def wrap(predictor: Predictor, method: str | None, alpha: float, k: int) -> Predictor:
+    """``predictor`` itself when ``method`` is None, else its conformal wrapper."""
+    if method is None:
+        return predictor
+    return ConformalPredictor(predictor, method, alpha, k)
