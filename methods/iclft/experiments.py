@@ -1,0 +1,291 @@
+"""iclft's comparison (spec §5–7): the pretrained model against every fine-tuning variant.
+
+Per seed, one Ray task pretrains the model (and evaluates it); the fine-tuning variants then
+fan out as one Ray task each, all starting from that seed's pretrained weights (passed as an
+object reference, so Ray starts them as soon as their pretraining finishes). Every task uses
+one CPU and one torch thread. Evaluation: test MSE (float64) at each n of ``eval_n`` on the
+target task θ0 and the unseen task −θ0, ``eval_batch`` fresh prompts per (n, task), the same
+prompts for every row of a seed. Rows report the mean and the standard deviation over seeds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nshot.method import ResultsTable
+
+from . import closed_form as cf
+from .config import ICLFTConfig, row_name
+
+
+def _log(msg: str) -> None:
+    print(f"[iclft] {msg}", file=sys.stderr, flush=True)
+
+
+def _state(net) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def pretrain_task(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Pretrain one seed's model; evaluate it. Returns its weights (NumPy) and metrics."""
+    import torch
+
+    from . import data as D
+    from .method import evaluate_model, new_model, summary, train_in_process
+
+    torch.set_num_threads(1)
+    cfg = ICLFTConfig.validated(cfg_dict)
+    t0 = time.time()
+    net = new_model(cfg, seed)
+    losses = train_in_process(net, cfg, seed, "pretrain", progress=f"seed {seed} pretrain")
+    theta0 = D.target_task(cfg, seed)
+    return {
+        "state": _state(net),
+        "metrics": evaluate_model(net, cfg, seed, theta0, random=True),
+        "summary": summary(net, theta0),
+        "losses": losses,
+        "seconds": time.time() - t0,
+    }
+
+
+def finetune_task(
+    cfg_dict: dict[str, Any], seed: int, variant: str, pre: dict[str, Any]
+) -> dict[str, Any]:
+    """Fine-tune a copy of ``pre`` with ``variant``; evaluate it."""
+    import torch
+
+    from . import data as D
+    from .method import evaluate_model, summary, train_in_process
+    from .model import LinearAttention
+
+    torch.set_num_threads(1)
+    cfg = ICLFTConfig.validated(cfg_dict)
+    t0 = time.time()
+    net = LinearAttention(cfg.d, cfg.init_std)
+    net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in pre["state"].items()})
+    losses = train_in_process(net, cfg, seed, variant, progress=f"seed {seed} {variant}")
+    theta0 = D.target_task(cfg, seed)
+    return {
+        "metrics": evaluate_model(net, cfg, seed, theta0, random=True),
+        "summary": summary(net, theta0),
+        "losses": losses,
+        "seconds": time.time() - t0,
+    }
+
+
+# --------------------------------------------------------------------------- checks (spec §7)
+
+
+def calibrated_checks(rows: dict[str, dict[str, float]], ns: list[int]) -> list[dict[str, Any]]:
+    """The spec's §7 checks on the seed means; a check whose rows or n are missing is skipped."""
+    out: list[dict[str, Any]] = []
+
+    def get(row: str, task: str, n: int) -> float | None:
+        return rows.get(row, {}).get(f"err_{task}_n{n}")
+
+    def add(name: str, ok: bool, detail: str) -> None:
+        out.append({"check": name, "passed": bool(ok), "detail": detail})
+
+    P = lambda task, n: get("pretrained", task, n)  # noqa: E731
+    if P("target", 20) is not None and get("zs_all", "target", 0) is not None:
+        a0, at, au = (
+            get("zs_all", "target", 0),
+            get("zs_all", "target", 20),
+            get("zs_all", "unseen", 20),
+        )
+        add("1. zs_all destroys ICL", a0 <= 0.15 and at >= 3 * P("target", 20) and au >= 3 * P("unseen", 20),
+            f"target@0 {a0:.3f} (≤ 0.15); target@20 {at:.3f} ≥ 3×{P('target', 20):.3f}; "
+            f"unseen@20 {au:.3f} ≥ 3×{P('unseen', 20):.3f}")  # fmt: skip
+    if P("target", 20) is not None and get("zs_v", "target", 0) is not None:
+        v0, vt, vu = get("zs_v", "target", 0), get("zs_v", "target", 20), get("zs_v", "unseen", 20)
+        rt, ru = vt / P("target", 20), vu / P("unseen", 20)
+        add("2. zs_v preserves ICL", 0.25 <= v0 <= 0.40 and abs(rt - 1) <= 0.25 and abs(ru - 1) <= 0.25,
+            f"target@0 {v0:.3f} in [0.25, 0.40] (closed form 0.322); target@20 / pretrained "
+            f"{rt:.3f}, unseen@20 / pretrained {ru:.3f} (within 1 ± 0.25)")  # fmt: skip
+    if get("zsfs_v", "target", 1) is not None and get("zs_v", "target", 1) is not None:
+        pairs = [(n, get("zsfs_v", "target", n), get("zs_v", "target", n)) for n in (1, 2, 5)
+                 if get("zs_v", "target", n) is not None]  # fmt: skip
+        fu, vu = get("zsfs_v", "unseen", 20), get("zs_v", "unseen", 20)
+        add("3a. FS loss (V) helps the target, hurts the unseen task",
+            all(a < b for _, a, b in pairs) and fu > vu,
+            "target zsfs_v < zs_v at " + ", ".join(f"n={n}: {a:.3f} < {b:.3f}" for n, a, b in pairs)
+            + f"; unseen@20 {fu:.3f} > {vu:.3f}")  # fmt: skip
+    if get("zsfs_all", "target", 0) is not None and P("unseen", 20) is not None:
+        worst = max(get("zsfs_all", "target", n) for n in ns)
+        fu = get("zsfs_all", "unseen", 20)
+        add("3b. zsfs_all: target ≤ 0.7 at every n, unseen@20 ≥ 3× pretrained",
+            worst <= 0.7 and fu >= 3 * P("unseen", 20),
+            f"max target {worst:.3f}; unseen@20 {fu:.3f} ≥ 3×{P('unseen', 20):.3f}")  # fmt: skip
+    if get("zs_qk", "target", 20) is not None and P("target", 20) is not None:
+        q = get("zs_qk", "target", 20)
+        add("4. zs_qk few-shot error explodes", q >= 10 * P("target", 20),
+            f"target@20 {q:.4g} ≥ 10×{P('target', 20):.3f}")  # fmt: skip
+    if P("target", 0) is not None and P("target", 1) is not None and P("target", 20) is not None:
+        ok = all(P(t, 1) > P(t, 0) for t in ("target", "unseen")) and P("target", 20) <= 0.45
+        add("5. pretrained: mse@1 > mse@0, mse@20 ≤ 0.45", ok,
+            f"target {P('target', 0):.3f} → {P('target', 1):.3f}, unseen {P('unseen', 0):.3f} → "
+            f"{P('unseen', 1):.3f}; target@20 {P('target', 20):.3f}")  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    t0 = time.time()
+    ensure_ray()
+    cfg_dict = cfg.model_dump()
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    pre_remote = ray.remote(num_cpus=1)(pretrain_task)
+    ft_remote = ray.remote(num_cpus=1)(finetune_task)
+    _log(f"{len(seeds)} seeds × (pretraining + {len(cfg.variants)} fine-tunings) as Ray tasks")
+    pre_refs = {s: pre_remote.remote(cfg_dict, s) for s in seeds}
+    ft_refs = {(s, v): ft_remote.remote(cfg_dict, s, v, pre_refs[s]) for s in seeds
+               for v in cfg.variants}  # fmt: skip
+    results: dict[str, dict[int, dict[str, Any]]] = {"pretrained": {}}
+    for s in seeds:
+        results["pretrained"][s] = ray.get(pre_refs[s])
+    for (s, v), ref in ft_refs.items():
+        results.setdefault(row_name(v), {})[s] = ray.get(ref)
+    _log(f"all runs done in {time.time() - t0:.0f}s")
+
+    metrics = {f"err_{task}_n{n}": False for task in ("target", "unseen") for n in cfg.eval_n}
+    rows: dict[str, dict[str, float | None]] = {}
+    stds: dict[str, dict[str, float | None]] = {}
+    per_seed: dict[str, dict[str, list[float]]] = {}
+    random_tasks: dict[str, dict[str, float]] = {}
+    summaries: dict[str, dict[str, float]] = {}
+    for row, by_seed in results.items():
+        runs = [by_seed[s] for s in seeds]
+        rows[row], stds[row], per_seed[row] = {}, {}, {}
+        for m in metrics:
+            vals = np.array([r["metrics"][m] for r in runs], dtype=np.float64)
+            rows[row][m] = float(vals.mean())
+            stds[row][m] = float(vals.std(ddof=1)) if len(vals) > 1 else None
+            per_seed[row][m] = vals.tolist()
+        random_tasks[row] = {
+            f"n{n}": float(np.mean([r["metrics"][f"err_random_n{n}"] for r in runs]))
+            for n in cfg.eval_n
+            if f"err_random_n{n}" in runs[0]["metrics"]
+        }
+        summaries[row] = {
+            k: float(np.mean([r["summary"][k] for r in runs])) for k in runs[0]["summary"]
+        }
+    checks = calibrated_checks(rows, cfg.eval_n)
+    derived = _derived(rows, cfg.eval_n)
+    c_star = cf.pretrained_coef(cfg.d, cfg.n_pt, cfg.sigma2)
+    refs = cf.reference_curves(cfg.d, cfg.n_pt, cfg.sigma2, cfg.eval_n)
+    closed = {
+        "a_spec": cf.spec_a(cfg.d, cfg.n_pt),
+        "c_star": c_star,
+        "vonly_zs_floor": cf.vonly_zs_floor(cfg.d, cfg.sigma2),
+        "vonly_zs_g_theta0": 1 / (cfg.d + 4),
+        "vonly_fs_optimum_w": cf.vonly_fs_optimum(cfg.d, cfg.n_fs, cfg.sigma2, 1.0)[1],
+        "curves": {
+            k: {t: {str(n): e for n, e in c.items()} for t, c in v.items()} for k, v in refs.items()
+        },  # fmt: skip
+    }
+    if cfg.task_dist != "sphere":
+        closed["note"] = "closed forms assume ‖θ0‖ = 1 (task_dist=sphere)"
+    png = workdir / "error_vs_n.png"
+    _plot(rows, stds, refs, cfg, png)
+    notes = [
+        f"test MSE (float64) on {cfg.eval_batch} fresh prompts per (n, task); target θ0 and "
+        f"unseen −θ0 per seed; ± is the std over {len(seeds)} seeds ({seeds}).",
+        f"d = {cfg.d}, N_pt = {cfg.n_pt}, σ² = {cfg.sigma2} (variance), {cfg.steps} pretraining "
+        f"and {cfg.ft_steps} fine-tuning iterations × {cfg.batch} prompts, SGD lr {cfg.lr} "
+        f"momentum {cfg.momentum}, joint clip {cfg.clip}, pool {cfg.pool_size}.",
+        f"closed forms: V-only ZS floor 2/(d+4)+σ² = {closed['vonly_zs_floor']:.3f}; pretrained "
+        f"optimum c* = {c_star:.3f} (spec's a = {closed['a_spec']:.3f}) with error "
+        + ", ".join(f"n={n}: {e:.3f}" for n, e in refs["pretrained_optimum"]["target"].items())
+        + f"; FS-aux pull on the ICL weight w → {closed['vonly_fs_optimum_w']:.3f}.",
+        "learned effective parameters (seed mean): "
+        + "; ".join(f"{r}: w {s['w']:.3f}, θ0ᵀg {s['g_theta0']:.3f}" for r, s in summaries.items()),
+    ]
+    notes += [f"check {c['check']}: {'PASS' if c['passed'] else 'FAIL'} — {c['detail']}"
+              for c in checks]  # fmt: skip
+    seconds = {
+        row: float(np.mean([by[s]["seconds"] for s in seeds])) for row, by in results.items()
+    }
+    notes.append(
+        "mean seconds per Ray task: " + ", ".join(f"{r} {v:.0f}" for r, v in seconds.items())
+    )
+    return ResultsTable(
+        method="iclft",
+        preset=cfg.preset,
+        seeds=len(seeds),
+        metrics=metrics,
+        rows=rows,
+        stds=stds,
+        runtime_s=time.time() - t0,
+        notes=notes,
+        extra={
+            "closed_form": closed,
+            "checks": {c["check"]: c["passed"] for c in checks},
+            "derived": derived,
+            "per_seed": per_seed,
+            "random_tasks": random_tasks,
+            "effective_params": summaries,
+            "seconds": seconds,
+            "plot": png.name,
+        },
+    )
+
+
+def _derived(rows: dict[str, dict[str, float]], ns: list[int]) -> dict[str, dict[str, float]]:
+    """Spec §6: ``icl_ratio_{target,unseen}@N`` (the row's error at the largest n over the
+    pretrained model's; near 1: ICL preserved) and ``zs_gain`` (pretrained n=0 error minus
+    the row's)."""
+    n = max(ns)
+    pre = rows.get("pretrained", {})
+    out: dict[str, dict[str, float]] = {}
+    for row, vals in rows.items():
+        d: dict[str, float] = {}
+        for task in ("target", "unseen"):
+            key = f"err_{task}_n{n}"
+            if pre.get(key):
+                d[f"icl_ratio_{task}@{n}"] = vals[key] / pre[key]
+        if 0 in ns:
+            d["zs_gain"] = pre["err_target_n0"] - vals["err_target_n0"]
+        out[row] = d
+    return out
+
+
+def _plot(rows, stds, refs, cfg: ICLFTConfig, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = cfg.eval_n
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, task in zip(axes, ("target", "unseen")):
+        for row in rows:
+            m = np.array([rows[row][f"err_{task}_n{n}"] for n in ns])
+            s = np.array([stds[row][f"err_{task}_n{n}"] or 0.0 for n in ns])
+            ax.errorbar(ns, m, yerr=s, marker="o", ms=3, capsize=2, label=row,
+                        lw=2 if row == "pretrained" else 1.2)  # fmt: skip
+        for name, style in (("pretrained_optimum", "k--"), ("vonly_zs_optimum", "k:")):
+            ax.plot(ns, [refs[name][task][n] for n in ns], style, lw=1.2, zorder=5,
+                    label=f"closed form: {name.replace('_', ' ')}")  # fmt: skip
+        ax.axhline(cfg.sigma2, color="grey", lw=0.6)
+        ax.set_yscale("log")
+        ax.set_xlabel("demonstrations n")
+        ax.set_title(f"{'target task θ0' if task == 'target' else 'unseen task −θ0'}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("test MSE")
+    axes[1].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"iclft ({cfg.preset}, {cfg.seeds} seeds): error vs number of demonstrations")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
