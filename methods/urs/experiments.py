@@ -1,0 +1,474 @@
+"""URS's comparison (spec §5–7): zero-shot routing on seen and unseen variants.
+
+Everything runs as Ray tasks (one CPU each) after ``ensure_ray()``:
+
+1. train ``urs`` and its ablations (``urs_no_mbm``: geometric bias only; ``urs_no_generator``:
+   fixed weights; ``mtpomo``: attribute flags instead of the UDR, no MBM, no generator) through
+   ``nshot.train.fit`` (Ray Train local mode inside each task);
+2. reference solutions (PyVRP 0.14 iterated local search, OR-Tools for classic backhauls) with a
+   fixed time limit per instance, one task per (variant, size), cached as Parquet;
+3. constructive baselines (nearest neighbour, savings, random feasible policy);
+4. each trained model decodes every test instance (POMO multi-start × 8 augmentations,
+   greedy), as soon as its training finishes;
+5. an independent checker verifies every solution of every system; gaps are per instance
+   against the reference's checked cost;
+6. the inference time/memory curve of ``urs`` over ``scaling_sizes`` (CVRP, one instance each).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nshot.method import ResultsTable
+
+from .config import URSConfig
+
+SYSTEM_OVERRIDES: dict[str, dict[str, Any]] = {
+    "urs": {},
+    "urs_no_mbm": {"mbm": False},
+    "urs_no_generator": {"generator": False},
+    "mtpomo": {"mbm": False, "generator": False, "encoding": "flags"},
+}
+HEURISTICS = ("nearest_neighbour", "savings", "random")
+METRICS = {
+    "cost_seen": False,
+    "cost_unseen": False,
+    "gap_pct_seen": False,
+    "gap_pct_unseen": False,
+    "feasible_pct_seen": True,
+    "feasible_pct_unseen": True,
+    "time_s": False,
+}
+
+
+def _log(msg: str) -> None:
+    print(f"[urs] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- per-system runs
+
+
+def evaluate_system(system: Any, cfg: URSConfig, variants: list[str]) -> dict:
+    """``{(variant, n): [per-instance {cost, feasible, violations, time_s}]}`` for a trained
+    network or a heuristic's name; every solution goes through the independent checker."""
+    import torch
+
+    from .checker import check
+    from .heuristics import nearest_neighbour, random_policy, savings
+    from .method import load_test_set
+    from .model import solve
+
+    torch.set_num_threads(1)
+    out: dict = {}
+    for v in variants:
+        for n in cfg.eval_sizes:
+            inst = load_test_set(cfg, v, n)
+            rows = []
+            for s in range(0, len(inst), cfg.eval_batch):
+                chunk = inst[s : s + cfg.eval_batch]
+                t0 = time.time()
+                if system == "nearest_neighbour":
+                    sols = nearest_neighbour(chunk)
+                elif system == "random":
+                    sols = random_policy(chunk, seed=cfg.seed)
+                elif system == "savings":
+                    sols = [savings(chunk, i) for i in range(len(chunk))]
+                else:
+                    sols = solve(system, chunk, cfg.eval_starts, cfg.augment)
+                dt = (time.time() - t0) / len(chunk)
+                for i, sol in enumerate(sols):
+                    if sol is None:  # savings on multi-depot instances
+                        rows.append(None)
+                        continue
+                    rep = check(chunk, sol["routes"], sol["depots"], i)
+                    rows.append({"cost": rep.cost, "feasible": rep.feasible,
+                                 "violations": rep.violations[:3], "time_s": dt})  # fmt: skip
+            out[(v, n)] = rows
+    return out
+
+
+def reference_results(cfg: URSConfig, variant: str, n: int) -> list[dict]:
+    """Reference solutions of the (variant, n) test set, computed once and cached as Parquet."""
+    import pyarrow as pa
+
+    from nshot.data import cached_table
+
+    from .baselines import reference
+    from .checker import check
+    from .method import load_test_set
+
+    seconds = max(cfg.ref_time_min, cfg.ref_time_per_node * n)
+    key = f"urs-ref-{variant}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}-t{int(seconds * 1000)}ms"
+
+    def build() -> pa.Table:
+        inst = load_test_set(cfg, variant, n)
+        rows: dict[str, list] = {k: [] for k in ("hash", "routes", "depots", "cost", "feasible",
+                                                 "solver_feasible", "solver", "time_s")}  # fmt: skip
+        for i in range(len(inst)):
+            sol = reference(inst, i, seconds, seed=cfg.seed)
+            rep = check(inst, sol["routes"], sol["depots"], i)
+            rows["hash"].append(inst.hash(i))
+            rows["routes"].append(json.dumps(sol["routes"]))
+            rows["depots"].append(json.dumps(sol["depots"]))
+            rows["cost"].append(rep.cost)
+            rows["feasible"].append(rep.feasible)
+            rows["solver_feasible"].append(sol["solver_feasible"])
+            rows["solver"].append(sol["solver"])
+            rows["time_s"].append(sol["time_s"])
+        return pa.table(rows)
+
+    table = cached_table(key, build)
+    return table.to_pylist()
+
+
+def _train_system(cfg_dict: dict, storage: str, name: str) -> str:
+    import torch
+
+    from nshot.train import Scaling, fit
+
+    torch.set_num_threads(1)
+    cfg = URSConfig.validated(cfg_dict)
+    t0 = time.time()
+    res = fit("urs", cfg, scaling=Scaling(workers=0), storage=storage, name=name, overwrite=True)
+    _log(f"{name}: trained in {time.time() - t0:.0f}s")
+    return str(res.checkpoint)
+
+
+def _eval_task(cfg_dict: dict, system: str, ckpt: str | None, variants: list[str]) -> dict:
+    cfg = URSConfig.validated(cfg_dict)
+    if ckpt is not None:
+        from nshot.train import load_checkpoint
+
+        from .method import load_model
+
+        net, _ = load_model(load_checkpoint(ckpt, method="urs"))
+        return evaluate_system(net, cfg, variants)
+    return evaluate_system(system, cfg, variants)
+
+
+def _ref_task(cfg_dict: dict, variant: str, n: int) -> list[dict]:
+    return reference_results(URSConfig.validated(cfg_dict), variant, n)
+
+
+def _scaling_task(ckpt: str, sizes: list[int], starts: int, aug: int) -> list[dict]:
+    from nshot.train import load_checkpoint
+
+    from .bench import scaling_benchmark
+    from .method import load_model
+
+    net, _ = load_model(load_checkpoint(ckpt, method="urs"))
+    return scaling_benchmark(net, sizes, starts=starts, aug=aug)
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def _gaps(rows: list, refs: list[dict]) -> list[float]:
+    out = []
+    for r, ref in zip(rows, refs):
+        if r is None or not ref["feasible"] or ref["cost"] <= 0:
+            continue
+        out.append(100.0 * (r["cost"] - ref["cost"]) / ref["cost"])
+    return out
+
+
+def summarise(res: dict, refs: dict, cfg: URSConfig) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    times = []
+    for split, variants in (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)):
+        costs, gaps, feas = [], [], []
+        for v in variants:
+            for n in cfg.eval_sizes:
+                rows = res.get((v, n))
+                if rows is None or any(r is None for r in rows):
+                    continue
+                costs.append(float(np.mean([r["cost"] for r in rows])))
+                g = _gaps(rows, refs[(v, n)])
+                if g:
+                    gaps.append(float(np.mean(g)))
+                feas.append(100.0 * float(np.mean([r["feasible"] for r in rows])))
+                times += [r["time_s"] for r in rows]
+        out[f"cost_{split}"] = float(np.mean(costs)) if costs else None
+        out[f"gap_pct_{split}"] = float(np.mean(gaps)) if gaps else None
+        out[f"feasible_pct_{split}"] = float(np.mean(feas)) if feas else None
+    out["time_s"] = float(np.mean(times)) if times else None
+    return out
+
+
+def _ref_as_result(refs: dict) -> dict:
+    return {
+        k: [{"cost": r["cost"], "feasible": r["feasible"], "time_s": r["time_s"],
+             "violations": []} for r in rows]
+        for k, rows in refs.items()
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    from .baselines import pyvrp_version
+
+    t_start = time.time()
+    ensure_ray()
+    cfg_dict = cfg.model_dump()
+    variants = [*cfg.seen_variants, *cfg.unseen_variants]
+    storage = str(workdir / "runs")
+    # on a cluster with GPUs each system trains on one GPU (Ray Train local mode in the task)
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    train_r = ray.remote(num_cpus=1, num_gpus=gpus)(_train_system)
+    eval_r = ray.remote(num_cpus=1)(_eval_task)
+    ref_r = ray.remote(num_cpus=1)(_ref_task)
+    scale_r = ray.remote(num_cpus=1)(_scaling_task)
+
+    # 1. training (longest first), 2. references and heuristics fill the other CPU
+    trains = {
+        ray_ref: s
+        for s in cfg.systems
+        for ray_ref in [
+            train_r.remote(
+                URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s]}).model_dump(),
+                storage,
+                f"urs-{cfg.preset}-{s}",
+            )  # fmt: skip
+        ]
+    }
+    _log(f"training {list(cfg.systems)}; references and heuristics on {len(variants)} variants "
+         f"× sizes {cfg.eval_sizes}")  # fmt: skip
+    ref_futs = {(v, n): ref_r.remote(cfg_dict, v, n) for v in variants for n in cfg.eval_sizes}
+    chunks = [variants[i::2] for i in range(2)] if len(variants) > 1 else [variants]
+    heur_futs = {h: [eval_r.remote(cfg_dict, h, None, c) for c in chunks] for h in HEURISTICS}
+    # 4. evaluate each model as soon as it is trained
+    ckpts: dict[str, str] = {}
+    eval_futs: dict[str, list] = {}
+    pending = list(trains)
+    scaling_fut = None
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        s = trains[done[0]]
+        ckpts[s] = ray.get(done[0])
+        _log(f"{s} trained ({time.time() - t_start:.0f}s); evaluating")
+        eval_futs[s] = [eval_r.remote(cfg_dict, s, ckpts[s], c) for c in chunks]
+        if s == "urs" and cfg.scaling_sizes:
+            scaling_fut = scale_r.remote(ckpts[s], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
+    refs = {k: ray.get(f) for k, f in ref_futs.items()}
+    _log(f"references done ({time.time() - t_start:.0f}s)")
+    results: dict[str, dict] = {}
+    for s, futs in {**eval_futs, **heur_futs}.items():
+        merged: dict = {}
+        for part in ray.get(futs):
+            merged.update(part)
+        results[s] = merged
+    scaling = ray.get(scaling_fut) if scaling_fut is not None else []
+    results["pyvrp"] = _ref_as_result(refs)
+
+    order = [*cfg.systems, *HEURISTICS, "pyvrp"]
+    rows = {s: summarise(results[s], refs, cfg) for s in order}
+    per_variant = _per_variant(results, refs, cfg, order)
+    solvers = sorted({r["solver"] for rs in refs.values() for r in rs})
+    ref_infeasible = sum(1 for rs in refs.values() for r in rs if not r["feasible"])
+    notes = _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling)
+    extra = {
+        "per_variant": per_variant,
+        "scaling": scaling,
+        "checkpoints": ckpts,
+        "reference_solvers": solvers,
+        "pyvrp_version": pyvrp_version(),
+        "violations": {
+            s: sorted(
+                {
+                    v.split(":")[0]
+                    for rs in results[s].values()
+                    for r in rs
+                    if r
+                    for v in r["violations"]
+                }
+            )
+            for s in order
+        },  # fmt: skip
+        "markdown": _markdown(per_variant, cfg, order, scaling),
+    }
+    _plot_per_variant(per_variant, cfg, order, workdir / "per_variant.png")
+    if scaling:
+        _plot_scaling(scaling, workdir / "scaling.png")
+        (workdir / "scaling.json").write_text(json.dumps(scaling, indent=1))
+    return ResultsTable(
+        method="urs",
+        preset=cfg.preset,
+        seeds=1,
+        metrics=dict(METRICS),
+        rows=rows,
+        stds={},
+        runtime_s=time.time() - t_start,
+        notes=notes,
+        extra=extra,
+    )
+
+
+def _per_variant(results: dict, refs: dict, cfg: URSConfig, order: list[str]) -> list[dict]:
+    out = []
+    for v in [*cfg.seen_variants, *cfg.unseen_variants]:
+        for n in cfg.eval_sizes:
+            row: dict[str, Any] = {
+                "variant": v,
+                "n": n,
+                "split": "seen" if v in cfg.seen_variants else "unseen",
+                "reference": refs[(v, n)][0]["solver"],
+            }
+            for s in order:
+                rs = results[s].get((v, n))
+                if rs is None or any(r is None for r in rs):
+                    row[s] = None
+                    continue
+                g = _gaps(rs, refs[(v, n)])
+                row[s] = {
+                    "cost": float(np.mean([r["cost"] for r in rs])),
+                    "gap_pct": float(np.mean(g)) if g else None,
+                    "feasible_pct": 100.0 * float(np.mean([r["feasible"] for r in rs])),
+                }
+            out.append(row)
+    return out
+
+
+def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str]:
+    notes = [
+        f"{cfg.eval_instances} test instances per variant and size (sizes {cfg.eval_sizes}); "
+        f"models trained on {cfg.seen_variants} at N={cfg.train_sizes} for {cfg.steps} steps "
+        f"× {cfg.batch_size} instances × {cfg.train_starts} POMO rollouts; inference: greedy, "
+        f"min(N, {cfg.eval_starts}) starts × {cfg.augment} augmentations.",
+        f"reference ('pyvrp' row): {', '.join(solvers)} — PyVRP where it expresses the variant, "
+        "OR-Tools GLS for classic backhauls; time limit "
+        f"max({cfg.ref_time_min}, {cfg.ref_time_per_node}·N) s per instance; gap = 100·(cost − "
+        "ref)/ref per instance, over instances whose reference is feasible "
+        f"({ref_infeasible} reference solutions infeasible).",
+        "every solution of every system is verified by the independent checker (checker.py); "
+        "cost_* and gap_pct_* average the per-(variant, size) means; time_s is wall time per "
+        "instance (the reference's is its time limit), on a shared 2-core CPU.",
+    ]
+    unseen = [r for r in per_variant if r["split"] == "unseen"]
+    allv = per_variant
+    urs_feas = all(r["urs"] and r["urs"]["feasible_pct"] == 100.0 for r in allv)
+    notes.append(f"check 1 (feasibility): urs feasible on every instance of every variant: "
+                 f"{'yes' if urs_feas else 'NO'}")  # fmt: skip
+    lost = [f"{r['variant']}/{r['n']}" for r in allv
+            if r["urs"] and r["nearest_neighbour"]
+            and r["urs"]["cost"] >= r["nearest_neighbour"]["cost"]]  # fmt: skip
+    notes.append(
+        "check 6 (urs beats nearest neighbour on every variant and size): "
+        + ("yes" if not lost else f"NO ({', '.join(lost)})")
+    )
+    g = {s: rows[s].get("gap_pct_unseen") for s in rows}
+    if g.get("urs") is not None:
+        for ab in ("urs_no_mbm", "urs_no_generator", "mtpomo"):
+            if g.get(ab) is not None:
+                d = g[ab] - g["urs"]
+                notes.append(
+                    f"ablation {ab}: unseen gap {g[ab]:.2f}% vs urs {g['urs']:.2f}% "
+                    f"({'+' if d >= 0 else ''}{d:.2f} points; target ≥ 0.5 worse): "
+                    f"{'yes' if d >= 0.5 else 'NO'}"
+                )
+    by_n = {}
+    for n in cfg.eval_sizes:
+        gs = [r["urs"]["gap_pct"] for r in unseen if r["n"] == n and r["urs"]
+              and r["urs"]["gap_pct"] is not None]  # fmt: skip
+        if gs:
+            by_n[n] = float(np.mean(gs))
+    if by_n:
+        notes.append("urs unseen gap by size: "
+                     + ", ".join(f"N={n}: {v:.2f}%" for n, v in by_n.items()))  # fmt: skip
+    if scaling:
+        notes.append("inference scaling (CVRP, one instance, urs): " + ", ".join(
+            f"N={s['n']}: {s['time_s']:.1f}s, peak RSS {s['peak_rss_mb']:.0f} MB"
+            for s in scaling))  # fmt: skip
+    return notes
+
+
+def _markdown(per_variant: list[dict], cfg: URSConfig, order: list[str], scaling: list) -> str:
+    shown = [s for s in order if s != "pyvrp"]
+    lines = [
+        "## Per variant",
+        "",
+        "Mean cost of the reference and gap (%) to it per system; `*` marks a system with an "
+        "infeasible solution on that variant; n/a: not applicable (savings on multi-depot).",
+        "",
+        "| variant | N | split | reference | ref cost | " + " | ".join(shown) + " |",
+        "|---|---|---|---|---|" + "---|" * len(shown),
+    ]
+    for r in per_variant:
+        ref = r["pyvrp"]["cost"] if r.get("pyvrp") else float("nan")
+        cells = []
+        for s in shown:
+            c = r.get(s)
+            if c is None or c["gap_pct"] is None:
+                cells.append("n/a")
+            else:
+                cells.append(f"{c['gap_pct']:.2f}" + ("" if c["feasible_pct"] == 100 else "*"))
+        lines.append(f"| {r['variant']} | {r['n']} | {r['split']} | {r['reference']} | "
+                     f"{ref:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
+    if scaling:
+        lines += ["", "## Inference scaling (urs, CVRP, 1 instance)", "",
+                  "| N | POMO starts × aug | time (s) | peak RSS (MB) | cost | feasible |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for s in scaling:
+            lines.append(f"| {s['n']} | {s['starts']} × {s['aug']} | {s['time_s']:.2f} | "
+                         f"{s['peak_rss_mb']:.0f} | {s['cost']:.3f} | {s['feasible']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _plot_per_variant(per_variant: list[dict], cfg: URSConfig, order: list[str], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [s for s in order if s not in ("pyvrp", "random")]
+    fig, axes = plt.subplots(len(cfg.eval_sizes), 1, figsize=(13, 3.6 * len(cfg.eval_sizes)),
+                             squeeze=False)  # fmt: skip
+    for ax, n in zip(axes[:, 0], cfg.eval_sizes):
+        rows = [r for r in per_variant if r["n"] == n]
+        x = np.arange(len(rows))
+        w = 0.8 / len(shown)
+        for k, s in enumerate(shown):
+            vals = [r[s]["gap_pct"] if r.get(s) and r[s]["gap_pct"] is not None else 0.0
+                    for r in rows]  # fmt: skip
+            ax.bar(x + k * w, vals, w, label=s)
+        ax.set_xticks(x + 0.4 - w / 2, [("*" if r["split"] == "seen" else "") + r["variant"]
+                                        for r in rows], rotation=60, ha="right", fontsize=7)  # fmt: skip
+        ax.set_ylabel("gap to reference (%)")
+        ax.set_title(f"N = {n} (* = seen in training)", fontsize=9)
+        ax.legend(fontsize=7, ncol=len(shown))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_scaling(scaling: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ns = [s["n"] for s in scaling]
+    ax.plot(ns, [s["time_s"] for s in scaling], "o-", label="time (s)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("customers N")
+    ax.set_ylabel("seconds per instance")
+    ax2 = ax.twinx()
+    ax2.plot(ns, [s["peak_rss_mb"] for s in scaling], "s--", color="C1", label="peak RSS (MB)")
+    ax2.set_ylabel("peak RSS (MB)")
+    ax.set_title("urs inference, CVRP, 1 core", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,148 @@
+"""URS as an nshot Method: data, Ray Train loop, evaluation, predictor, experiments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from nshot.method import Method, NshotError, ResultsTable, register
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .config import URSConfig
+from .model import URSNet
+from .representation import Instances, test_set
+from .train import RolloutModule, build_model, train_step, validate, validation_set
+
+
+def instances_table(inst: Instances, n: int) -> pa.Table:
+    import json
+
+    rows = inst.to_rows()
+    return pa.table(
+        {
+            "variant": [r["variant"] for r in rows],
+            "n": [n] * len(rows),
+            "index": list(range(len(rows))),
+            "hash": [inst.hash(i) for i in range(len(rows))],
+            "instance": [json.dumps(r) for r in rows],
+        }
+    )
+
+
+def table_instances(table: pa.Table) -> Instances:
+    import json
+
+    return Instances.from_rows([json.loads(s) for s in table.column("instance").to_pylist()])
+
+
+def load_test_set(cfg: URSConfig, variant: str, n: int) -> Instances:
+    """The fixed test instances of (variant, n), materialised once as Parquet in the cache."""
+    from nshot.data import cached_table
+
+    key = f"urs-test-{variant}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}"
+    table = cached_table(
+        key, lambda: instances_table(test_set(variant, n, cfg.eval_instances, cfg.test_seed), n)
+    )
+    return table_instances(table)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[URSNet, URSConfig]:
+    if checkpoint.method != "urs":
+        raise NshotError(f"{checkpoint.path}: a {checkpoint.method!r} checkpoint, not urs")
+    cfg = URSConfig.validated(checkpoint.config)
+    net = build_model(cfg)
+    net.load_state_dict(checkpoint.weights())
+    net.eval()
+    return net, cfg
+
+
+@register
+class URSMethod(Method):
+    name = "urs"
+    paper = "URS: a unified neural routing solver for cross-problem zero-shot generalization"
+    area = "zero-shot neural combinatorial optimisation (vehicle routing)"
+    version = "1"
+    Config = URSConfig
+
+    def data(self, cfg: URSConfig) -> dict[str, pa.Table]:
+        """Test splits: ``seen`` (training variants) and ``unseen`` (zero-shot), all sizes.
+        Training instances are generated per step and never stored."""
+        out = {}
+        for split, variants in (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)):
+            parts = [
+                instances_table(load_test_set(cfg, v, n), n)
+                for v in variants
+                for n in cfg.eval_sizes
+            ]
+            out[split] = pa.concat_tables(parts) if parts else pa.table({})
+        return out
+
+    def train_loop(self, cfg: URSConfig) -> None:
+        from nshot.train import session
+
+        ctx = session.context()
+        net = build_model(cfg)
+        model = session.prepare_model(RolloutModule(net))
+        opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+        restored = session.restore(net, opt)
+        start = restored.step if restored else 0
+        extra = restored.extra if restored else {"history": [], "resumed_from": []}
+        if restored:
+            extra["resumed_from"] = [*extra.get("resumed_from", []), start]
+        val = validation_set(cfg)
+        window: list[dict[str, float]] = []
+        net.train()
+        for step in range(start + 1, cfg.steps + 1):
+            session.maybe_inject_fault(step, restored)
+            window.append(train_step(model, opt, cfg, step, ctx.rank))
+            is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+            if step % cfg.log_every == 0 or is_ckpt:
+                metrics = {
+                    "loss": float(np.mean([w["loss"] for w in window])),
+                    "train_cost": float(np.mean([w["train_cost"] for w in window])),
+                    "val_cost": validate(net, val, cfg.train_starts),
+                    "lr": cfg.lr * (0.1 if step > cfg.lr_decay_at * cfg.steps else 1.0),
+                }
+                extra["history"].append({"step": step, **metrics})
+                session.report(
+                    metrics,
+                    step=step,
+                    model=net,
+                    optimizer=opt,
+                    extra=extra,
+                    checkpoint=is_ckpt,
+                    samples=len(window) * cfg.batch_size,
+                )
+                window = []
+
+    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: URSConfig) -> dict[str, float]:
+        """Mean cost, gap to the reference solver (%), feasible share (%) and time per
+        instance on the seen and unseen test variants, plus nearest neighbour's cost."""
+        from .experiments import evaluate_system, reference_results, summarise
+
+        net, _ = load_model(checkpoint)
+        variants = [*cfg.seen_variants, *cfg.unseen_variants]
+        res = {
+            "urs": evaluate_system(net, cfg, variants),
+            "nearest_neighbour": evaluate_system("nearest_neighbour", cfg, variants),
+        }
+        refs = {(v, n): reference_results(cfg, v, n) for v in variants for n in cfg.eval_sizes}
+        out: dict[str, float] = {}
+        for system, r in res.items():
+            summ = summarise(r, refs, cfg)
+            prefix = "" if system == "urs" else "nn_"
+            out.update({f"{prefix}{k}": v for k, v in summ.items() if v is not None})
+        return out
+
+    def predictor(self, checkpoint: LoadedCheckpoint):
+        from .serve import URSPredictor
+
+        return URSPredictor.from_checkpoint(checkpoint)
+
+    def experiments(self, cfg: URSConfig, workdir: Path) -> ResultsTable:
+        from .experiments import run_experiments
+
+        return run_experiments(cfg, workdir)

@@ -1,0 +1,295 @@
+"""urs: unified representation, independent checker, feasible decoding, training and serving."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from nshot.method import ConfigError, get
+from nshot.methods.urs.checker import check
+from nshot.methods.urs.config import SEEN_SMALL, UNSEEN_ALL, URSConfig
+from nshot.methods.urs.heuristics import nearest_neighbour, savings
+from nshot.methods.urs.model import URSNet, solve
+from nshot.methods.urs.representation import (
+    Instances,
+    generate,
+    parse_variant,
+    udr_features,
+    variant_name,
+)
+
+ALL_VARIANTS = [*SEEN_SMALL, *UNSEEN_ALL]
+
+
+def make(
+    locs,
+    lin=None,
+    back=None,
+    Q=math.inf,
+    tw=None,
+    svc=None,
+    open_route=False,
+    L=math.inf,
+    bclass=1,
+    M=1,
+) -> Instances:
+    V = len(locs)
+    t = np.zeros((1, V, 2))
+    t[..., 1] = np.inf
+    if tw is not None:
+        t[0] = np.asarray(tw, float)
+    return Instances(
+        locs=np.asarray(locs, float)[None],
+        linehaul=np.asarray(lin or [0] * V, float)[None],
+        backhaul=np.asarray(back or [0] * V, float)[None],
+        capacity=np.asarray([Q], float),
+        tw=t,
+        service=np.asarray(svc or [0] * V, float)[None],
+        open_route=np.asarray([open_route]),
+        distance_limit=np.asarray([L], float),
+        backhaul_class=np.asarray([bclass]),
+        num_depots=M,
+    )
+
+
+SQUARE = [[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5]]  # depot + 4 customers
+
+
+# --------------------------------------------------------------------------- representation
+
+
+def test_variant_names_round_trip_and_neutral_values():
+    for v in ALL_VARIANTS:  # 50 customers: at least one backhaul in B variants (p = 1 - 0.8^50)
+        inst = generate(v, 50, 2, 0)
+        assert variant_name(inst, 0) == v == variant_name(inst, 1)
+    with pytest.raises(ValueError, match="unknown variant 'VRPX'"):
+        parse_variant("VRPX")
+    node, glob = udr_features(generate("CVRP", 10, 3, 0))
+    # [x, y, q_lin/Q, q_back/Q, e/T, l/T, s/T, is_depot]; absent: backhaul 0, [e, l] = [0, 1], s 0
+    assert np.all(node[..., 3] == 0) and np.all(node[..., 4] == 0)
+    assert np.all(node[..., 5] == 1) and np.all(node[..., 6] == 0)
+    assert np.all(node[:, 0, 7] == 1) and np.all(node[:, 1:, 7] == 0)
+    # [10/Q, closed, 1/L, precedence, 1/T]: no limit, no windows, no backhauls -> 0
+    assert np.allclose(glob[:, 0], 10 / 30) and np.all(glob[:, 1] == 1)
+    assert np.all(glob[:, 2:] == 0)
+    node, glob = udr_features(generate("TSP", 10, 2, 0))
+    assert np.all(node[..., 2] == 0) and np.all(glob[:, 0] == 0)  # Q = inf -> q/Q = 0
+    node, glob = udr_features(generate("OVRPBLTW", 10, 2, 0))
+    assert np.all(glob[:, 1] == 0) and np.all(glob[:, 2] > 0) and np.all(glob[:, 3] == 1)
+    assert np.allclose(glob[:, 4], 1 / 4.6) and (node[:, 1:, 4] > 0).all()
+    _, glob = udr_features(generate("VRPMB", 10, 2, 0))
+    assert np.all(glob[:, 3] == 0)  # mixed backhaul: backhaul nodes, no precedence
+    node, _ = udr_features(generate("MDVRP", 10, 2, 0))
+    assert np.all(node[:, :3, 7] == 1) and np.all(node[:, 3:, 7] == 0)
+
+
+def test_config_rejects_unknown_variant_and_field():
+    with pytest.raises(ConfigError, match="unseen_variants.*unknown variant"):
+        URSConfig.from_preset("smoke", unseen_variants=["VRPQ"])
+    with pytest.raises(ConfigError, match="unknown field"):
+        URSConfig.from_preset("smoke", bogus=1)
+    with pytest.raises(ConfigError, match="multi-depot variants are test-only"):
+        URSConfig.from_preset("smoke", seen_variants=["MDVRP"])
+
+
+# --------------------------------------------------------------------------- checker
+
+
+def test_checker_accepts_feasible_and_computes_open_cost():
+    inst = make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4)
+    rep = check(inst, [[1, 2, 3, 4]])
+    assert rep.feasible, rep.violations
+    closed = 1 + 1 + 1 + math.hypot(0.5, 0.5) + math.hypot(0.5, 0.5)
+    assert rep.cost == pytest.approx(closed)
+    open_ = make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4, open_route=True)
+    assert check(open_, [[1, 2, 3, 4]]).cost == pytest.approx(closed - math.hypot(0.5, 0.5))
+
+
+@pytest.mark.parametrize(
+    "kind, inst, routes, depots",
+    [
+        ("coverage", make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4), [[1, 2, 3]], None),
+        ("coverage", make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4), [[1, 2, 3, 4], [2]], None),
+        ("coverage", make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4), [[1, 2, 0, 3, 4]], None),
+        ("capacity", make(SQUARE, lin=[0, 2, 2, 2, 2], Q=6), [[1, 2, 3, 4]], None),
+        # mixed backhaul: picking up 8 before delivering 5 overloads Q = 10 (5 + 8 > 10)
+        ("capacity", make(SQUARE, lin=[0, 5, 0, 0, 0], back=[0, 0, 8, 0, 0], Q=10, bclass=2),
+         [[2, 1], [3, 4]], None),
+        ("precedence", make(SQUARE, lin=[0, 1, 0, 1, 1], back=[0, 0, 1, 0, 0], Q=10),
+         [[2, 1, 3, 4]], None),
+        ("time_window", make(SQUARE, tw=[[0, 10], [0, 1], [0, 10], [0, 1.5], [0, 10]]),
+         [[3, 2, 1, 4]], None),
+        ("depot_time", make(SQUARE, tw=[[0, 3], [0, 10], [0, 10], [0, 10], [0, 10]],
+                            svc=[0, 0.5, 0.5, 0.5, 0.5]), [[1, 2, 3, 4]], None),
+        ("distance_limit", make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4, L=3.0), [[1, 2, 3, 4]], None),
+        ("single_route", make(SQUARE), [[1, 2], [3, 4]], None),
+        ("depot", make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4), [[1, 2, 3, 4]], [3]),
+    ],
+)  # fmt: skip
+def test_checker_catches_planted_violations(kind, inst, routes, depots):
+    rep = check(inst, routes, depots)
+    assert not rep.feasible
+    assert kind in rep.kinds(), rep.violations
+
+
+def test_checker_respects_open_routes_and_mixed_order():
+    # the same route is fine when open (no return arc to the depot's closing time / limit)
+    tw = [[0, 3], [0, 10], [0, 10], [0, 10], [0, 10]]
+    inst = make(SQUARE, tw=tw, svc=[0, 0.5, 0.5, 0.5, 0.5], open_route=True)
+    assert check(inst, [[1, 2, 3, 4]]).feasible
+    inst = make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4, L=3.8, open_route=True)
+    assert check(inst, [[1, 2, 3, 4]]).feasible  # length 3.71 open, 4.41 closed
+    assert "distance_limit" in check(make(SQUARE, lin=[0, 1, 1, 1, 1], Q=4, L=3.8),
+                                     [[1, 2, 3, 4]]).kinds()  # fmt: skip
+    # mixed backhaul: delivering first then picking up fits Q = 10
+    inst = make(SQUARE, lin=[0, 5, 0, 0, 0], back=[0, 0, 8, 0, 0], Q=10, bclass=2)
+    assert check(inst, [[1, 2], [3, 4]]).feasible
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _assert_all_feasible(inst: Instances, sols: list[dict], what: str) -> None:
+    for i, s in enumerate(sols):
+        rep = check(inst, s["routes"], s["depots"], i)
+        assert rep.feasible, f"{what} {inst.variants[i]}: {rep.violations[:3]}"
+        assert rep.cost == pytest.approx(s["cost"], rel=1e-9, abs=1e-9)
+
+
+def variant_batches(n: int, per: int, seed: int) -> list[Instances]:
+    """Every variant, ``per`` instances each, batched together (single- and multi-depot)."""
+    one = [generate(v, n, per, seed + k) for k, v in enumerate(ALL_VARIANTS)]
+    return [
+        Instances.concat([b for b in one if b.num_depots == 1]),
+        Instances.concat([b for b in one if b.num_depots > 1]),
+    ]
+
+
+def test_every_decoded_solution_is_feasible_on_every_variant():
+    torch.manual_seed(0)
+    net = URSNet(d=16, layers=1, ff=32, gen_rank=2, gen_hidden=16)
+    for p in net.parameters():  # a random (not zero-delta) policy explores more of the masks
+        p.data.add_(0.3 * torch.randn_like(p))
+    for inst in variant_batches(10, 2, 0):
+        assert {*inst.variants} <= {*ALL_VARIANTS}
+        _assert_all_feasible(inst, solve(net, inst, starts=6, aug=8), "urs")
+        _assert_all_feasible(inst, solve(None, inst, 1, 1, mode="random", seed=1), "random")
+        _assert_all_feasible(inst, nearest_neighbour(inst), "nearest_neighbour")
+    inst = variant_batches(10, 1, 5)[0]
+    for i in range(len(inst)):
+        sv = savings(inst, i)
+        assert check(inst, sv["routes"], sv["depots"], i).feasible, inst.variants[i]
+
+
+def test_reference_solvers_express_the_variants():
+    """PyVRP 0.14 keywords (pickup, max_distance, multi-depot) and OR-Tools classic backhauls
+    (the optional `ortools` install; without it the reference falls back to savings)."""
+    import importlib.util
+
+    from nshot.methods.urs.baselines import reference, supports_pyvrp
+
+    has_ortools = importlib.util.find_spec("ortools") is not None
+    for v, solver in (("OVRPMBL", "pyvrp"), ("MDVRPTW", "pyvrp"), ("VRPBLTW", "ortools")):
+        inst = generate(v, 8, 1, 3)
+        assert supports_pyvrp(inst) == (solver == "pyvrp")
+        sol = reference(inst, 0, 0.2)
+        expected = solver if solver == "pyvrp" or has_ortools else "savings"
+        assert sol["solver"].startswith(expected)
+        rep = check(inst, sol["routes"], sol["depots"])
+        assert rep.feasible, (v, rep.violations)
+        nn = nearest_neighbour(inst)[0]["cost"]
+        assert rep.cost <= nn + 1e-9
+
+
+# --------------------------------------------------------------------------- Ray Train + serving
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, ray_session):
+    from nshot.train import Scaling, fit
+
+    cfg = get("urs").config("smoke")
+    storage = tmp_path_factory.mktemp("urs-runs")
+    res = fit("urs", cfg, scaling=Scaling(workers=0), storage=storage, name="smoke")
+    assert res.checkpoint is not None
+    return cfg, storage, res
+
+
+def test_train_checkpoint_resume_and_predictor(smoke_run):
+    from nshot.methods.urs.serve import to_unit_square
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    cfg, storage, res = smoke_run
+    ckpt = load_checkpoint(res.checkpoint, method="urs")
+    assert ckpt.step == cfg.steps and math.isfinite(ckpt.metrics["val_cost"])
+    # resume: continue the same run to more steps from its last checkpoint
+    more = fit("urs", cfg.replace(steps=cfg.steps + 10), scaling=Scaling(workers=0),
+               storage=storage, name="smoke", resume=True)  # fmt: skip
+    resumed = load_checkpoint(more.checkpoint, method="urs")
+    assert resumed.step == cfg.steps + 10
+    assert resumed.extra["resumed_from"] == [cfg.steps]
+    # the trained smoke model decodes every variant feasibly
+    method = get("urs")
+    pred = method.predictor(ckpt)
+    net = pred.net
+    for inst in variant_batches(10, 2, 100):
+        _assert_all_feasible(inst, solve(net, inst, starts=10, aug=8), "trained urs")
+    # predictor == in-process solve on a VRPTW instance given in request units (×100)
+    inst = generate("VRPBLTW", 10, 1, 7)
+    row = inst.to_rows()[0]
+    s = 100.0
+    req = pred.Request(
+        locations=(np.asarray(row["locs"]) * s).tolist(),
+        linehaul=row["linehaul"],
+        backhaul=row["backhaul"],
+        capacity=row["capacity"],
+        time_windows=(np.asarray(row["tw"]) * s).tolist(),
+        service_times=(np.asarray(row["service"]) * s).tolist(),
+        distance_limit=row["distance_limit"] * s,
+        augment=True,
+    )
+    out = pred(req)
+    assert out.feasible and not out.violations and out.variant == "VRPBLTW"
+    direct = solve(net, to_unit_square(inst), cfg.eval_starts, 8)[0]  # what the server decodes
+    assert out.routes == direct["routes"]
+    assert out.objective == pytest.approx(check(inst, direct["routes"]).cost * s, rel=1e-9)
+    assert pred.batch([req, req])[1].objective == pytest.approx(out.objective)
+    metrics = method.evaluate(ckpt, cfg)
+    assert metrics["feasible_pct_seen"] == 100.0 and metrics["feasible_pct_unseen"] == 100.0
+    assert {"gap_pct_unseen", "nn_cost_unseen", "time_s"} <= set(metrics)
+
+
+BASE = {
+    "locations": [[0, 0], [1, 0], [1, 1], [0, 1]],
+    "linehaul": [0, 3, 4, 5],
+    "capacity": 10,
+}
+
+
+@pytest.mark.parametrize(
+    "change, field, msg",
+    [
+        ({"linehaul": [0, 3, 40, 5]}, "linehaul[2]", "exceeds the capacity 10"),
+        ({"time_windows": [[0, 9], [0, 5], [4, 2], [0, 5]]}, "time_windows[2]", "start 4 is after end 2"),
+        ({"locations": [[0, 0], [1, float("nan")], [1, 1], [0, 1]]}, "locations[1]", "NaN"),
+        ({"linehaul": [0, 3, 4]}, "linehaul", "3 values for 4 locations"),
+        ({"locations": [[0, 0], [1, 0]], "linehaul": [0, 1]}, "locations", "at least 2 customers"),
+        ({"time_windows": [[0, 9], [0, 0.5], [0, 5], [0, 5]]}, "time_windows[1]", "cannot be reached"),
+        ({"distance_limit": 2.5}, "distance_limit", "customer 2 is 1.414"),
+        ({"capacity": None}, "capacity", "required when customers have demands"),
+        ({"backhaul": [0, 1, 0, 0]}, "backhaul[1]", "linehaul and backhaul demand"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_are_rejected_naming_the_field(change, field, msg):
+    from nshot.methods.urs.serve import URSRequest
+    from nshot.serve.app import _errors
+
+    with pytest.raises(ValidationError) as err:
+        URSRequest.model_validate({**BASE, **change})
+    detail = _errors(err.value)[0]  # what the Serve app answers with its 422
+    assert detail["field"] == field and msg in detail["msg"], detail
+    URSRequest.model_validate(BASE)  # the base request is valid
