@@ -85,3 +85,22 @@ def test_build_engine_in_process_trains_only_given_params():
     assert mem["optimizer"] >= 2 * model.lm_head.weight.numel() * 4
     with pytest.raises(ValueError, match="no trainable"):
         build_engine(model, DeepSpeedOptions(), params=[])
+
+
+def test_engine_builds_again_after_the_process_group_is_recreated():
+    """Ray Train's local mode destroys torch's default group after every in-process run; a later
+    DeepSpeed engine in the same process must not reuse DeepSpeed's cached (now unregistered)
+    sub-groups ("Group ... is not registered")."""
+    import torch.distributed as dist
+    from transformers import LlamaForCausalLM
+
+    from nshot.nn.lm import tiny_llama_config
+
+    model = LlamaForCausalLM(tiny_llama_config(50, layers=1, hidden=32, intermediate=64))
+    x = torch.randint(0, 50, (2, 8))
+    for _ in range(2):
+        engine = build_engine(model, DeepSpeedOptions(lr=1e-2, micro_batch=2))
+        engine.backward(engine(input_ids=x, labels=x).loss)
+        engine.step()
+        if dist.is_initialized():  # what LocalTorchController.run does at its end; the next
+            dist.destroy_process_group()  # build_engine creates the default group again

@@ -94,22 +94,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_DS_GROUP_CACHES = (
+    "_WORLD_GROUP",
+    "_DATA_PARALLEL_GROUP",
+    "_MODEL_PARALLEL_GROUP",
+    "_TENSOR_MODEL_PARALLEL_GROUP",
+    "_ZERO_PARAM_INTRA_PARALLEL_GROUP",
+    "_ALL_TO_ALL_GROUP",
+    "_EXPERT_PARALLEL_GROUP",
+    "_EXPERT_PARALLEL_GROUP_RANKS",
+    "_EXPERT_DATA_PARALLEL_GROUP",
+    "_EXPERT_DATA_PARALLEL_GROUP_RANKS",
+)
+_SEEN_WORLD: list[Any] = [None]  # torch's default group when DeepSpeed's caches were filled
+
+
+def _forget_stale_deepspeed_groups() -> None:
+    """DeepSpeed caches sub-groups of the default process group (``deepspeed.utils.groups``)
+    for the life of the process. When that group is destroyed and created again in the same
+    process (Ray Train's local mode destroys it after every run), the cached groups are
+    unregistered and DeepSpeed fails with "Group ... is not registered"; forget them then."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if world is not None and world is _SEEN_WORLD[0]:
+        return
+    for name in _DS_GROUP_CACHES:
+        if hasattr(groups, name):
+            setattr(groups, name, {} if isinstance(getattr(groups, name), dict) else None)
+    _SEEN_WORLD[0] = world
+
+
 def init_distributed() -> None:
     """Join the existing process group (Ray Train's) or create a one-process one on 127.0.0.1."""
     accelerator()
     import deepspeed
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        # DeepSpeed's comm layer wraps the existing torch group
-        deepspeed.init_distributed(dist_backend=dist.get_backend())
-        return
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
-    backend = "nccl" if accelerator() == "cuda" else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
+    try:
+        if dist.is_available() and dist.is_initialized():
+            deepspeed.init_distributed(dist_backend=dist.get_backend())
+            return
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ["MASTER_PORT"] = str(_free_port())
+        backend = "nccl" if accelerator() == "cuda" else "gloo"
+        deepspeed.init_distributed(dist_backend=backend)
+    finally:
+        if dist.is_available():
+            _forget_stale_deepspeed_groups()
 
 
 def ds_config(opts: DeepSpeedOptions) -> dict[str, Any]:
