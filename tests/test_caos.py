@@ -68,7 +68,7 @@ def test_smoke_trials_keep_the_gated_checks():
 
 
 def test_experiments_run_as_ray_tasks(ray_session, tmp_path):
-    cfg = get("caos").config("smoke", trials=20, trials_per_task=10, cls_trials=10, n_sweep=[10])
+    cfg = get("caos").config("smoke", trials=10, trials_per_task=10, cls_trials=5, n_sweep=[10])
     table = get("caos").experiments(cfg, tmp_path)
     assert set(table.rows) >= {
         "caos",
