@@ -1,0 +1,220 @@
+"""Meta-training with persistent per-instance latents (spec §2, alternating auto-decoding).
+
+::
+
+    z^(k) = 0 for every training instance, persistent (never reset unless reset_latents)
+    for outer step 1..N_out:
+        B = random batch of training instances
+        for inner step 1..N_in:  z^(k) ← z^(k) − η_in clip(∇_z [L_symp^(k) + λ_z‖z^(k)‖])  (base fixed)
+        base ← Adam step on Σ_{k∈B} L_symp^(k) + λ_φ‖φ‖ + λ_orth·orthogonality          (z fixed)
+
+The latent gradient is clipped per instance to norm ``latent_clip`` (a safeguard, inactive in
+normal steps: MR's modulation U(z)V(z)ᵀ is quadratic in z and one large step can otherwise send a
+latent to 10⁶). The latents live in their own table (a buffer of ``MetaState``, outside the base's Adam) with
+their own plain SGD step. With several Ray Train workers the training instances are sharded by
+rank (instance k belongs to rank k mod world): each worker updates only its own latents, the
+base's gradients are averaged by DDP, and the latent tables are summed across ranks before a
+checkpoint so that rank 0 saves every instance's latent.
+
+``L_symp^(k)`` is instance k's squared error reweighted to the scale of an average instance,
+``C · mean‖F̂ − F‖² / mean_k‖F‖²`` with ``C`` the mean ‖F‖² of the training split (a
+reconstruction: parameter values change the pendulum field's scale by 16×; the reweighting
+weighs every instance alike, like the relative metrics, while the loss keeps the data's units, so
+that the spec's η_in and λ values keep their meaning). Reports show the relative part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ModHNNConfig
+from .model import Dynamics, DynSpec, relative_loss
+from .systems import Split, get_system
+
+
+class MetaState(nn.Module):
+    """What a meta-training checkpoint holds: the dynamics (base + hypernetwork) and the table
+    of training latents (a buffer: saved and restored with the weights, never in Adam)."""
+
+    def __init__(self, dyn: Dynamics, n_instances: int) -> None:
+        super().__init__()
+        self.dyn = dyn
+        self.register_buffer("latents", torch.zeros(n_instances, max(dyn.spec.d_z, 1)))
+
+    def z_avg(self) -> torch.Tensor:
+        """The mean of the (final) training latents: the adaptation's starting point."""
+        return self.latents.mean(0)
+
+
+def make_spec(
+    cfg: ModHNNConfig, train: Split, *, kind: str = "hnn", modulation: str | None = None
+) -> DynSpec:
+    """The network spec for ``cfg`` with input/output scales measured on ``train``."""
+    x = train.x.reshape(-1, 2)
+    f = train.f.reshape(-1, 2)
+    x_scale = np.sqrt((x**2).mean(0))
+    f_scale = np.sqrt((f**2).mean(0))
+    # H̃ = h_scale·net: ∂H̃/∂p ≈ h_scale/x_p, ∂H̃/∂q ≈ h_scale/x_q; match both on average
+    h_scale = float(np.sqrt(f_scale[0] * x_scale[1] * f_scale[1] * x_scale[0]))
+    return DynSpec(
+        kind=kind,
+        modulation=modulation or cfg.modulation,
+        width=cfg.width,
+        depth=cfg.depth,
+        d_z=cfg.d_z,
+        rank=cfg.rank,
+        dissipative=get_system(train.system).dissipative and kind == "hnn",
+        x_scale=[float(v) for v in x_scale],
+        f_scale=[float(v) for v in f_scale],
+        h_scale=h_scale,
+        loss_scale=float((f**2).sum(-1).mean()),
+    )
+
+
+def latent_norm(z: torch.Tensor) -> torch.Tensor:
+    """``‖z‖₂`` per row, smooth at 0 (the gradient at z = 0 is 0, not NaN)."""
+    return torch.sqrt(z.pow(2).sum(-1) + 1e-12)
+
+
+@dataclass
+class StepStats:
+    loss: float  # mean L_symp over the batch after the inner steps
+    inner_first: float  # mean L_symp before the inner steps
+
+
+class MetaTrainer:
+    """One worker's view of meta-training; ``step`` runs one outer step.
+
+    ``fn`` is the network call the base step goes through (the DDP wrapper on a worker group,
+    else the module itself); the inner latent steps call the unwrapped module.
+    """
+
+    def __init__(
+        self,
+        cfg: ModHNNConfig,
+        state: MetaState,
+        train: Split,
+        *,
+        fn: Callable[..., torch.Tensor] | None = None,
+        rank: int = 0,
+        world: int = 1,
+        device: torch.device | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.dyn = state.dyn
+        self.fn = fn or self.dyn
+        self.rank, self.world = rank, world
+        dev = device or torch.device("cpu")
+        K = train.n_instances
+        self.X = torch.as_tensor(train.x.reshape(K, -1, 2), dtype=torch.float32, device=dev)
+        self.F = torch.as_tensor(train.f.reshape(K, -1, 2), dtype=torch.float32, device=dev)
+        self.owned = np.arange(K)[np.arange(K) % world == rank]
+        if len(self.owned) == 0:
+            raise ValueError(f"n_train_instances: {K} instances for {world} workers")
+        self.batch = max(1, min(cfg.batch_instances // world, len(self.owned)))
+        self.epoch_steps = int(np.ceil(len(self.owned) / self.batch))
+        self.opt = torch.optim.Adam(self.dyn.parameters(), lr=cfg.lr)
+        self.scale = float(self.dyn.spec.loss_scale)
+
+    def _points(
+        self, idx: np.ndarray, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        X, F = self.X[idx], self.F[idx]
+        n = self.cfg.points_per_instance
+        if n and n < X.shape[1]:
+            sel = torch.as_tensor(rng.choice(X.shape[1], n, replace=False))
+            X, F = X[:, sel], F[:, sel]
+        return X, F
+
+    def step(self, step: int, seed: int) -> StepStats:
+        cfg = self.cfg
+        if cfg.reset_latents and (step - 1) % self.epoch_steps == 0:
+            self.state.latents.zero_()  # the per-epoch-reset ablation
+        rng = np.random.default_rng([seed, step, self.rank])
+        idx = rng.choice(self.owned, self.batch, replace=False)
+        X, F = self._points(idx, rng)
+        self.dyn.train()
+        first = float("nan")
+        z: torch.Tensor | None = None
+        if self.dyn.uses_latent:
+            it = torch.as_tensor(idx, device=self.X.device)
+            z = self.state.latents[it].clone()
+            for i in range(cfg.n_inner):
+                z.requires_grad_(True)
+                per = relative_loss(self.dyn.field(X, z, create_graph=True), F)
+                if i == 0:
+                    first = float(per.mean().detach())
+                obj = self.scale * per.sum() + cfg.lambda_z * latent_norm(z).sum()
+                (gz,) = torch.autograd.grad(obj, z)
+                if cfg.latent_clip > 0:  # a quadratic modulation (MR) can blow a latent up
+                    norm = gz.norm(dim=-1, keepdim=True)
+                    gz = gz * (cfg.latent_clip / norm.clamp_min(cfg.latent_clip))
+                z = (z - cfg.lr_inner * gz).detach()
+            self.state.latents[it] = z
+        per = relative_loss(self.dyn.field(X, z, create_graph=True, fn=self.fn), F)
+        loss = self.scale * per.sum()
+        net = self.dyn.net
+        if cfg.lambda_phi > 0 and net.hyper:
+            loss = loss + cfg.lambda_phi * net.hyper_norm()
+        if cfg.lambda_orth > 0 and len(net.bases_u):
+            loss = loss + cfg.lambda_orth * net.orthogonality()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            nn.utils.clip_grad_norm_(self.dyn.parameters(), cfg.grad_clip)
+        self.opt.step()
+        mean = float(per.mean().detach())
+        return StepStats(mean, first if first == first else mean)
+
+    def gather_latents(self) -> None:
+        """Sum the latent tables across ranks (each rank owns disjoint rows)."""
+        if self.world <= 1:
+            return
+        import torch.distributed as dist
+
+        lat = self.state.latents
+        mask = torch.zeros(lat.shape[0], 1, device=lat.device)
+        mask[torch.as_tensor(self.owned)] = 1.0
+        full = lat * mask
+        dist.all_reduce(full)
+        lat.copy_(full)
+
+
+def meta_train(
+    cfg: ModHNNConfig,
+    train: Split,
+    *,
+    kind: str = "hnn",
+    modulation: str | None = None,
+    seed: int | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[MetaState, list[float]]:
+    """Meta-train in-process (one worker): used by ``experiments()``; ``train_loop`` runs the
+    same ``MetaTrainer`` under Ray Train with checkpoints."""
+    seed = cfg.seed if seed is None else seed
+    torch.manual_seed(seed)
+    spec = make_spec(cfg, train, kind=kind, modulation=modulation)
+    state = MetaState(Dynamics(spec), train.n_instances)
+    trainer = MetaTrainer(cfg, state, train)
+    curve: list[float] = []
+    window: list[float] = []
+    for step in range(1, cfg.steps + 1):
+        window.append(trainer.step(step, seed).loss)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            curve.append(float(np.mean(window)))
+            window = []
+            if progress is not None:
+                progress(step, curve[-1])
+    state.eval()
+    return state, curve
+
+
+def state_dict_numpy(state: nn.Module) -> dict[str, Any]:
+    return {k: v.detach().cpu().numpy() for k, v in state.state_dict().items()}
