@@ -28,19 +28,14 @@ def _chunks(total: int, size: int) -> list[list[int]]:
 
 
 def _gather(refs: list[Any], what: str) -> list[dict[str, np.ndarray]]:
+    """Results of ``refs`` in their order, logging progress as chunks finish."""
     import ray
 
-    out, pending, t0 = [], list(refs), time.time()
-    done_n = 0
-    results: dict[Any, Any] = {}
+    pending, t0 = list(refs), time.time()
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        results[ready[0]] = ray.get(ready[0])
-        done_n += 1
-        _log(f"{what}: {done_n}/{len(refs)} chunks ({time.time() - t0:.0f}s)")
-    for r in refs:  # keep trial order
-        out.append(results[r])
-    return out
+        _, pending = ray.wait(pending, num_returns=1)
+        _log(f"{what}: {len(refs) - len(pending)}/{len(refs)} chunks ({time.time() - t0:.0f}s)")
+    return ray.get(refs)
 
 
 def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
@@ -104,17 +99,15 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
     for m in cfg.n_sweep:
         if m == cfg.n:
             res = {"coverage": cov, "size": size}
-            idx = list(range(len(GATED)))
         else:
             parts = _gather(sweep_refs[m], f"n sweep n={m}")
             res = {k: np.concatenate([p[k] for p in parts]) for k in ("coverage", "size")}
-            idx = list(range(len(GATED)))
         sweep[str(m)] = {
-            GATED[i]: {
+            name: {
                 "coverage": float(res["coverage"][:, i, a10].mean()),
                 "size": float(res["size"][:, i, a10].mean()),
             }
-            for i in idx
+            for i, name in enumerate(GATED)
         }
     if sweep:
         extra["n_sweep_alpha"] = cfg.alphas[a10]

@@ -41,7 +41,6 @@ __all__ = [
     "class_test_scores",
     "classification_sets",
     "full_conformal_sets",
-    "split_threshold",
 ]
 
 INF = float("inf")
@@ -102,11 +101,6 @@ def threshold(scores: np.ndarray, alpha: float) -> np.ndarray:
     if r > n:
         return np.full(scores.shape[:-1], INF)
     return np.partition(scores, r - 1, axis=-1)[..., r - 1]
-
-
-def split_threshold(cal_scores: np.ndarray, alpha: float) -> np.ndarray:
-    """Split conformal: the same rank rule over the calibration half's scores."""
-    return threshold(cal_scores, alpha)
 
 
 @dataclass
