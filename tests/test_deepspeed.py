@@ -104,3 +104,35 @@ def test_engine_builds_again_after_the_process_group_is_recreated():
         engine.step()
         if dist.is_initialized():  # what LocalTorchController.run does at its end; the next
             dist.destroy_process_group()  # build_engine creates the default group again
+
+
+def test_fp32_zero3_keeps_one_copy_of_each_weight_and_trains_like_zero0():
+    """fp32 ZeRO-3 shares the master weights with the parameter partitions (DeepSpeed clones
+    them, see ``share_fp32_master``); the optimizer then steps the partitions in place and the
+    losses equal ZeRO-0's."""
+    from nshot.train.deepspeed import full_state_dict
+
+    def run(stage):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+        )
+        engine = build_engine(model, DeepSpeedOptions(zero_stage=stage, lr=1e-2, micro_batch=64))
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
+        losses = []
+        for _ in range(4):
+            loss = ((engine(x) - y) ** 2).mean()
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss))
+        return losses, full_state_dict(engine), memory_report(engine)
+
+    l0, w0, _ = run(0)
+    l3, w3, mem3 = run(3)
+    assert l0[-1] < l0[0] - 1e-3
+    assert max(abs(a - b) for a, b in zip(l0, l3, strict=True)) < 1e-6, (l0, l3)
+    assert max((w0[k] - w3[k]).abs().max().item() for k in w0) < 1e-6
+    n = sum(t.numel() for t in w0.values())
+    assert mem3["master"] == 0 and mem3["params"] == n * 4
+    assert mem3["optimizer"] >= 2 * n * 4

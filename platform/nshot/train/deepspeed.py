@@ -208,7 +208,40 @@ def build_engine(
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config(opts), model_parameters=None
     )
+    share_fp32_master(engine)
     return engine
+
+
+def share_fp32_master(engine: Any) -> int:
+    """Drop ZeRO-3's redundant fp32 master copy when the parameters are fp32 already.
+
+    DeepSpeed 0.19 means to reuse the partitioned parameters as the master weights when their
+    dtype and device match (``stage3.py``, "we don't need another copy of the weights"), but it
+    compares a ``torch.device`` with the device *string*, which is never equal, so it clones
+    every partition: fp32 ZeRO-3 then holds each parameter twice. Here the master tensor is made
+    a view of the partition it was cloned from (same values), so the optimizer steps the
+    partition in place and DeepSpeed's fp32 → partition copy after each step copies a tensor
+    onto itself. Optimizer state stays keyed by the same tensor objects. Returns the number of
+    sub-groups shared (0 for other stages, bf16/fp16, or offloaded optimizers).
+    """
+    opt = getattr(engine, "optimizer", None)
+    lp = getattr(opt, "fp16_partitioned_groups_flat", None)
+    hp = getattr(opt, "fp32_partitioned_groups_flat", None)
+    if not _zero3(engine) or not lp or not hp or getattr(opt, "offload_optimizer", False):
+        return 0
+    shared = 0
+    for low, master in zip(lp, hp):
+        if low is None or master is None or master.numel() != low.numel():
+            continue
+        if low.dtype != master.dtype or low.device != master.device:
+            continue
+        if master.untyped_storage().data_ptr() == low.untyped_storage().data_ptr():
+            continue  # already shared (a DeepSpeed that compares devices correctly)
+        if not torch.equal(master, low):
+            continue
+        master.data = low.data
+        shared += 1
+    return shared
 
 
 def _zero3(engine: Any) -> bool:
@@ -274,15 +307,21 @@ def memory_report(engine: Any) -> dict[str, float]:
     """Bytes this rank holds for the model's parameters and the optimizer, by kind.
 
     ``params``: model parameters resident on this rank (ZeRO-3: its partition only);
-    ``master``: fp32 master copies DeepSpeed keeps for the optimizer (ZeRO 1-3, bf16);
+    ``master``: fp32 master copies DeepSpeed keeps for the optimizer (ZeRO 1-3 with bf16; a
+    master tensor that shares storage with the parameters, see :func:`share_fp32_master`, is not
+    counted twice);
     ``optimizer``: optimizer state tensors (Adam moments) of this rank;
     ``grads``: gradient buffers of this rank; ``total`` = params + master + optimizer.
     """
     module = engine.module
     params = 0
+    storages: set[int] = set()
     for p in module.parameters():
         ds = getattr(p, "ds_tensor", None)
-        params += _nbytes(ds) if ds is not None else _nbytes(p)
+        t = ds if ds is not None else p
+        params += _nbytes(t)
+        if t.numel():
+            storages.add(t.untyped_storage().data_ptr())
     opt = engine.optimizer
     inner = getattr(opt, "optimizer", opt)  # DeepSpeed's ZeRO wrapper holds a torch optimizer
     state = 0
@@ -293,7 +332,12 @@ def memory_report(engine: Any) -> dict[str, float]:
     flat += list(getattr(opt, "single_partition_of_fp32_groups", None) or [])  # ZeRO-1/2
     if not flat:  # ZeRO-0 with bf16/fp16: DeepSpeed's unfused optimizer keeps fp32 copies
         flat = [t for group in getattr(opt, "fp32_groups", None) or [] for t in group]
-    master = sum(_nbytes(t) for t in flat if isinstance(t, torch.Tensor))
+    master = sum(
+        _nbytes(t)
+        for t in flat
+        if isinstance(t, torch.Tensor)
+        and not (t.numel() and t.untyped_storage().data_ptr() in storages)
+    )
     grads = sum(_nbytes(t.grad) for t in flat if isinstance(t, torch.Tensor) and t.grad is not None)
     if inner is opt:
         grads = sum(_nbytes(p.grad) for p in module.parameters() if p.grad is not None)
