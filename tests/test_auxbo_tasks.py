@@ -329,3 +329,73 @@ def test_family_dispatch():
     assert len(train) == 16 and len(test) == 4 and train[0].X.shape == (64, 4)
     with pytest.raises(ValueError):
         T.family("gripper")
+
+
+# ----------------------------------------------------------------------- perturbed variant
+
+
+def test_lcbench_perturbed_space_and_split():
+    space = T.lcbench_space("perturbed")
+    lr, alpha = space["params"][0], space["params"][1]
+    assert (lr["low"], lr["high"], alpha["low"], alpha["high"]) == (1e-4, 1.0, 1e-6, 1.0)
+    assert [p["name"] for p in space["params"]] == [p["name"] for p in T.lcbench_space()["params"]]
+    X, configs = T.lcbench_configs(64, seed=0, space=space)
+    assert X.shape == (64, 5) and max(c["learning_rate_init"] for c in configs) > 0.1
+    for x, c in zip(X, configs):
+        np.testing.assert_allclose(T.encode_config(c, space), x, atol=1e-6)
+    with pytest.raises(ValueError):
+        T.lcbench_space("noisy")
+    names = T.lcbench_p_task_names()
+    assert len(names) == len(set(names)) == 160 and names[7] == "lcbench-p/007"
+    split = T.lcbench_p_split(0)
+    assert sum(s == "test" for s in split.values()) == 56
+    assert T.lcbench_p_split(0) == split and T.lcbench_p_split(1) != split
+    with pytest.raises(KeyError):
+        T.lcbench_p_split(0, ["lcbench/iris"])
+    specs = [T.lcbench_p_spec(n) for n in names]
+    assert specs == [T.lcbench_p_spec(n) for n in names]  # deterministic
+    assert {s["base"] for s in specs} == {"digits", "wine", "breast_cancer", "iris"}
+    assert all(0.0 <= s["noise"] <= 0.4 and 0.1 <= s["scale"] <= 10.0 for s in specs)
+    assert all(24 <= s["n_train"] <= 256 for s in specs)
+    ks = {len(s["classes"]) for s in specs if s["base"] == "digits"}
+    assert min(ks) == 2 and max(ks) == 10
+    assert np.std([np.log10(s["scale"]) for s in specs]) > 0.4
+    with pytest.raises(KeyError):
+        T.lcbench_p_spec("lcbench-p/7")
+
+
+def test_lcbench_perturbed_data():
+    for name in ("lcbench-p/007", "lcbench-p/012"):
+        spec = T.lcbench_p_spec(name)
+        d = T.lcbench_data(name)
+        assert d.X_train.shape[0] == len(d.y_train) == spec["n_train"]
+        K = d.n_classes
+        assert set(d.y_train.tolist()) <= set(range(K)) and set(d.y_val.tolist()) == set(range(K))
+        # standardised on the training split, then scaled
+        np.testing.assert_allclose(d.X_train.mean(0), 0.0, atol=1e-6 * spec["scale"])
+        sd = d.X_train.std(0)
+        np.testing.assert_allclose(sd[sd > 0], spec["scale"], rtol=1e-6)
+        assert d.info["flipped"] == pytest.approx(spec["noise"], abs=0.15)
+    # the noise only touches training labels: the validation split is the clean one
+    v = T.lcbench_data("lcbench-p/012")
+    assert v.info["noise"] > 0.3 and v.info["n_val"] == len(v.y_val)
+
+
+def test_lcbench_perturbed_family_tiny(tmp_path):
+    names = ["lcbench-p/007", "lcbench-p/015"]
+    kw = dict(n_configs=3, seed=0, cache_dir=tmp_path, progress=False, epochs=2, parallel=False)
+    train, test = T.lcbench_family(names=names, variant="perturbed", **kw)
+    split = T.lcbench_p_split(0, names)
+    assert sorted(t.name for t in test) == sorted(n for n in names if split[n] == "test")
+    tasks = train + test
+    assert len(tasks) == 2
+    for t in tasks:
+        assert t.family == "lcbench" and t.h.shape == (3, 2, 2) and np.isfinite(t.h).all()
+        assert t.info["size"] == "perturbed" and "noise" in t.info
+    files = list(tmp_path.glob("*.parquet"))
+    assert len(files) == 1 and files[0].name.startswith("mini-lcbench-perturbed-n3-e2-s0-p1")
+    meta = json.loads(pq.read_schema(files[0]).metadata[b"auxbo"])
+    assert meta["params"]["variant"] == "perturbed"
+    assert meta["params"]["space"] == T.lcbench_space("perturbed")
+    with pytest.raises(ValueError):
+        T.lcbench_family(names=names, variant="noisy", **kw)

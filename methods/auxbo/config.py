@@ -39,6 +39,13 @@ class AuxBOConfig(MethodConfig):
     n_test_tasks: int = Field(100, ge=1, le=100_000, description="synthetic held-out tasks")
     n_candidates: int = Field(300, ge=8, le=100_000, description="synthetic designs per task")
     lcbench_configs: int = Field(100, ge=8, le=10_000, description="mini-LCBench designs")
+    lcbench_variant: Literal["perturbed", "clean"] = Field(
+        "clean",
+        description="mini-LCBench tasks: 'perturbed' (160 tasks from the bundled datasets with "
+        "drawn class subsets, training-set sizes, training-label noise and feature scales, a "
+        "wider lr/alpha space) or 'clean' (the original 110 digit-pair/wine/iris/breast-cancer "
+        "tasks, easy: about half of each task's configs are within 0.05 nats of the best)",
+    )
     lcbench_objective: Literal["neg_log_loss", "accuracy"] = Field(
         "neg_log_loss",
         description="mini-LCBench f: minus the final validation log-loss, or the final "

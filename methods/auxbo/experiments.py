@@ -210,6 +210,10 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         extra["prediction"][family] = {
             s: {str(n): v for n, v in r.items()} for s, r in pred.items()
         }
+        _log(
+            f"{family}: NLL at context 5: full {pred['auxbo'][5]['nll']:.3f}, f-only "
+            f"{pred['f_only'][5]['nll']:.3f}, h-shuffle {pred['h_shuffle'][5]['nll']:.3f}"
+        )
         for s in ("auxbo", "f_only", "h_shuffle"):
             rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"]
         rows["gp_ei"][f"{p}nll_ctx5"] = gp_nll(test, 5, m, stats, cfg.seed)

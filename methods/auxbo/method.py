@@ -92,12 +92,15 @@ def load_family(
         )
         return train, test, {"space": None, "space_hash": None}
     if family == "lcbench":
-        train, test = T.lcbench_family(n_configs=cfg.lcbench_configs, seed=cfg.seed)
+        train, test = T.lcbench_family(
+            n_configs=cfg.lcbench_configs, seed=cfg.seed, variant=cfg.lcbench_variant
+        )
         if cfg.lcbench_objective == "neg_log_loss":
             k = list(train[0].h_names).index("val_loss")
             for t in (*train, *test):
                 t.f = (-t.h[:, -1, k]).astype(np.float32)
-        return train, test, {"space": T.lcbench_tune_space(), "space_hash": None}
+        space = T.lcbench_tune_space(cfg.lcbench_variant)
+        return train, test, {"space": space, "space_hash": None}
     if family == "history":
         return history_family(cfg)
     raise NshotError(f"unknown task family {family!r}")

@@ -11,7 +11,10 @@ is better) and auxiliary information ``h`` per design:
   shared configurations, h = per-epoch validation (accuracy, log-loss) over 20 epochs,
   f = final validation accuracy. Computed once with one Ray task per dataset and cached as a
   Parquet file in the history format (``task_id``, ``family``, ``config``, ``x``, ``f``, ``h``,
-  ``h_shape``, ``split``); read back with pyarrow only.
+  ``h_shape``, ``split``); read back with pyarrow only. ``variant="perturbed"`` (the config
+  default): 160 harder, varied tasks from the same datasets (class subsets, training-set sizes,
+  training-label noise, feature scales; :func:`lcbench_p_spec`) over a wider space, f = minus
+  the final validation log-loss.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ import numpy as np
 
 __all__ = [
     "LCBENCH_EPOCHS",
+    "LCBENCH_P_TASKS",
+    "LCBENCH_P_VERSION",
+    "LCBENCH_VARIANTS",
     "LCBENCH_VERSION",
     "LOSS_CAP",
     "Task",
@@ -45,6 +51,9 @@ __all__ = [
     "lcbench_configs",
     "lcbench_data",
     "lcbench_family",
+    "lcbench_p_spec",
+    "lcbench_p_split",
+    "lcbench_p_task_names",
     "lcbench_space",
     "lcbench_split",
     "lcbench_task",
@@ -178,6 +187,7 @@ def synthetic_family(
 # --------------------------------------------------------------------------------------------
 
 LCBENCH_VERSION = "v1"
+LCBENCH_VARIANTS = ("clean", "perturbed")
 LCBENCH_EPOCHS = 20
 LOSS_CAP = 10.0  # validation log-loss is capped here; diverged runs record it
 LCBENCH_H_NAMES = ("val_acc", "val_loss")
@@ -195,21 +205,36 @@ _SPACE: dict[str, Any] = {
 }
 
 
-def lcbench_space() -> dict:
+_SPACE_P: dict[str, Any] = {
+    "name": "mini-lcbench-perturbed/mlp-sgd",
+    "params": [
+        {"name": "learning_rate_init", "type": "float", "low": 1e-4, "high": 1.0, "log": True},
+        {"name": "alpha", "type": "float", "low": 1e-6, "high": 1.0, "log": True},
+        {"name": "width", "type": "int", "low": 8, "high": 128, "log": True},
+        {"name": "batch_size", "type": "int", "low": 8, "high": 128, "log": True},
+        {"name": "momentum", "type": "float", "low": 0.5, "high": 0.99, "log": False},
+    ],
+}
+
+
+def lcbench_space(variant: str = "clean") -> dict:
     """The mini-LCBench hyperparameter space (JSON-able; ``params`` in the column order of X).
 
     Each parameter: ``name``, ``type`` ("float" | "int"), ``low``, ``high`` (both inclusive) and
-    ``log`` (encoded on a log scale). ``width`` is the single hidden layer's size.
+    ``log`` (encoded on a log scale). ``width`` is the single hidden layer's size. The
+    ``"perturbed"`` variant widens the learning rate to [1e-4, 1] and alpha to [1e-6, 1].
     """
-    return json.loads(json.dumps(_SPACE))
+    if variant not in LCBENCH_VARIANTS:
+        raise ValueError(f"unknown mini-LCBench variant {variant!r}: use one of {LCBENCH_VARIANTS}")
+    return json.loads(json.dumps(_SPACE_P if variant == "perturbed" else _SPACE))
 
 
-def lcbench_tune_space() -> dict:
+def lcbench_tune_space(variant: str = "clean") -> dict:
     """The same space as Ray Tune domains (``lograndint``'s upper bound is exclusive)."""
     from ray import tune
 
     out: dict[str, Any] = {}
-    for p in _SPACE["params"]:
+    for p in lcbench_space(variant)["params"]:
         lo, hi = p["low"], p["high"]
         if p["type"] == "int":
             out[p["name"]] = tune.lograndint(lo, hi + 1) if p["log"] else tune.randint(lo, hi + 1)
@@ -254,21 +279,24 @@ def decode_x(x: Sequence[float] | np.ndarray, space: Mapping[str, Any] | None = 
     return out
 
 
-def lcbench_configs(n_configs: int = 100, seed: int = 0) -> tuple[np.ndarray, list[dict]]:
+def lcbench_configs(
+    n_configs: int = 100, seed: int = 0, space: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, list[dict]]:
     """The shared designs: scrambled Sobol points (seeded) decoded to configs, re-encoded.
 
     Returns ``(X [n_configs, 5] float32, configs)``; X is the exact encoding of each (rounded)
-    config.
+    config. ``space``: default the mini-LCBench space (the perturbed variant passes its own).
     """
     from scipy.stats import qmc
 
+    space = space or _SPACE
     if n_configs < 1:
         raise ValueError("n_configs must be >= 1")
-    d = len(_SPACE["params"])
+    d = len(space["params"])
     m = max(0, math.ceil(math.log2(n_configs)))
     u = qmc.Sobol(d=d, scramble=True, seed=seed).random_base2(m)[:n_configs]
-    configs = [decode_x(row) for row in u]
-    X = np.stack([encode_config(c) for c in configs]).astype(np.float32)
+    configs = [decode_x(row, space) for row in u]
+    X = np.stack([encode_config(c, space) for c in configs]).astype(np.float32)
     return X, configs
 
 
@@ -335,6 +363,21 @@ def lcbench_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str
     return {n: out[n] for n in names}
 
 
+def lcbench_p_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str, str]:
+    """``{task name: "train" | "test"}`` of the perturbed variant: 56 of the 160 tasks held out
+    by a seeded permutation. ``names`` restricts the result (assignments do not change)."""
+    all_names = lcbench_p_task_names()
+    perm = _rng(seed, (4,)).permutation(len(all_names))
+    test = {all_names[int(i)] for i in perm[:_LCBENCH_P_TEST]}
+    out = {n: "test" if n in test else "train" for n in all_names}
+    if names is None:
+        return out
+    unknown = [n for n in names if n not in out]
+    if unknown:
+        raise KeyError(f"unknown perturbed mini-LCBench task(s): {unknown}")
+    return {n: out[n] for n in names}
+
+
 def _stable_seed(*parts: Any) -> np.random.SeedSequence:
     return np.random.SeedSequence([zlib.crc32(str(p).encode()) for p in parts])
 
@@ -357,6 +400,8 @@ def lcbench_data(name: str, seed: int = 0) -> _Data:
     keeps its validation set. One-vs-rest digit tasks subsample the rest class to the positive
     class's size. The StandardScaler is fit on the (final) training split. Labels are 0..K-1.
     """
+    if name.startswith("lcbench-p/"):
+        return _lcbench_p_data(name, seed)
     from sklearn import datasets
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
@@ -421,6 +466,104 @@ def lcbench_data(name: str, seed: int = 0) -> _Data:
         X_val=scaler.transform(X_va),
         y_val=y_va,
         n_classes=n_classes,
+        info=info,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# perturbed mini-LCBench: harder, varied tasks from the same bundled datasets
+# --------------------------------------------------------------------------------------------
+
+LCBENCH_P_VERSION = "p1"
+LCBENCH_P_TASKS = 160  # tasks of the perturbed variant
+_LCBENCH_P_TEST = 56  # held out (by a seeded permutation)
+_P_NAME = re.compile(r"lcbench-p/(\d{3})")
+_P_BASES = ("digits", "digits", "digits", "digits", "digits", "wine", "breast_cancer", "iris")
+_P_N_MIN, _P_N_MAX = 24, 256  # log-uniform training-set size (capped by the dataset)
+_P_NOISE_MAX = 0.4  # training labels flipped at a rate ~ U[0, 0.4]
+_P_LOG10_SCALE = (-1.0, 1.0)  # standardised features multiplied by 10^U[-1, 1]
+
+
+def lcbench_p_task_names(n_tasks: int = LCBENCH_P_TASKS) -> list[str]:
+    """``lcbench-p/000`` ... : the perturbed variant's tasks (each one's data: :func:`lcbench_p_spec`)."""
+    return [f"lcbench-p/{i:03d}" for i in range(n_tasks)]
+
+
+def lcbench_p_spec(name: str, seed: int = 0) -> dict:
+    """The perturbation of one perturbed-variant task, drawn from ``(seed, index)``.
+
+    ``base``: a bundled dataset (digits for 5 of every 8 indices, then wine, breast cancer,
+    iris); for digits ``classes``: k ~ U{2..10} random digits. ``n_train``: log-uniform in
+    [24, min(256, 75 % of the data)]; ``noise``: the fraction of training labels replaced by a
+    uniformly drawn other class, U[0, 0.4]; ``scale``: the standardised features are multiplied
+    by 10^U[-1, 1] (unstandardised inputs of unknown scale, which move the best learning rate).
+    The validation set (25 %, stratified) keeps its true labels.
+    """
+    m = _P_NAME.fullmatch(name)
+    if not m:
+        raise KeyError(f"unknown perturbed mini-LCBench task {name!r}")
+    i = int(m.group(1))
+    rng = np.random.default_rng(_stable_seed(seed, "perturbed", i))
+    base = _P_BASES[i % len(_P_BASES)]
+    n_all = {"digits": 1797, "wine": 178, "breast_cancer": 569, "iris": 150}[base]
+    classes = None
+    if base == "digits":
+        k = int(rng.integers(2, 11))
+        classes = sorted(int(c) for c in rng.choice(10, size=k, replace=False))
+        n_all = int(round(n_all * k / 10))
+    n_hi = min(_P_N_MAX, int(0.75 * n_all))
+    n_train = int(round(math.exp(rng.uniform(math.log(_P_N_MIN), math.log(n_hi)))))
+    return {
+        "base": base,
+        "classes": classes,
+        "n_train": n_train,
+        "noise": round(float(rng.uniform(0.0, _P_NOISE_MAX)), 4),
+        "scale": round(float(10 ** rng.uniform(*_P_LOG10_SCALE)), 4),
+    }
+
+
+def _lcbench_p_data(name: str, seed: int) -> _Data:
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    spec = lcbench_p_spec(name, seed)
+    rng = np.random.default_rng(_stable_seed(seed, "perturbed-data", name))
+    X, y = getattr(datasets, f"load_{spec['base']}")(return_X_y=True)
+    if spec["classes"] is not None:
+        keep = np.isin(y, spec["classes"])
+        X, y = X[keep], np.searchsorted(spec["classes"], y[keep])
+    X, y = X.astype(np.float64), y.astype(np.int64)
+    K = int(len(np.unique(y)))
+    X_tr, X_va, y_tr, y_va = train_test_split(
+        X, y, test_size=0.25, stratify=y, random_state=int(rng.integers(2**31 - 1))
+    )
+    n = min(spec["n_train"], len(y_tr) - K)
+    X_tr, _, y_tr, _ = train_test_split(
+        X_tr, y_tr, train_size=n, stratify=y_tr, random_state=int(rng.integers(2**31 - 1))
+    )
+    flip = rng.random(len(y_tr)) < spec["noise"]
+    other = (y_tr + rng.integers(1, K, size=len(y_tr))) % K  # a uniformly drawn other class
+    y_noisy = np.where(flip, other, y_tr)
+    scaler = StandardScaler().fit(X_tr)
+    info = {
+        "dataset": spec["base"],
+        "classes": spec["classes"] or list(range(K)),
+        "n_classes": K,
+        "n_train": int(len(y_tr)),
+        "n_val": int(len(y_va)),
+        "n_features": int(X.shape[1]),
+        "size": "perturbed",
+        "noise": spec["noise"],
+        "flipped": float(flip.mean()),
+        "scale": spec["scale"],
+    }
+    return _Data(
+        X_train=scaler.transform(X_tr) * spec["scale"],
+        y_train=y_noisy,
+        X_val=scaler.transform(X_va) * spec["scale"],
+        y_val=y_va,
+        n_classes=K,
         info=info,
     )
 
@@ -633,6 +776,8 @@ def lcbench_task(
 
 def _cost(name: str) -> int:
     """Rough relative cost (training-set size) for scheduling the largest tasks first."""
+    if name.startswith("lcbench-p/"):
+        return lcbench_p_spec(name)["n_train"]
     if name == "lcbench/digits":
         return 1440
     if name == "lcbench/breast_cancer":
@@ -905,8 +1050,15 @@ def lcbench_family(
     epochs: int = LCBENCH_EPOCHS,
     names: Sequence[str] | None = None,
     parallel: bool = True,
+    variant: str = "clean",
 ) -> tuple[list[Task], list[Task]]:
     """``(train_tasks, test_tasks)`` of mini-LCBench (spec §4, offline substitute 2, enlarged).
+
+    ``variant="perturbed"``: the 160 tasks of :func:`lcbench_p_task_names` (harder, varied
+    tasks drawn by :func:`lcbench_p_spec`: class subsets, training-set sizes, label noise, feature
+    scales) over the wider space :func:`lcbench_space` ``("perturbed")``, split 104 / 56 by
+    :func:`lcbench_p_split`; cached as ``mini-lcbench-perturbed-n…-{LCBENCH_P_VERSION}…``.
+    ``variant="clean"`` (the default here) is the original family described below.
 
     110 tasks (see :func:`lcbench_task_names`; ``names`` restricts to a subset), split by
     :func:`lcbench_split` into 54 train and 56 test tasks. All tasks share the ``n_configs``
@@ -917,18 +1069,23 @@ def lcbench_family(
     is written, so an interrupted computation resumes. An unreadable cache file is warned about and
     rebuilt.
     """
-    all_names = lcbench_task_names()
+    if variant not in LCBENCH_VARIANTS:
+        raise ValueError(f"unknown mini-LCBench variant {variant!r}: use one of {LCBENCH_VARIANTS}")
+    perturbed = variant == "perturbed"
+    splitter = lcbench_p_split if perturbed else lcbench_split
+    space = lcbench_space(variant)
     if names is None:
-        names = all_names
+        names = lcbench_p_task_names() if perturbed else lcbench_task_names()
         suffix = ""
     else:
         names = list(dict.fromkeys(names))
-        lcbench_split(seed, names)  # validates
+        splitter(seed, names)  # validates
         suffix = "-" + hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:10]
     cache_dir = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    stem = "mini-lcbench-perturbed" if perturbed else "mini-lcbench"
+    version = LCBENCH_P_VERSION if perturbed else LCBENCH_VERSION
     path = cache_dir / (
-        f"mini-lcbench-n{int(n_configs)}-e{int(epochs)}-s{int(seed)}-{LCBENCH_VERSION}{suffix}"
-        ".parquet"
+        f"{stem}-n{int(n_configs)}-e{int(epochs)}-s{int(seed)}-{version}{suffix}.parquet"
     )
     if path.exists():
         try:
@@ -939,7 +1096,7 @@ def lcbench_family(
         except Exception as err:  # corrupted or foreign file: rebuild
             warnings.warn(f"{path}: unreadable cache ({err}); recomputing", stacklevel=2)
 
-    X, configs = lcbench_configs(n_configs, seed)
+    X, configs = lcbench_configs(n_configs, seed, space)
     parts = path.with_name(path.stem + ".parts")
     parts.mkdir(parents=True, exist_ok=True)
     results = _load_parts(parts, names, n_configs, epochs)
@@ -947,16 +1104,17 @@ def lcbench_family(
         print(f"[auxbo] resuming: {len(results)} tasks already computed", file=sys.stderr)
     todo = [n for n in names if n not in results]
     results.update(_compute_all(todo, X, configs, epochs, seed, parallel, progress, parts))
-    split = lcbench_split(seed, names)
+    split = splitter(seed, names)
     train = [results[n] for n in names if split[n] == "train"]
     test = [results[n] for n in names if split[n] == "test"]
     params = {
         "family": "lcbench",
+        "variant": variant,
         "n_configs": int(n_configs),
         "epochs": int(epochs),
         "seed": int(seed),
-        "version": LCBENCH_VERSION,
-        "space": lcbench_space(),
+        "version": version,
+        "space": space,
     }
     write_tasks(path, train, test, metadata=params)
     shutil.rmtree(parts, ignore_errors=True)
@@ -974,8 +1132,8 @@ _PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "smoke": {"n_train": 16, "n_test": 4, "n_candidates": 64},
     },
     "lcbench": {
-        "paper": {"n_configs": 200},
-        "small": {"n_configs": 100},
+        "paper": {"n_configs": 200, "variant": "perturbed"},
+        "small": {"n_configs": 64, "variant": "perturbed"},
         "smoke": {"n_configs": 8, "epochs": 3},
     },
 }
