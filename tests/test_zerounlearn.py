@@ -247,3 +247,23 @@ def test_config_validation():
         method.config("smoke", n_forget=0)
     with pytest.raises(ConfigError, match="nope"):
         method.config("smoke", nope=1)
+
+
+def test_subject_first_requests_and_subject_split():
+    from nshot.method import ConfigError, get
+    from nshot.methods.zerounlearn.pipeline import candidate_requests, pools
+
+    method = get("zerounlearn")
+    cfg = method.config("small", rewrite_prompt="subject_first", split="subject")
+    reqs = candidate_requests(cfg)
+    assert all(r.template.startswith("{}") for r in reqs)
+    assert all(not p.startswith("{}") and p != r.template for r in reqs for p in r.paraphrases)
+    retain, forget = pools(reqs, "subject")
+    assert retain and forget and len(retain) + len(forget) == len(reqs)
+    assert not {r.subject for r in retain} & {r.subject for r in forget}
+    # the fact split keeps its old behaviour: halves of the facts, subjects may be shared
+    retain_f, forget_f = pools(reqs, "fact")
+    assert abs(len(retain_f) - len(forget_f)) <= 1
+    assert {r.subject for r in retain_f} & {r.subject for r in forget_f}
+    with pytest.raises(ConfigError, match="rewrite_prompt"):
+        candidate_requests(method.config("smoke", rewrite_prompt="subject_first"))

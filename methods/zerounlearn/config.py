@@ -46,6 +46,17 @@ class ZeroUnlearnConfig(MethodConfig):
         description="text of the key statistics: stdlib docstrings, or docstrings plus neutral "
         "sentences mentioning the fact entities (a stand-in for Wikipedia's coverage)",
     )
+    rewrite_prompt: Literal["relation_first", "subject_first"] = Field(
+        "relation_first",
+        description="real-model facts: the rewrite prompt names the relation before the subject "
+        "('The capital of {} is') or after it (\"{}'s capital is\"); the key at the subject's "
+        "last token then carries the subject alone. Paraphrases are the relation-first templates",
+    )
+    split: Literal["fact", "subject"] = Field(
+        "fact",
+        description="retain/forget pools split by fact, or by subject (no retain fact shares a "
+        "subject with a forget fact, as CounterFact's neighbourhood prompts)",
+    )
     gd_steps: int = Field(300, ge=1, le=100_000)
     gd_lr: float = Field(1e-3, gt=0.0)
     null_threshold: float = Field(0.01, ge=0.0)

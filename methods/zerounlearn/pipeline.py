@@ -79,10 +79,30 @@ def load_model(cfg: ZeroUnlearnConfig) -> tuple[Any, Any]:
     return model, tok
 
 
+SUBJECT_FIRST = {"capital": "{}'s capital is", "language": "{}'s official language is"}
+
+
 def candidate_requests(cfg: ZeroUnlearnConfig) -> list[EditRequest]:
     from nshot.data.lmtext import real_facts, synthetic_facts
 
-    facts = synthetic_facts() if cfg.model.startswith("tiny-") else real_facts()
+    tiny = cfg.model.startswith("tiny-")
+    if tiny and cfg.rewrite_prompt != "relation_first":
+        raise ConfigError(
+            "ZeroUnlearnConfig: field 'rewrite_prompt': 'subject_first' needs the real facts "
+            "of a pretrained model; the tiny LMs know their facts in fixed templates"
+        )
+    facts = synthetic_facts() if tiny else real_facts()
+    if cfg.rewrite_prompt == "subject_first":
+        return [
+            EditRequest(
+                SUBJECT_FIRST[f.relation],
+                f.subject,
+                f.answer,
+                tuple(t for t in f.templates if not t.startswith("{}")),
+                f.relation,
+            )
+            for f in facts
+        ]
     return [
         EditRequest(f.templates[0], f.subject, f.answer, tuple(f.templates[1:]), f.relation)
         for f in facts
@@ -125,6 +145,21 @@ class Setup:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def pools(
+    known: list[EditRequest], split: str = "fact"
+) -> tuple[list[EditRequest], list[EditRequest]]:
+    """Retain and forget pools: after a fixed shuffle, the first half of the facts (``fact``) or
+    of the subjects (``subject``: the pools share no subject) is the retain pool."""
+    if split == "fact":
+        kn = list(known)
+        random.Random(0).shuffle(kn)
+        return kn[: len(kn) // 2], kn[len(kn) // 2 :]
+    subjects = sorted({r.subject for r in known})
+    random.Random(0).shuffle(subjects)
+    keep = set(subjects[: len(subjects) // 2])
+    return [r for r in known if r.subject in keep], [r for r in known if r.subject not in keep]
+
+
 def split_requests(
     model: Any, tok: Any, cfg: ZeroUnlearnConfig, seed: int
 ) -> tuple[list[EditRequest], list[EditRequest], dict[str, Any]]:
@@ -134,9 +169,7 @@ def split_requests(
     cands = candidate_requests(cfg)
     known, _ = score(model, tok, [(r.prompt(), r.answer) for r in cands])
     kn = [r for r, k in zip(cands, known) if k]
-    random.Random(0).shuffle(kn)
-    half = len(kn) // 2
-    retain_pool, forget_pool = kn[:half], kn[half:]
+    retain_pool, forget_pool = pools(kn, cfg.split)
     if len(forget_pool) < cfg.n_forget:
         raise ConfigError(
             f"ZeroUnlearnConfig: field 'n_forget': {cfg.n_forget} exceeds the forget pool "
@@ -148,7 +181,12 @@ def split_requests(
     retain = (
         rng.sample(retain_pool, cfg.n_retain) if len(retain_pool) > cfg.n_retain else retain_pool
     )
-    info = {"candidates": len(cands), "known": len(kn), "retain_pool": len(retain_pool)}
+    info = {
+        "candidates": len(cands),
+        "known": len(kn),
+        "retain_pool": len(retain_pool),
+        "forget_pool": len(forget_pool),
+    }
     return forget, retain, info
 
 
