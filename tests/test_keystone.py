@@ -100,6 +100,19 @@ def test_delta_rows_train_only_delta(tiny) -> None:
     dm.remove_hooks()
 
 
+@torch.no_grad()
+def test_response_loss_equals_model_loss(tiny) -> None:
+    from nshot.methods.keystone.sft import ResponseLoss
+
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:5] = ids[:, 3:5]
+    ref = tiny(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert abs(float(ResponseLoss(tiny)(ids, mask, labels)) - float(ref)) < 1e-5
+
+
 def test_record_counts_decode_tokens_only(tiny) -> None:
     from nshot.methods.keystone.probe import activation_strengths
 

@@ -1,7 +1,8 @@
 """Keystone configuration and presets (spec: shared/methods/keystone.md, section 3).
 
 Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (checks 1–3) and runs the
-keystone SFT comparison (check 4) on nshot's tiny trained LM ``tiny-small``; ``smoke`` runs
+keystone SFT comparison (check 4) on the same model (25 steps of batch 8, one seed: what 2 CPU
+cores allow, see the README); ``smoke`` runs
 everything on ``tiny-smoke`` in seconds; ``paper`` probes any local or hub model
 (``model=<path or hub name>``, ``allow_download=true``) with the paper's prompt budget.
 """
@@ -70,7 +71,7 @@ class KeystoneConfig(MethodConfig):
     sft_batch: int = Field(32, ge=1, le=4096)
     sft_lr_keystone: float = Field(1e-3, gt=0.0, le=1.0)
     sft_lr_full: float = Field(1e-4, gt=0.0, le=1.0)
-    sft_eval_every: int = Field(100, ge=1)
+    sft_eval_every: int = Field(100, ge=1, description="log the SFT loss every N steps")
     sft_seeds: int = Field(3, ge=1, le=20)
     sft_eval_items: int = Field(
         100, ge=1, le=10_000, description="items per capability when judging forgetting"
@@ -92,11 +93,11 @@ class KeystoneConfig(MethodConfig):
             sft_steps=5, sft_batch=8, sft_eval_every=5, sft_seeds=1, steps=1,
         ),
         "small": dict(
-            model="smollm2", sft_model="tiny-small", probe_tokens=64, rho=0.02,
+            model="smollm2", sft_model="smollm2", probe_tokens=64, rho=0.02,
             mask_grid=[1, 2, 5, 10, 20, 30, 50, 90, 150, 250, 400, 690], max_fraction=0.005,
             eval_items=32, eval_candidates=120, ppl_texts=16, ppl_tokens=64, control_draws=5,
-            stability_groups=2, sft_steps=300, sft_batch=32, sft_seeds=3, steps=1,
-            torch_threads=2,
+            stability_groups=2, sft_steps=25, sft_batch=8, sft_lr_full=1e-4,
+            sft_lr_keystone=1e-3, sft_eval_every=5, sft_seeds=1, steps=1, torch_threads=2,
         ),
         "paper": dict(
             model="HuggingFaceTB/SmolLM2-360M-Instruct", allow_download=True, probe_tokens=256,

@@ -181,27 +181,48 @@ def train_loop(cfg: KeystoneConfig) -> None:
 # --------------------------------------------------------------------------- SFT comparison
 
 
-def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
+def sft_other_items(model, tok, source: str, cfg: KeystoneConfig) -> dict[str, list]:
+    """The capabilities whose loss is "forgetting": for a tiny LM its four synthetic
+    capabilities (``sft_eval_items`` each); for a pretrained model the natural suite the probe
+    uses, filtered to the items the unablated model answers (first ``sft_eval_items`` of them),
+    so its base ``acc_others`` is 1."""
+    from .evaluation import tiny_items
+
+    if cfg.suite(source) == "tiny":
+        return tiny_items(cfg.sft_eval_items)
+    ev, _ = build_evaluator(
+        model, tok, source, cfg.replace(eval_items=cfg.sft_eval_items, ppl_texts=0)
+    )
+    return ev.items
+
+
+def sft_comparison(cfg: KeystoneConfig, log=_log, probe: tuple | None = None) -> dict[str, Any]:
     """Check 4 on ``cfg.sft_model``: K* of that model, then full FT, keystone-only SFT and
-    random-rows SFT (same row count and module histogram) for ``sft_seeds`` seeds each."""
+    random-rows SFT (same row count and module histogram) for ``sft_seeds`` seeds each.
+
+    ``probe`` = ``(model, tok, space, res)`` of an earlier probe of ``cfg.sft_model`` (its first
+    prompt group) is reused instead of probing again."""
     from nshot.data.lmtext import tiny_sft_task
 
-    from .evaluation import tiny_items
     from .probe import module_matched_set
     from .sft import run_variant
 
     t0 = time.time()
     source = cfg.sft_model
-    scfg = cfg.replace(stability_groups=1)
-    _, tok, space, _, res = probe_model(
-        source, scfg, controls=False, calibration=False, stability=False
-    )
+    if probe is None:
+        scfg = cfg.replace(stability_groups=1)
+        model, tok, space, _, res = probe_model(
+            source, scfg, controls=False, calibration=False, stability=False
+        )
+    else:
+        model, tok, space, res = probe
     gids = [space.gid(k["layer"], k["module"], k["index"]) for k in res.keystones]
     if cfg.sft_keystones:
         gids = gids[: cfg.sft_keystones]
-    caps = tiny_items(cfg.sft_eval_items)
+    caps = sft_other_items(model, tok, source, cfg)
     target_ev = Evaluator(tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
     others_ev = Evaluator(tok, caps, batch_size=cfg.eval_batch)
+    log(f"SFT on {source}: {len(gids)} keystone rows; others {others_ev.n_items}")
 
     def evaluate_after(lm) -> dict[str, float]:
         o = others_ev(lm, ppl=False)
@@ -211,7 +232,8 @@ def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
         m, _ = load_model(source, cfg)
         return m
 
-    base = evaluate_after(factory())
+    base = evaluate_after(model)
+    del model
     log(f"SFT base ({source}): {base}")
     runs: dict[str, list[dict[str, Any]]] = {
         "sft_full": [],
@@ -242,6 +264,7 @@ def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
                 seed=seed,
                 deepspeed_opts=cfg.deepspeed,
                 evaluate_after=evaluate_after,
+                log_every=cfg.sft_eval_every,
                 log=log,
             )
             m = dict(out["metrics"])
@@ -262,6 +285,8 @@ def sft_comparison(cfg: KeystoneConfig, log=_log) -> dict[str, Any]:
         "curve": res.curve,
         "base_probe": res.base,
         "base": base,
+        "others_items": others_ev.n_items,
+        "target_items": len(tiny_sft_task("eval")),
         "runs": runs,
         "delta_state": deltas,
         "wall_s": time.time() - t0,
@@ -366,7 +391,7 @@ class KeystoneMethod(Method):
         t0 = time.time()
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        _, _, space, _, res = probe_model(cfg.model, cfg)
+        model, tok, space, _, res = probe_model(cfg.model, cfg)
         rows: dict[str, dict[str, float | None]] = {}
         stds: dict[str, dict[str, float | None]] = {}
         base_acc = res.base["acc"]
@@ -385,7 +410,8 @@ class KeystoneMethod(Method):
             rows[name], stds[name] = mean, std
         sft = None
         if cfg.sft:
-            sft = sft_comparison(cfg)
+            same = cfg.sft_model == cfg.model
+            sft = sft_comparison(cfg, probe=(model, tok, space, res) if same else None)
             b = sft["base"]
             rows["sft_base"] = {
                 "acc_target": b["acc_target"],
@@ -546,8 +572,11 @@ def summarize(cfg: KeystoneConfig, res, rows: dict, sft: dict | None, total: int
     if sft is not None:
         notes.append(
             f"SFT rows run on {sft['source']} (K* there: {len(sft['keystones'])} neurons, "
-            f"collapsed={sft['collapsed']}); ± = std over {cfg.sft_seeds} seeds; acc_others = "
-            "mean exact match on its 4 capabilities, forgetting = base - after."
+            f"collapsed={sft['collapsed']}); {cfg.sft_steps} steps of batch {cfg.sft_batch}, lr "
+            f"{cfg.sft_lr_full:g} (full FT) / {cfg.sft_lr_keystone:g} (rows); ± = std over "
+            f"{cfg.sft_seeds} seeds; acc_target on {sft['target_items']} held-out add items; "
+            f"acc_others = mean exact match on its 4 capabilities ({sft['others_items']} items, "
+            "for a pretrained model those it answers before SFT), forgetting = base - after."
         )
     md = [
         "## Collapse curve (zero the top-N ranked candidates)",
