@@ -11,8 +11,8 @@ is better) and auxiliary information ``h`` per design:
   shared configurations, h = per-epoch validation (accuracy, log-loss) over 20 epochs,
   f = final validation accuracy. Computed once with one Ray task per dataset and cached as a
   Parquet file in the history format (``task_id``, ``family``, ``config``, ``x``, ``f``, ``h``,
-  ``h_shape``, ``split``); read back with pyarrow only. ``variant="perturbed"`` (the config
-  default): 160 harder, varied tasks from the same datasets (class subsets, training-set sizes,
+  ``h_shape``, ``split``); read back with pyarrow only. ``variant="perturbed"`` (opt in,
+  config ``lcbench_variant``): 160 harder, varied tasks from the same datasets (class subsets, training-set sizes,
   training-label noise, feature scales; :func:`lcbench_p_spec`) over a wider space, f = minus
   the final validation log-loss.
 """
