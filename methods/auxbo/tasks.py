@@ -355,12 +355,17 @@ def lcbench_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str
     test_groups |= set(np.asarray(ovr)[rng.permutation(len(ovr))[:_TEST_DIGIT_OVR]].tolist())
     all_names = lcbench_task_names()
     out = {n: "test" if _always_test(n) or _group(n) in test_groups else "train" for n in all_names}
+    return _restrict(out, names, "mini-LCBench")
+
+
+def _restrict(split: dict[str, str], names: Sequence[str] | None, family: str) -> dict[str, str]:
+    """``split`` limited to ``names`` (all when None); an unknown name is a KeyError."""
     if names is None:
-        return out
-    unknown = [n for n in names if n not in out]
+        return split
+    unknown = [n for n in names if n not in split]
     if unknown:
-        raise KeyError(f"unknown mini-LCBench task(s): {unknown}")
-    return {n: out[n] for n in names}
+        raise KeyError(f"unknown {family} task(s): {unknown}")
+    return {n: split[n] for n in names}
 
 
 def lcbench_p_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str, str]:
@@ -370,12 +375,7 @@ def lcbench_p_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[s
     perm = _rng(seed, (4,)).permutation(len(all_names))
     test = {all_names[int(i)] for i in perm[:_LCBENCH_P_TEST]}
     out = {n: "test" if n in test else "train" for n in all_names}
-    if names is None:
-        return out
-    unknown = [n for n in names if n not in out]
-    if unknown:
-        raise KeyError(f"unknown perturbed mini-LCBench task(s): {unknown}")
-    return {n: out[n] for n in names}
+    return _restrict(out, names, "perturbed mini-LCBench")
 
 
 def _stable_seed(*parts: Any) -> np.random.SeedSequence:
