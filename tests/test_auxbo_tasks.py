@@ -399,3 +399,14 @@ def test_lcbench_perturbed_family_tiny(tmp_path):
     assert meta["params"]["space"] == T.lcbench_space("perturbed")
     with pytest.raises(ValueError):
         T.lcbench_family(names=names, variant="noisy", **kw)
+
+
+def test_split_restriction_rejects_unknown_task_names():
+    split = T.lcbench_p_split()
+    assert sorted(split.values()).count("test") == 56 and len(split) == 160
+    some = list(split)[:3]
+    assert T.lcbench_p_split(names=some) == {n: split[n] for n in some}
+    with pytest.raises(KeyError, match="perturbed mini-LCBench"):
+        T.lcbench_p_split(names=["lcbench-p/nope"])
+    with pytest.raises(KeyError, match="unknown mini-LCBench"):
+        T.lcbench_split(names=["lcbench/nope"])
