@@ -306,3 +306,26 @@ def test_gp_finds_the_max_of_an_easy_task_faster_than_random():
     gp = np.mean([steps_to_max(GPEIProposer(), s) for s in seeds])
     rnd = np.mean([steps_to_max(RandomProposer(), s) for s in seeds])
     assert gp < rnd and gp <= 8
+
+
+def test_meta_train_keeps_the_step_with_the_lowest_held_back_nll():
+    from nshot.method import NshotError
+    from nshot.methods.auxbo.config import AuxBOConfig
+    from nshot.methods.auxbo.method import meta_train, selection_nll, selection_split
+
+    tasks = _tasks(12)
+    stats = family_stats(tasks)
+    cfg = AuxBOConfig.from_preset("smoke", steps=12, select_tasks=3, select_every=4, lr=3e-2)
+    fit, held = selection_split(cfg, tasks)
+    assert len(fit) == 9 and len(held) == 3 and not {t.name for t in fit} & {t.name for t in held}
+    assert selection_split(cfg, tasks) == (fit, held)  # seeded
+    sel: dict = {}
+    model, _ = meta_train(cfg, tasks, stats, True, selection=sel)
+    assert sel["steps"] == [4, 8, 12] and sel["tasks"] == [t.name for t in held]
+    assert sel["best_nll"] == min(sel["nll"]) and sel["best_step"] in sel["steps"]
+    m = min(cfg.m_targets, 59)
+    assert selection_nll(model, held, m, stats, cfg.seed) == pytest.approx(
+        sel["best_nll"], abs=1e-6
+    )
+    with pytest.raises(NshotError, match="leaves no history task"):
+        selection_split(AuxBOConfig.from_preset("smoke", select_tasks=12), tasks)

@@ -410,3 +410,18 @@ def test_split_restriction_rejects_unknown_task_names():
         T.lcbench_p_split(names=["lcbench-p/nope"])
     with pytest.raises(KeyError, match="unknown mini-LCBench"):
         T.lcbench_split(names=["lcbench/nope"])
+
+
+def test_extra_perturbed_tasks_are_history_and_the_held_out_ones_stay():
+    base = T.lcbench_p_split(0)
+    names = T.lcbench_p_task_names(200)
+    split = T.lcbench_p_split(0, names)
+    assert {n: split[n] for n in base} == base  # the first 160 keep their assignment
+    assert all(split[n] == "train" for n in names[160:])
+    assert T.lcbench_p_spec("lcbench-p/321") != T.lcbench_p_spec("lcbench-p/322")
+    with pytest.raises(ValueError, match="1..1000"):
+        T.lcbench_p_task_names(1001)
+    with pytest.raises(ValueError, match="n_tasks must be in"):
+        T.lcbench_family(variant="perturbed", n_tasks=100, progress=False)
+    with pytest.raises(ValueError, match="perturbed variant"):
+        T.lcbench_family(variant="clean", n_tasks=200, progress=False)

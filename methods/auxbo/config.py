@@ -34,6 +34,15 @@ class AuxBOConfig(MethodConfig):
     n_max: int = Field(20, ge=1, le=1000, description="largest context size")
     m_targets: int = Field(32, ge=1, le=10_000, description="targets per task and batch")
     grad_clip: float = Field(1.0, gt=0.0)
+    select_tasks: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="history tasks held back from meta-training (seeded) to pick the step "
+        "with the lowest few-shot NLL on them (early stopping against meta-overfitting); 0: "
+        "train on every history task and keep the last step",
+    )
+    select_every: int = Field(250, ge=1, le=1_000_000, description="steps between selections")
     # task families
     n_train_tasks: int = Field(500, ge=1, le=100_000, description="synthetic history tasks")
     n_test_tasks: int = Field(100, ge=1, le=100_000, description="synthetic held-out tasks")
@@ -45,6 +54,13 @@ class AuxBOConfig(MethodConfig):
         "drawn class subsets, training-set sizes, training-label noise and feature scales, a "
         "wider lr/alpha space) or 'clean' (the original 110 digit-pair/wine/iris/breast-cancer "
         "tasks, easy: about half of each task's configs are within 0.05 nats of the best)",
+    )
+    lcbench_tasks: int = Field(
+        160,
+        ge=160,
+        le=1000,
+        description="perturbed variant: tasks drawn (the 56 held-out tasks are always among the "
+        "first 160; every task beyond them is an extra history task)",
     )
     lcbench_objective: Literal["neg_log_loss", "accuracy"] = Field(
         "neg_log_loss",
@@ -85,13 +101,15 @@ class AuxBOConfig(MethodConfig):
         "small": dict(
             d=64, heads=4, layers_h=1, layers=3, n_max=20, m_targets=32, batch_tasks=16,
             steps=4000, lr=3e-4, log_every=100, checkpoint_every=1000, n_train_tasks=500,
-            n_test_tasks=100, n_candidates=300, lcbench_configs=100, budget=20, eval_tasks=20,
-            bo_tasks=60,
+            n_test_tasks=100, n_candidates=300, lcbench_configs=64, lcbench_variant="perturbed",
+            lcbench_tasks=480, select_tasks=40, select_every=250, budget=20, eval_tasks=20,
+            bo_tasks=60, families=["lcbench", "synthetic"],
         ),
         "paper": dict(
             d=256, heads=8, layers_h=2, layers=6, n_max=30, m_targets=32, batch_tasks=32,
             steps=100_000, lr=1e-4, log_every=500, checkpoint_every=10_000, budget=30,
             n_train_tasks=5000, n_test_tasks=1000, lcbench_configs=200, bo_tasks=100,
+            lcbench_variant="perturbed", lcbench_tasks=1000, select_tasks=100, select_every=2000,
         ),
     }  # fmt: skip
 

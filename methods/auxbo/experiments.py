@@ -48,10 +48,17 @@ def _train_model(cfg_dict: dict[str, Any], family: str, use_h: bool) -> dict[str
     train, _, _ = load_family(cfg, family)
     stats = family_stats(train)
     t0 = time.time()
+    selection: dict[str, Any] = {}
     model, losses = meta_train(
-        cfg, train, stats, use_h, progress=f"{family} {'full' if use_h else 'f-only'}"
+        cfg,
+        train,
+        stats,
+        use_h,
+        progress=f"{family} {'full' if use_h else 'f-only'}",
+        selection=selection,
     )
     return {
+        "selection": selection,
         "state": {k: v.numpy() for k, v in model.state_dict().items()},
         "tnp": model.cfg.to_dict(),
         "stats": stats,
@@ -195,6 +202,8 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             "f_only_seconds": fonly["seconds"],
             "full_losses": full["losses"],
             "f_only_losses": fonly["losses"],
+            "full_selection": full["selection"],
+            "f_only_selection": fonly["selection"],
         }
         # ---- prediction
         stats = full["stats"]
@@ -275,7 +284,15 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         )
         notes.append(
             f"{family}: {len(train)} history tasks, {n} held-out tasks; meta-training "
-            f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only); BO budget "
+            f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only)"
+            + (
+                f", steps kept by held-back NLL on {cfg.select_tasks} history tasks: full "
+                f"{full['selection']['best_step']}, f-only {fonly['selection']['best_step']} "
+                f"of {cfg.steps}"
+                if full["selection"]
+                else ""
+            )
+            + "; BO budget "
             f"{cfg.budget}, n_init {cfg.n_init}; paired one-sided Wilcoxon p (aux-BO lower): "
             + ", ".join(f"{k} {v:.2g}" for k, v in pv.items() if not k.endswith("@5"))
         )

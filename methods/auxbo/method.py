@@ -93,7 +93,10 @@ def load_family(
         return train, test, {"space": None, "space_hash": None}
     if family == "lcbench":
         train, test = T.lcbench_family(
-            n_configs=cfg.lcbench_configs, seed=cfg.seed, variant=cfg.lcbench_variant
+            n_configs=cfg.lcbench_configs,
+            seed=cfg.seed,
+            variant=cfg.lcbench_variant,
+            n_tasks=cfg.lcbench_tasks if cfg.lcbench_variant == "perturbed" else None,
         )
         if cfg.lcbench_objective == "neg_log_loss":
             k = list(train[0].h_names).index("val_loss")
@@ -129,6 +132,33 @@ def batch_shape(cfg: AuxBOConfig, tasks: list[Task]) -> tuple[int, int]:
     return max(1, min(cfg.n_max, smallest - m)), m
 
 
+SELECT_CONTEXTS = (1, 2, 5, 10)  # context sizes whose mean NLL picks the step (select_tasks)
+
+
+def selection_split(cfg: AuxBOConfig, train: list[Task]) -> tuple[list[Task], list[Task]]:
+    """``(fit, select)``: ``cfg.select_tasks`` history tasks held back (seeded) for picking the
+    meta-training step; ``select`` is empty when ``select_tasks`` is 0."""
+    k = cfg.select_tasks
+    if k == 0:
+        return list(train), []
+    if k >= len(train):
+        raise NshotError(
+            f"select_tasks={k} leaves no history task to train on ({len(train)} history tasks)"
+        )
+    perm = np.random.default_rng([cfg.seed, 7919]).permutation(len(train))
+    held = set(int(i) for i in perm[:k])
+    fit = [t for i, t in enumerate(train) if i not in held]
+    return fit, [train[i] for i in sorted(held)]
+
+
+def selection_nll(model: TNP, tasks: list[Task], m: int, stats: dict[str, Any], seed: int) -> float:
+    """Mean NLL over :data:`SELECT_CONTEXTS` (those that fit) on held-back history tasks."""
+    smallest = min(len(t.f) for t in tasks)
+    sizes = tuple(n for n in SELECT_CONTEXTS if n + m <= smallest) or (1,)
+    pred = evaluate_prediction(model, tasks, sizes, min(m, smallest - max(sizes)), stats, seed=seed)
+    return float(np.mean([pred[n]["nll"] for n in sizes]))
+
+
 def meta_train(
     cfg: AuxBOConfig,
     train: list[Task],
@@ -136,15 +166,26 @@ def meta_train(
     use_h: bool,
     *,
     progress: str | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> tuple[TNP, list[float]]:
-    """Meta-train one TNP in-process (used by experiments(); train_loop reports through Ray)."""
+    """Meta-train one TNP in-process (used by experiments(); train_loop reports through Ray).
+
+    With ``cfg.select_tasks`` > 0 the model is trained on the other history tasks and the
+    returned weights are those of the evaluated step (every ``cfg.select_every``) with the
+    lowest :func:`selection_nll` on the held-back ones; ``selection`` (a dict, if given)
+    receives ``best_step``, ``best_nll``, ``steps`` and ``nll`` (the curve)."""
     torch.manual_seed(cfg.seed)
+    fit, held = selection_split(cfg, train)
     model = TNP(tnp_config(cfg, train, use_h))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     n_max, m = batch_shape(cfg, train)
     losses = []
     t0 = time.time()
     window = []
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    curve_steps: list[int] = []
+    curve_nll: list[float] = []
+    train = fit
     for step in range(1, cfg.steps + 1):
         rng = np.random.default_rng([cfg.seed, step])
         batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
@@ -154,13 +195,31 @@ def meta_train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         window.append(float(loss.detach()))
+        if held and (step % cfg.select_every == 0 or step == cfg.steps):
+            val = selection_nll(model, held, m, stats, cfg.seed)
+            model.train()
+            curve_steps.append(step)
+            curve_nll.append(val)
+            if best is None or val < best[0]:
+                best = (val, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
         if step % cfg.log_every == 0 or step == cfg.steps:
             losses.append(float(np.mean(window)))
             window = []
             if progress:
+                sel = f", held-back nll {curve_nll[-1]:.3f}" if curve_nll else ""
                 _log(
-                    f"{progress}: step {step}/{cfg.steps} nll {losses[-1]:.3f} ({time.time() - t0:.0f}s)"
+                    f"{progress}: step {step}/{cfg.steps} nll {losses[-1]:.3f}{sel} "
+                    f"({time.time() - t0:.0f}s)"
                 )
+    if best is not None:
+        model.load_state_dict(best[2])
+        if progress:
+            _log(f"{progress}: kept step {best[1]} (held-back nll {best[0]:.3f})")
+        if selection is not None:
+            selection.update(
+                best_step=best[1], best_nll=best[0], steps=curve_steps, nll=curve_nll,
+                tasks=[t.name for t in held],
+            )  # fmt: skip
     model.eval()
     return model, losses
 
@@ -195,6 +254,8 @@ class AuxBOMethod(Method):
         restored = session.restore(model, opt)
         start = restored.step if restored else 0
         n_max, m = batch_shape(cfg, train)
+        train, held = selection_split(cfg, train)  # held: picks the step that is kept
+        best: tuple[float, int, dict[str, torch.Tensor]] | None = None
         val = test[: cfg.eval_tasks]
         n_val = min(5, n_max, min(len(t.f) for t in val) - 1)
         extra = {
@@ -204,7 +265,7 @@ class AuxBOMethod(Method):
             "space": info.get("space"),
             "space_hash": info.get("space_hash"),
             "history_method": info.get("method"),
-            "tasks": {"train": len(train), "test": len(test)},
+            "tasks": {"train": len(train), "held_back": len(held), "test": len(test)},
         }
         window = []
         for step in range(start + 1, cfg.steps + 1):
@@ -219,14 +280,26 @@ class AuxBOMethod(Method):
             opt.step()
             window.append(float(loss.detach()))
             is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-            if step % cfg.log_every == 0 or is_ckpt:
+            select = bool(held) and (step % cfg.select_every == 0 or step == cfg.steps)
+            if select:
+                net = session.unwrap(model)
+                sel = selection_nll(net, held, m, stats, cfg.seed)
+                if best is None or sel < best[0]:
+                    best = (sel, step, {k: v.detach().clone() for k, v in net.state_dict().items()})
+                if step == cfg.steps:  # the final checkpoint holds the selected step's weights
+                    net.load_state_dict(best[2])
+                    sel = best[0]
+                    _log(f"kept step {best[1]} (held-back nll {best[0]:.3f})")
+            if step % cfg.log_every == 0 or is_ckpt or select:
                 net = session.unwrap(model)
                 net.eval()
                 pred = evaluate_prediction(
                     net, val, n_ctx_list=(n_val,), m_targets=m, stats=stats, seed=cfg.seed
                 )
-                metrics = {"loss": float(np.mean(window)), "val_nll": pred[n_val]["nll"],
-                           "val_mse": pred[n_val]["mse"]}  # fmt: skip
+                metrics = {"loss": float(np.mean(window or [float("nan")])),
+                           "val_nll": pred[n_val]["nll"], "val_mse": pred[n_val]["mse"]}  # fmt: skip
+                if best is not None:
+                    metrics.update(select_nll=sel if select else best[0], kept_step=best[1])
                 window = []
                 session.report(
                     metrics,

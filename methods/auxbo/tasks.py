@@ -375,6 +375,10 @@ def lcbench_p_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[s
     perm = _rng(seed, (4,)).permutation(len(all_names))
     test = {all_names[int(i)] for i in perm[:_LCBENCH_P_TEST]}
     out = {n: "test" if n in test else "train" for n in all_names}
+    # tasks beyond the first LCBENCH_P_TASKS (``lcbench_tasks`` > 160) are extra history tasks:
+    # the held-out 56 never change
+    extra = [n for n in names or () if n not in out and _P_NAME.fullmatch(n)]
+    out.update({n: "train" for n in extra})
     return _restrict(out, names, "perturbed mini-LCBench")
 
 
@@ -477,6 +481,7 @@ def lcbench_data(name: str, seed: int = 0) -> _Data:
 LCBENCH_P_VERSION = "p1"
 LCBENCH_P_TASKS = 160  # tasks of the perturbed variant
 _LCBENCH_P_TEST = 56  # held out (by a seeded permutation)
+LCBENCH_P_MAX_TASKS = 1000  # names have three digits
 _P_NAME = re.compile(r"lcbench-p/(\d{3})")
 _P_BASES = ("digits", "digits", "digits", "digits", "digits", "wine", "breast_cancer", "iris")
 _P_N_MIN, _P_N_MAX = 24, 256  # log-uniform training-set size (capped by the dataset)
@@ -486,6 +491,10 @@ _P_LOG10_SCALE = (-1.0, 1.0)  # standardised features multiplied by 10^U[-1, 1]
 
 def lcbench_p_task_names(n_tasks: int = LCBENCH_P_TASKS) -> list[str]:
     """``lcbench-p/000`` ... : the perturbed variant's tasks (each one's data: :func:`lcbench_p_spec`)."""
+    if not 1 <= n_tasks <= LCBENCH_P_MAX_TASKS:
+        raise ValueError(
+            f"perturbed mini-LCBench has 1..{LCBENCH_P_MAX_TASKS} tasks, not {n_tasks}"
+        )
     return [f"lcbench-p/{i:03d}" for i in range(n_tasks)]
 
 
@@ -1051,6 +1060,7 @@ def lcbench_family(
     names: Sequence[str] | None = None,
     parallel: bool = True,
     variant: str = "clean",
+    n_tasks: int | None = None,
 ) -> tuple[list[Task], list[Task]]:
     """``(train_tasks, test_tasks)`` of mini-LCBench (spec §4, offline substitute 2, enlarged).
 
@@ -1058,6 +1068,8 @@ def lcbench_family(
     tasks drawn by :func:`lcbench_p_spec`: class subsets, training-set sizes, label noise, feature
     scales) over the wider space :func:`lcbench_space` ``("perturbed")``, split 104 / 56 by
     :func:`lcbench_p_split`; cached as ``mini-lcbench-perturbed-n…-{LCBENCH_P_VERSION}…``.
+    ``n_tasks`` (perturbed only, ≥ 160) draws more tasks the same way: the extra ones are all
+    history tasks (the 56 held-out tasks stay the same); cached with a ``-t{n_tasks}`` suffix.
     ``variant="clean"`` (the default here) is the original family described below.
 
     110 tasks (see :func:`lcbench_task_names`; ``names`` restricts to a subset), split by
@@ -1074,9 +1086,16 @@ def lcbench_family(
     perturbed = variant == "perturbed"
     splitter = lcbench_p_split if perturbed else lcbench_split
     space = lcbench_space(variant)
+    if n_tasks is not None and (not perturbed or names is not None):
+        raise ValueError("n_tasks is for the perturbed variant without names")
+    if n_tasks is not None and not LCBENCH_P_TASKS <= n_tasks <= LCBENCH_P_MAX_TASKS:
+        raise ValueError(
+            f"n_tasks must be in [{LCBENCH_P_TASKS}, {LCBENCH_P_MAX_TASKS}] (got {n_tasks})"
+        )
     if names is None:
-        names = lcbench_p_task_names() if perturbed else lcbench_task_names()
-        suffix = ""
+        n_p = n_tasks or LCBENCH_P_TASKS
+        names = lcbench_p_task_names(n_p) if perturbed else lcbench_task_names()
+        suffix = f"-t{n_p}" if perturbed and n_p != LCBENCH_P_TASKS else ""
     else:
         names = list(dict.fromkeys(names))
         splitter(seed, names)  # validates
