@@ -11,9 +11,12 @@ picks its accelerator once per process), and compares:
    tiny Llama over 8 steps against the CPU fp32 run, and the gathered checkpoint reloaded into
    plain transformers giving the engine's logits;
 2. ZeroUnlearn's core step: the closed-form multiplicative edit D = A B^-1 of one down_proj
-   (float64 solve) on the GPU against the CPU;
+   (float64 solve) on the GPU against the CPU, and the whole edit on a small model placed on
+   the device as the method places it (``resolve_device``, the ``device`` config field): key
+   statistics, δ targets, keys at the subject, ``apply_edit``, then the teacher-forced metrics;
 3. keystone's core step: the activation probe's per-neuron strengths and the top-k neurons of a
-   small model on the GPU against the CPU, and a hooked masking forward pass.
+   small model on the GPU against the CPU, a hooked masking forward pass, Δ rows (keystone SFT's
+   parametrisation) created from the model on the device, and the capability evaluator.
 
 On a machine without a GPU it runs the CPU side only and says so (exit 0), which is how CI
 keeps the script working.
@@ -96,7 +99,50 @@ def check_zerounlearn(device: str) -> dict:
     vkt = 15000.0 * w @ k_w @ k_w.T / k_w.shape[1] + 50.0 * v_f @ k_f.T
     p = soft_projector(sensitive_basis(v_s), 0.01)
     w_new = closed_form_d(w, kkt, vkt, p, 1.0) @ w
-    return {"w_new": w_new.cpu().flatten()[:64].tolist(), "norm": float(w_new.norm())}
+    return {
+        "w_new": w_new.cpu().flatten()[:64].tolist(),
+        "norm": float(w_new.norm()),
+        **check_zerounlearn_edit(device),
+    }
+
+
+ZU_SUBJECTS = ("alpha", "beta", "gamma", "delta")
+ZU_ANSWERS = ("red", "green", "blue", "north")
+
+
+def check_zerounlearn_edit(device: str) -> dict:
+    """The method's own edit steps on a small random model on ``device``: every tensor they
+    make follows the model's parameters, statistics and the float64 algebra included."""
+    from nshot.methods.zerounlearn import edit as E
+    from nshot.methods.zerounlearn.evaluation import perplexity
+    from nshot.nn.lm import resolve_device
+    from nshot.nn.tinylm import build_tokenizer
+
+    texts = [f"the capital of {s} is {a} ." for s, a in zip(ZU_SUBJECTS, ZU_ANSWERS)]
+    texts += ["because people speak of the city and you know it is a country ."] * 4
+    tok = build_tokenizer(texts)
+    model = _tiny_model(seed=7, vocab=len(tok)).to(resolve_device(device)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    reqs = [
+        E.EditRequest("the capital of {} is", s, a, (), "capital")
+        for s, a in zip(ZU_SUBJECTS, ZU_ANSWERS)
+    ]
+    stats = E.key_statistics(model, tok, texts * 20, [0], 1000, use_cache=False)
+    hp = E.EditHParams(layers=(0,), lam_w=15000.0)
+    prep = E.prepare(model, tok, reqs, ["{}"], stats, hp, E.DeltaHParams(steps=5), 1)
+    w0 = E.mlp(model, 0).down_proj.weight.detach().double().cpu()
+    diag = E.apply_edit(model, tok, reqs, prep, hp, "zerounlearn")
+    w1 = E.edited_weights(model, [0])["layers.0.down_proj"].double()
+    ppl = perplexity(model, tok, [E.encode(tok, t) for t in texts])
+    return {
+        "edit_param_device": str(E.mlp(model, 0).down_proj.weight.device),
+        "edit_stats_device": str(stats[0].kk_sum.device),
+        "edit_change": (w1 - w0).flatten()[:64].tolist(),
+        "edit_change_norm": float((w1 - w0).norm()),
+        "edit_ortho_ratio": diag["layers"][0]["ortho_ratio"],
+        "edit_ppl": ppl,
+    }
 
 
 def check_keystone(device: str) -> dict:
@@ -122,12 +168,33 @@ def check_keystone(device: str) -> dict:
     x = _batch().remainder(len(tok)).to(device)
     with torch.no_grad(), NeuronHooks(space, scale=(top, 0.0)):
         masked = model(input_ids=x).logits.float().cpu()
-    return {"top": top, "masked_logits_mean": float(masked.mean())}
+    # Δ rows built from the model on the device (as keystone SFT and the predictor build them)
+    from nshot.methods.keystone.evaluation import Evaluator
+    from nshot.methods.keystone.neurons import DeltaRows
+
+    delta = DeltaRows(space, top)
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for p in delta.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        with NeuronHooks(space, delta=delta):
+            shifted = model(input_ids=x).logits.float().cpu()
+    texts = [" ".join(prompts), " ".join(reversed(prompts))]
+    ev = Evaluator(tok, {"facts": [(p, "x") for p in prompts]}, texts, ppl_tokens=32)
+    return {
+        "top": top,
+        "masked_logits_mean": float(masked.mean()),
+        "delta_device": str(next(delta.parameters()).device),
+        "delta_logits_mean": float(shifted.mean()),
+        "ppl": ev(model)["ppl"],
+    }
 
 
 def run(device: str, workdir: Path) -> dict:
+    from nshot.nn.lm import resolve_device
+
     os.environ["DS_ACCELERATOR"] = "cuda" if device == "cuda" else "cpu"
-    result: dict = {"device": device}
+    result: dict = {"device": str(resolve_device(device))}
     result["deepspeed_fp32"] = check_deepspeed(device, "fp32", workdir)
     if device == "cuda":
         result["deepspeed_bf16"] = check_deepspeed(device, "bf16", workdir)
@@ -151,10 +218,35 @@ def compare(gpu: dict, cpu: dict) -> list[tuple[str, bool, str]]:
     rows.append(
         ("ZeroUnlearn closed form, GPU vs CPU", wz.abs().max() < 1e-6, f"{wz.abs().max():.2e}")
     )
-    same = gpu["keystone"]["top"] == cpu["keystone"]["top"]
-    rows.append(("keystone top-10 neurons, GPU vs CPU", same, f"{gpu['keystone']['top']}"))
-    dm = abs(gpu["keystone"]["masked_logits_mean"] - cpu["keystone"]["masked_logits_mean"])
+    zg, zc = gpu["zerounlearn"], cpu["zerounlearn"]
+    placed = zg["edit_param_device"].startswith("cuda") and zg["edit_stats_device"].startswith(
+        "cuda"
+    )
+    rows.append(
+        (
+            "ZeroUnlearn edit runs on the GPU (weights, key statistics)",
+            placed,
+            f"{zg['edit_param_device']}, {zg['edit_stats_device']}",
+        )
+    )
+    dz = torch.tensor(zg["edit_change"]) - torch.tensor(zc["edit_change"])
+    rel = float(dz.norm() / torch.tensor(zc["edit_change"]).norm().clamp_min(1e-30))
+    rows.append(("ZeroUnlearn edit ΔW, GPU vs CPU (relative)", rel < 1e-2, f"{rel:.2e}"))
+    rn = abs(zg["edit_change_norm"] - zc["edit_change_norm"]) / max(zc["edit_change_norm"], 1e-30)
+    rows.append(("ZeroUnlearn edit ‖ΔW‖, GPU vs CPU (relative)", rn < 1e-3, f"{rn:.2e}"))
+    dp = abs(zg["edit_ppl"] - zc["edit_ppl"]) / zc["edit_ppl"]
+    rows.append(("ZeroUnlearn perplexity after the edit, GPU vs CPU", dp < 1e-3, f"{dp:.2e}"))
+    kg, kc = gpu["keystone"], cpu["keystone"]
+    same = kg["top"] == kc["top"]
+    rows.append(("keystone top-10 neurons, GPU vs CPU", same, f"{kg['top']}"))
+    dm = abs(kg["masked_logits_mean"] - kc["masked_logits_mean"])
     rows.append(("keystone masked forward, GPU vs CPU", dm < 1e-3, f"diff {dm:.2e}"))
+    on_gpu = kg["delta_device"].startswith("cuda")
+    rows.append(("keystone Δ rows created on the GPU", on_gpu, kg["delta_device"]))
+    dd = abs(kg["delta_logits_mean"] - kc["delta_logits_mean"])
+    rows.append(("keystone Δ-rows forward, GPU vs CPU", dd < 1e-3, f"diff {dd:.2e}"))
+    dk = abs(kg["ppl"] - kc["ppl"]) / kc["ppl"]
+    rows.append(("keystone evaluator perplexity, GPU vs CPU (relative)", dk < 1e-3, f"{dk:.2e}"))
     return rows
 
 

@@ -170,6 +170,20 @@ def test_config_errors() -> None:
     assert get("keystone").config("small").model == "smollm2"
 
 
+def test_device_field(monkeypatch) -> None:
+    from nshot.methods.keystone.method import load_model
+    from nshot.nn.lm import DeviceError
+
+    assert KeystoneConfig.from_preset("smoke").device == "auto"
+    assert KeystoneConfig.from_preset("smoke", device="cpu").device == "cpu"
+    for bad in ("gpu", "cuda:a"):
+        with pytest.raises(ConfigError, match="field 'device'"):
+            KeystoneConfig.from_preset("smoke", device=bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="cuda:0"):
+        load_model("tiny-smoke", KeystoneConfig.from_preset("smoke", device="cuda:0"))
+
+
 def test_request_schema() -> None:
     from pydantic import ValidationError
 

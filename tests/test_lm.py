@@ -108,3 +108,41 @@ def test_tampered_cache_is_rebuilt_not_loaded(tiny_smoke_lm):
     finally:
         cfg.write_bytes(original)
     assert lm.verify_manifest(tiny_smoke_lm)
+
+
+def test_resolve_device_without_cuda(monkeypatch):
+    """No CUDA (forced, so the test means the same on a GPU machine): auto is the CPU,
+    CUDA requests fail clearly, misspelt settings are rejected."""
+    from nshot.method import ConfigError
+    from nshot.nn.lm import DeviceError, check_device_spec, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device() == torch.device("cpu")
+    for spec in ("cuda", "cuda:0", "cuda:3"):
+        with pytest.raises(DeviceError, match="CUDA is not available") as err:
+            resolve_device(spec)
+        assert spec in str(err.value) and isinstance(err.value, ConfigError)
+    for bad in ("gpu", "CUDA", "cuda:", "cuda:-1", "cuda:x", "cuda0", " cpu", "", "mps"):
+        with pytest.raises(DeviceError, match="expected 'auto', 'cpu', 'cuda' or 'cuda:N'"):
+            resolve_device(bad)
+        with pytest.raises(ValueError, match="not a device"):
+            check_device_spec(bad)
+    assert check_device_spec("cuda:12") == "cuda:12"  # syntax only: no GPU needed to validate
+
+
+def test_resolve_device_with_cuda_mocked(monkeypatch):
+    """With CUDA reported (mocked: no GPU is touched): auto and cuda are the current device,
+    cuda:N must be a visible index."""
+    from nshot.nn.lm import DeviceError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # as Ray Train sets it
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(DeviceError, match=r"out of range, 2 CUDA device\(s\) visible"):
+        resolve_device("cuda:2")

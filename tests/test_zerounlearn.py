@@ -249,6 +249,37 @@ def test_config_validation():
         method.config("smoke", nope=1)
 
 
+def test_device_field(monkeypatch):
+    """``device``: auto by default, spelling checked by the config, availability at load."""
+    from nshot.method import ConfigError, get
+    from nshot.methods.zerounlearn.pipeline import load_model
+    from nshot.nn.lm import DeviceError
+
+    method = get("zerounlearn")
+    assert method.config("smoke").device == "auto"
+    assert method.config("smoke", device="cuda:1").device == "cuda:1"  # spelling only
+    for bad in ("gpu", "cuda:", 0):
+        with pytest.raises(ConfigError, match="field 'device'"):
+            method.config("smoke", device=bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        load_model(method.config("smoke", device="cuda"))  # fails before loading anything
+
+
+def test_seed_tasks_take_a_gpu_only_where_there_is_one(monkeypatch):
+    import ray
+
+    from nshot.method import get
+    from nshot.methods.zerounlearn.method import _seed_task_resources
+
+    cfg = get("zerounlearn").config("smoke")
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert _seed_task_resources(cfg) == {"num_cpus": 1}  # CPU cluster: as before
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 2.0})
+    assert _seed_task_resources(cfg) == {"num_cpus": 1, "num_gpus": 1}
+    assert _seed_task_resources(cfg.replace(device="cpu")) == {"num_cpus": 1}
+
+
 def test_subject_first_requests_and_subject_split():
     from nshot.method import ConfigError, get
     from nshot.methods.zerounlearn.pipeline import candidate_requests, pools

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
+from nshot.nn.lm import DeviceSpec
 from nshot.train.deepspeed import DeepSpeedOptions
 
 from .neurons import ALL_MODULES, DEFAULT_MODULES
@@ -26,6 +27,12 @@ class KeystoneConfig(MethodConfig):
         description="'smollm2', 'tiny-smoke', 'tiny-small', a local HF folder or a hub name",
     )
     allow_download: bool = Field(False, description="let a hub name be downloaded")
+    device: DeviceSpec = Field(
+        "auto",
+        description="where the model, the probe, the evaluations and SFT run: 'auto' (the "
+        "current GPU when CUDA is available, else the CPU), 'cpu', 'cuda', 'cuda:N' (SFT "
+        "under DeepSpeed uses the engine's device)",
+    )
     modules: list[str] = Field(
         list(DEFAULT_MODULES), min_length=1, description=f"neuron modules, from {ALL_MODULES}"
     )

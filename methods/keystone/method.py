@@ -44,10 +44,13 @@ def _log(msg: str) -> None:
 
 
 def load_model(source: str, cfg: KeystoneConfig):
-    from nshot.nn.lm import load_causal_lm
+    """``(model, tokenizer)`` of ``source`` on ``cfg.device``."""
+    from nshot.nn.lm import load_causal_lm, resolve_device
 
     torch.set_num_threads(cfg.torch_threads)
-    return load_causal_lm(source, allow_download=cfg.allow_download)
+    return load_causal_lm(
+        source, allow_download=cfg.allow_download, device=resolve_device(cfg.device)
+    )
 
 
 def _items_cache_path(source: str, cfg: KeystoneConfig, cands: dict) -> Path:
@@ -113,7 +116,7 @@ def probe_model(source: str, cfg: KeystoneConfig, **kwargs: Any):
 def checkpoint_state(space: NeuronSpace, gids: list[int], delta=None) -> dict[str, torch.Tensor]:
     state = {"keystones": torch.tensor(gids, dtype=torch.long)}
     if delta is not None:
-        state.update({f"delta.{k}": v for k, v in delta.state_dict().items()})
+        state.update({f"delta.{k}": v.detach().cpu() for k, v in delta.state_dict().items()})
     return state
 
 
@@ -358,7 +361,7 @@ class KeystoneMethod(Method):
         checkpoint, the new task's accuracy with the Δ rows)."""
         from .probe import make_evaluate, module_matched_set, zero
 
-        pred = KeystonePredictor.from_checkpoint(checkpoint)
+        pred = KeystonePredictor.from_checkpoint(checkpoint, device=cfg.device)
         source = pred.source
         ev, _ = build_evaluator(pred.model, pred.tok, source, cfg)
         evaluate = make_evaluate(pred.model, pred.space, ev)

@@ -18,6 +18,9 @@ hook on every affected linear module:
   adding ``Δ`` to the rows ``W[idx, :]``; base weights untouched);
 * ``record``: running sums of ``|a|`` per neuron and per batch row over the tokens of the forward
   passes made while ``recording`` is true (never per-token storage).
+
+Scale factors, Δ rows and the recorded sums live on the device of the hooked module's weights
+(the model's device); :meth:`NeuronHooks.mean_abs` returns a NumPy array on the CPU.
 """
 
 from __future__ import annotations
@@ -158,7 +161,8 @@ class NeuronSpace:
 
 
 class DeltaRows(nn.Module):
-    """Row-sparse weight deltas: one ``Δ_b ∈ R^{|idx_b| × in}`` per affected block (zero init).
+    """Row-sparse weight deltas: one ``Δ_b ∈ R^{|idx_b| × in}`` per affected block (zero init),
+    with the dtype and on the device of the block's weight.
 
     Only these tensors are parameters, so an optimiser (and its weight decay, and ZeRO's
     partitioning) sees nothing but the selected rows. Parameter names are ``delta.<layer>.<module>``
@@ -175,10 +179,11 @@ class DeltaRows(nn.Module):
             layer, module = space.blocks[b]
             key = f"{layer}_{module}"
             lin = space.linears[b]
+            dev = lin.weight.device
             self.deltas[key] = nn.Parameter(
-                torch.zeros(len(idx), lin.in_features, dtype=lin.weight.dtype)
+                torch.zeros(len(idx), lin.in_features, dtype=lin.weight.dtype, device=dev)
             )
-            self.register_buffer(f"index_{key}", idx.clone())
+            self.register_buffer(f"index_{key}", idx.to(dev, copy=True))
             self.blocks[key] = b
 
     def index(self, key: str) -> torch.Tensor:
@@ -233,7 +238,7 @@ class NeuronHooks:
                 off = int(space.offsets[b])
                 for i in idx.tolist():
                     f[i] = scale[off + i]
-                self.factors[b] = f
+                self.factors[b] = f.to(space.linears[b].weight.device)
         self.delta = delta
         self._delta_blocks = {b: (idx, d) for b, idx, d in delta.items()} if delta else {}
         self.record = record
@@ -259,7 +264,9 @@ class NeuronHooks:
                 prev = self.sums.get(b)
                 self.sums[b] = s if prev is None else prev + s
                 if b == 0:
-                    n = torch.full((out.shape[0],), out[0].numel() // out.shape[-1])
+                    n = torch.full(
+                        (out.shape[0],), out[0].numel() // out.shape[-1], device=out.device
+                    )
                     self.counts = n if self.counts is None else self.counts + n
             return out
 
@@ -282,6 +289,6 @@ class NeuronHooks:
         """``[rows, total]``: mean ``|a|`` per neuron over the recorded tokens of each row."""
         if self.counts is None:
             raise RuntimeError("nothing was recorded")
-        parts = [self.sums[b] for b in range(len(self.space.blocks))]
-        s = torch.cat(parts, dim=-1) / self.counts[:, None].float()
+        parts = [self.sums[b].cpu() for b in range(len(self.space.blocks))]
+        s = torch.cat(parts, dim=-1) / self.counts.cpu()[:, None].float()
         return s.numpy().astype(np.float64)

@@ -1,5 +1,9 @@
 """Keystone predictor: greedy generation from the base or keystone-SFT model, with optional
-interventions on the keystone neurons (spec §8)."""
+interventions on the keystone neurons (spec §8).
+
+The model is loaded on the checkpoint config's ``device`` (default ``auto``) unless
+``from_checkpoint`` is given another; the Δ rows, masks and token ids follow the model's device.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.nn.lm import model_device
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import KeystoneConfig
@@ -76,13 +81,19 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
         self.context = int(getattr(model.config, "max_position_embeddings", 2048))
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> KeystonePredictor:
-        from nshot.nn.lm import load_causal_lm
+    def from_checkpoint(
+        cls, checkpoint: LoadedCheckpoint, device: str | None = None
+    ) -> KeystonePredictor:
+        """The checkpoint's model (with its Δ rows, if any) on ``device`` (a device setting;
+        default: the checkpoint config's ``device``)."""
+        from nshot.nn.lm import load_causal_lm, resolve_device
 
         cfg = KeystoneConfig.validated(checkpoint.config)
         extra = checkpoint.extra
         source = extra.get("model_source", cfg.model)
-        model, tok = load_causal_lm(source, allow_download=cfg.allow_download)
+        model, tok = load_causal_lm(
+            source, allow_download=cfg.allow_download, device=resolve_device(device or cfg.device)
+        )
         space = NeuronSpace(model, cfg.modules)
         if extra.get("space", {}).get("total") not in (None, space.total):
             raise ValueError(
@@ -130,7 +141,7 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
             raise ValueError(f"prompt: tokens at positions {bad} are outside the vocabulary")
         scale = self._scale(request.intervention)
         hooks = NeuronHooks(self.space, scale=scale or None, delta=self.delta)
-        x = torch.tensor([ids], device=next(self.model.parameters()).device)
+        x = torch.tensor([ids], device=model_device(self.model))
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         with hooks:
             out = self.model.generate(

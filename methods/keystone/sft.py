@@ -178,6 +178,8 @@ def run_variant(
     out["trainable_params"] = float(n_params)
     out["metrics"] = evaluate_after(lm)
     if variant != "full":
-        out["delta_state"] = {k: v.detach().clone() for k, v in module.delta.state_dict().items()}
+        out["delta_state"] = {
+            k: v.detach().to("cpu", copy=True) for k, v in module.delta.state_dict().items()
+        }
         module.remove_hooks()
     return out

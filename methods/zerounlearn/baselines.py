@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nshot.nn.lm import decoder_layers
+from nshot.nn.lm import decoder_layers, model_device
 
 from .edit import EditRequest, _batch, answer_ids, encode, neutral_id, pad_id
 
@@ -31,11 +31,12 @@ def _nll_batch(tok: Any, requests: Sequence[EditRequest], neutral: bool) -> tupl
 
 def _mean_nll(model: Any, batch: tuple) -> torch.Tensor:
     ids, mask, spans, targets = batch
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    dev = model_device(model)
+    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
     losses = []
     for j, ((start, n), tgt) in enumerate(zip(spans, targets)):
         lp = torch.log_softmax(logits[j, start : start + n].float(), -1)
-        losses.append(-lp[torch.arange(n), torch.tensor(tgt)].mean())
+        losses.append(-lp[torch.arange(n, device=dev), torch.tensor(tgt, device=dev)].mean())
     return torch.stack(losses).mean()
 
 

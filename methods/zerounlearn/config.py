@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
+from nshot.nn.lm import DeviceSpec
 
 
 class ZeroUnlearnConfig(MethodConfig):
@@ -20,6 +21,11 @@ class ZeroUnlearnConfig(MethodConfig):
         description="'smollm2', 'tiny-smoke', a local Hugging Face folder or a hub name",
     )
     allow_download: bool = Field(False, description="let a hub model name be downloaded")
+    device: DeviceSpec = Field(
+        "auto",
+        description="where the model, the edit's forward passes and its float64 algebra run: "
+        "'auto' (the current GPU when CUDA is available, else the CPU), 'cpu', 'cuda', 'cuda:N'",
+    )
     variant: Literal["zerounlearn", "gd", "wo_op", "wo_ut"] = Field(
         "zerounlearn", description="what train_loop runs: the closed form, -GD, or an ablation"
     )

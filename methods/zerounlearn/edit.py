@@ -14,6 +14,11 @@ Works on any Hugging Face decoder whose blocks expose ``mlp.down_proj`` (Llama, 
 * :func:`closed_form_d`: the multiplicative update ``D = A B⁻¹`` of step 6 (float64).
 * :func:`apply_edit`: the sequential edit over the edited layers for the variants ``zerounlearn``
   (closed form), ``gd`` (ZeroUnlearn-GD), ``wo_op`` (P = I) and ``wo_ut`` (λ_w = 0).
+
+Device: everything runs where the model's parameters are (:func:`~nshot.nn.lm.model_device`):
+token batches, hook captures, the δ offsets, the key-statistics accumulators and the float64
+algebra of the edit (projector, ``D = A B⁻¹``, null space). Statistics are cached on the CPU and
+loaded onto the model's device; :func:`edited_weights` returns CPU tensors (for checkpoints).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nshot.nn.lm import decoder_layers, mlp
+from nshot.nn.lm import decoder_layers, mlp, model_device
 
 CONTEXT_PREFIXES = ("The", "Therefore", "Because", "I", "You")
 KL_PROMPT = "{} is a"
@@ -145,14 +150,18 @@ def _module(model: Any, layer: int, site: str) -> torch.nn.Module:
     raise ValueError(f"unknown hook site {site!r}")
 
 
-def _batch(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and attention mask."""
+def _batch(
+    rows: Sequence[Sequence[int]], pad: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and attention mask (built on the CPU, then moved to ``device``)."""
     width = max(1, max(len(r) for r in rows))
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
+    if device is not None:
+        ids, mask = ids.to(device), mask.to(device)
     return ids, mask
 
 
@@ -169,19 +178,20 @@ def context_templates(
     out = ["{}"]
     if n_sampled <= 0:
         return out
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # a CPU generator: the same draws on any device
     prefixes = [CONTEXT_PREFIXES[i % len(CONTEXT_PREFIXES)] for i in range(n_sampled)]
     head = model.get_output_embeddings()
+    dev = model_device(model)
     for prefix in prefixes:
         ids = encode(tok, prefix)
         start = len(ids)
         for _ in range(length):
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=dev)
             h = model.model(input_ids=x).last_hidden_state[0, -1]
             logits = head(h)
             top = logits.topk(5)
-            probs = torch.softmax(top.values, -1)
-            ids.append(int(top.indices[torch.multinomial(probs, 1, generator=gen)]))
+            probs = torch.softmax(top.values, -1).cpu()
+            ids.append(int(top.indices.cpu()[torch.multinomial(probs, 1, generator=gen)]))
         text = prefix + tok.decode(ids[start:], skip_special_tokens=True)
         text = " ".join(text.replace("{", " ").replace("}", " ").split())
         out.append(text + ". {}")
@@ -209,7 +219,9 @@ def collect_at_subject(
 ) -> torch.Tensor:
     """``[N, dim]`` template-averaged vectors at the subject's last token of each request's
     rewrite prompt inside each context template. ``what``: ``"key"`` (down_proj input),
-    ``"value"`` (down_proj output) or ``"layer"`` (residual output of block ``layer``)."""
+    ``"value"`` (down_proj output) or ``"layer"`` (residual output of block ``layer``).
+    Float64, on the model's device."""
+    dev = model_device(model)
     rows, pos, owner, ttype = [], [], [], []
     types = template_types(templates)
     for i, r in enumerate(requests):
@@ -226,14 +238,14 @@ def collect_at_subject(
 
     def hook(mod: Any, args: Any, out: Any) -> None:
         x = args[0] if what == "key" else _output_tensor(out)
-        captured.append(x[torch.arange(x.shape[0]), cur_pos[0]].detach().double())
+        captured.append(x[torch.arange(x.shape[0], device=x.device), cur_pos[0]].detach().double())
         raise StopForward
 
     handle = module.register_forward_hook(hook)
     try:
         for b in range(0, len(rows), batch_size):
-            ids, mask = _batch(rows[b : b + batch_size], pad_id(tok))
-            cur_pos[:] = [torch.tensor(pos[b : b + batch_size])]
+            ids, mask = _batch(rows[b : b + batch_size], pad_id(tok), dev)
+            cur_pos[:] = [torch.tensor(pos[b : b + batch_size], device=dev)]
             try:
                 model.model(input_ids=ids, attention_mask=mask)
             except StopForward:
@@ -241,8 +253,8 @@ def collect_at_subject(
     finally:
         handle.remove()
     vecs = torch.cat(captured)
-    owner_t, type_t = torch.tensor(owner), torch.tensor(ttype)
-    out = torch.zeros(len(requests), vecs.shape[1], dtype=torch.float64)
+    owner_t, type_t = torch.tensor(owner, device=dev), torch.tensor(ttype, device=dev)
+    out = torch.zeros(len(requests), vecs.shape[1], dtype=torch.float64, device=dev)
     for i in range(len(requests)):
         means = [
             vecs[(owner_t == i) & (type_t == ty)].mean(0)
@@ -298,6 +310,7 @@ def optimise_targets(
     δ is frozen); the last iteration only evaluates.
     """
     n = len(requests)
+    dev = model_device(model)
     loss_layer = max(loss_layer, layer)
     # rows: n * len(templates) answer rows, then n KL rows ("{subject} is a")
     seqs, starts, loss_pos, loss_tgt, owner = [], [], [], [], []
@@ -321,25 +334,25 @@ def optimise_targets(
     # prefix (positions before the subject's last token): fixed, computed once
     prefix = [s_[:st] for s_, st in zip(seqs, starts)]
     suffix = [s_[st:] for s_, st in zip(seqs, starts)]
-    plen = torch.tensor([len(p) for p in prefix])
+    plen = torch.tensor([len(p) for p in prefix], device=dev)
     P = int(plen.max())
     cache = None
     if P > 0:
         # right-padded; the pads attend like real tokens here (finite values) and are masked
         # out for the suffix below
-        pids, _ = _batch(prefix, pad)
+        pids, _ = _batch(prefix, pad, dev)
         with torch.no_grad():
             out = model.model(
                 input_ids=pids,
                 attention_mask=torch.ones_like(pids),
-                position_ids=torch.arange(P).expand(len(seqs), P),
+                position_ids=torch.arange(P, device=dev).expand(len(seqs), P),
                 use_cache=True,
             )
         cache = out.past_key_values
-        pmask = (torch.arange(P)[None, :] < plen[:, None]).long()
-    sids, smask = _batch(suffix, pad)
+        pmask = (torch.arange(P, device=dev)[None, :] < plen[:, None]).long()
+    sids, smask = _batch(suffix, pad, dev)
     S = sids.shape[1]
-    spos = plen[:, None] + torch.arange(S)[None, :]
+    spos = plen[:, None] + torch.arange(S, device=dev)[None, :]
     mask = torch.cat([pmask, smask], 1) if cache is not None else smask
     # loss positions in suffix coordinates
     flat_rows, flat_pos, flat_tgt, flat_owner, flat_norm = [], [], [], [], []
@@ -350,15 +363,18 @@ def optimise_targets(
             flat_tgt.append(t)
             flat_owner.append(owner[row])
             flat_norm.append(len(loss_tgt[row]))
-    flat_rows_t, flat_pos_t = torch.tensor(flat_rows), torch.tensor(flat_pos)
-    flat_tgt_t, flat_owner_t = torch.tensor(flat_tgt), torch.tensor(flat_owner)
-    flat_norm_t = torch.tensor(flat_norm, dtype=torch.float32)
-    kl_rows = torch.arange(n_main, n_main + n)
-    kl_pos = torch.tensor([len(suffix[r]) - 1 for r in kl_rows.tolist()])
-    row_owner = torch.tensor(owner + list(range(n)))
+    flat_rows_t = torch.tensor(flat_rows, device=dev)
+    flat_pos_t = torch.tensor(flat_pos, device=dev)
+    flat_tgt_t = torch.tensor(flat_tgt, device=dev)
+    flat_owner_t = torch.tensor(flat_owner, device=dev)
+    flat_norm_t = torch.tensor(flat_norm, dtype=torch.float32, device=dev)
+    kl_rows = torch.arange(n_main, n_main + n, device=dev)
+    kl_pos = torch.tensor([len(suffix[r]) - 1 for r in kl_rows.tolist()], device=dev)
+    row_owner = torch.tensor(owner + list(range(n)), device=dev)
+    bare_row_t = torch.tensor(bare_row, device=dev)
 
     d = model.config.hidden_size
-    delta = torch.zeros(n, d, requires_grad=True)
+    delta = torch.zeros(n, d, device=dev, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=hp.lr)
     module = _module(model, layer, site)
     loss_block = decoder_layers(model)[loss_layer]
@@ -368,7 +384,7 @@ def optimise_targets(
     def edit_hook(mod: Any, args: Any, out: Any) -> Any:
         x = _output_tensor(out)
         if "h0" not in state:
-            state["h0"] = x[torch.tensor(bare_row), 0].detach().clone()
+            state["h0"] = x[bare_row_t, 0].detach().clone()
         add = F.pad(delta[row_owner][:, None, :], (0, 0, 0, x.shape[1] - 1))
         return _replace_output(out, x + add)
 
@@ -376,7 +392,7 @@ def optimise_targets(
         state["hidden"] = _output_tensor(out)
         raise StopForward
 
-    done = torch.zeros(n, dtype=torch.bool)
+    done = torch.zeros(n, dtype=torch.bool, device=dev)
     kl_init: torch.Tensor | None = None
     params = [p for p in model.parameters()]
     grads_were = [p.requires_grad for p in params]
@@ -399,8 +415,8 @@ def optimise_targets(
                 pass
             hidden = state.pop("hidden")
             logp = torch.log_softmax(head(norm(hidden[flat_rows_t, flat_pos_t])).float(), -1)
-            tok_nll = -logp[torch.arange(len(flat_tgt_t)), flat_tgt_t] / flat_norm_t
-            nll = torch.zeros(n).index_add(0, flat_owner_t, tok_nll) / n_ctx
+            tok_nll = -logp[torch.arange(len(flat_tgt_t), device=dev), flat_tgt_t] / flat_norm_t
+            nll = torch.zeros(n, device=dev).index_add(0, flat_owner_t, tok_nll) / n_ctx
             kl_logp = torch.log_softmax(head(norm(hidden[kl_rows, kl_pos])).float(), -1)
             if kl_init is None:
                 kl_init = kl_logp.detach().clone()
@@ -476,7 +492,7 @@ def model_fingerprint(model: Any, upto_layer: int) -> str:
         p = named[name]
         if id(p) in wanted:
             h.update(name.encode())
-            h.update(p.detach().float().contiguous().numpy().tobytes())
+            h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -504,9 +520,11 @@ def key_statistics(
 ) -> dict[int, KeyStats]:
     """Σ k kᵀ, Σ k and n of the down_proj keys at ``layers`` over at most ``max_positions``
     token positions of ``texts`` (chunks of ``chunk_tokens``). Cached as safetensors under
-    ``NSHOT_CACHE/zerounlearn/stats`` by model fingerprint, text hash, layer and positions."""
+    ``NSHOT_CACHE/zerounlearn/stats`` by model fingerprint, text hash, layer and positions.
+    Accumulated (float64) and returned on the model's device; the cache files hold CPU tensors."""
     from safetensors.torch import load_file, save_file
 
+    dev = model_device(model)
     text_hash = hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
     fp = model_fingerprint(model, max(layers)) if use_cache else ""
     out: dict[int, KeyStats] = {}
@@ -515,7 +533,7 @@ def key_statistics(
         path = _stats_path(fp, text_hash, layer, max_positions)
         if use_cache and path.is_file():
             t = load_file(str(path))
-            out[layer] = KeyStats(t["kk_sum"], t["k_sum"], int(t["n"].item()))
+            out[layer] = KeyStats(t["kk_sum"].to(dev), t["k_sum"].to(dev), int(t["n"].item()))
         else:
             missing.append(layer)
     if not missing:
@@ -538,7 +556,9 @@ def key_statistics(
     m = mlp(model, missing[0]).down_proj.in_features
     acc = {
         layer: KeyStats(
-            torch.zeros(m, m, dtype=torch.float64), torch.zeros(m, dtype=torch.float64), 0
+            torch.zeros(m, m, dtype=torch.float64, device=dev),
+            torch.zeros(m, dtype=torch.float64, device=dev),
+            0,
         )
         for layer in missing
     }
@@ -562,7 +582,7 @@ def key_statistics(
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
         for b in range(0, len(order), batch_size):
             rows = [chunks[i] for i in order[b : b + batch_size]]
-            ids, mask = _batch(rows, pad_id(tok))
+            ids, mask = _batch(rows, pad_id(tok), dev)
             cur_mask[:] = [mask]
             try:
                 model.model(input_ids=ids, attention_mask=mask)
@@ -578,7 +598,8 @@ def key_statistics(
             path = _stats_path(fp, text_hash, layer, max_positions)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{id(s)}")
-            save_file({"kk_sum": s.kk_sum, "k_sum": s.k_sum, "n": torch.tensor([s.n])}, str(tmp))
+            tensors = {"kk_sum": s.kk_sum.cpu(), "k_sum": s.k_sum.cpu(), "n": torch.tensor([s.n])}
+            save_file(tensors, str(tmp))
             tmp.replace(path)
     return out
 
@@ -766,9 +787,11 @@ def apply_edit(
         W = down.weight.detach().double()
         kf = collect_at_subject(model, tok, requests, prep.templates, layer, "key").T  # m×N
         h_last = collect_at_subject(model, tok, requests, ["{}"], last, "layer").T  # d×N
-        vf = W @ kf + (prep.z_new.T - h_last) / (J - j)
-        q = sensitive_basis(prep.vs[layer])
+        vf = W @ kf + (prep.z_new.T.to(W.device) - h_last) / (J - j)
+        q = sensitive_basis(prep.vs[layer].to(W.device))
         st = prep.stats[layer]
+        if st.kk_sum.device != W.device:
+            st = KeyStats(st.kk_sum.to(W.device), st.k_sum.to(W.device), st.n)
         if variant == "gd":
             u0 = null_space_projector(st.kkt, hp.null_threshold)
             new, terms = gd_update(W, kf, vf, q, u0, hp.gd_steps, hp.gd_lr)
@@ -776,7 +799,7 @@ def apply_edit(
         else:
             d = W.shape[0]
             P = (
-                torch.eye(d, dtype=torch.float64)
+                torch.eye(d, dtype=torch.float64, device=W.device)
                 if variant == "wo_op"
                 else soft_projector(q, hp.eps)
             )
@@ -785,7 +808,8 @@ def apply_edit(
             vkt = lam_w * st.vkt(W, hp.consistent_stats) + hp.lam_f * vf @ kf.T
             D = closed_form_d(W, kkt, vkt, P, hp.lam_r)
             new = D @ W
-            layer_diag = {"d_minus_i_norm": float((D - torch.eye(d, dtype=D.dtype)).norm())}
+            eye = torch.eye(d, dtype=D.dtype, device=D.device)
+            layer_diag = {"d_minus_i_norm": float((D - eye).norm())}
         before = (q.T @ (W @ kf)).norm(dim=0)
         after = (q.T @ (new @ kf)).norm(dim=0)
         layer_diag["ortho_ratio"] = float((after / before.clamp_min(1e-12)).mean())
@@ -798,9 +822,11 @@ def apply_edit(
 
 
 def edited_weights(model: Any, layers: Sequence[int]) -> dict[str, torch.Tensor]:
-    """``{"layers.<l>.down_proj": weight}`` of the edited layers (what a checkpoint stores)."""
+    """``{"layers.<l>.down_proj": weight}`` of the edited layers (what a checkpoint stores),
+    copied to the CPU."""
     return {
-        f"layers.{la}.down_proj": mlp(model, la).down_proj.weight.detach().clone() for la in layers
+        f"layers.{la}.down_proj": mlp(model, la).down_proj.weight.detach().to("cpu", copy=True)
+        for la in layers
     }
 
 

@@ -2,6 +2,7 @@
 
 Every metric is teacher-forced and batched: a prompt counts as "known" when its answer's tokens
 are the argmax at every answer position. The LM head runs only at the positions that are scored.
+Batches go to the model's device; only the scores come back to the CPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from nshot.nn.lm import model_device
 
 from .edit import EditRequest, _batch, answer_ids, encode, neutral_id, pad_id
 
@@ -54,6 +57,7 @@ def score(
         spans.append((len(p) - 1, len(a)))
         targets.append(a)
     head = model.get_output_embeddings()
+    dev = model_device(model)
     eos = neutral_id(tok)
     known: list[bool] = []
     neutral: list[bool] = []
@@ -61,7 +65,7 @@ def score(
     res: dict[int, tuple[bool, bool]] = {}
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
-        ids, mask = _batch([rows[i] for i in idx], pad_id(tok))
+        ids, mask = _batch([rows[i] for i in idx], pad_id(tok), dev)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         for j, i in enumerate(idx):
             start, n = spans[i]
@@ -79,15 +83,16 @@ def perplexity(
 ) -> float:
     """exp of the mean token NLL over ``chunks`` (every predicted token counts once)."""
     head = model.get_output_embeddings()
+    dev = model_device(model)
     total, count = 0.0, 0
     for b in range(0, len(chunks), batch_size):
-        ids, mask = _batch(chunks[b : b + batch_size], pad_id(tok))
+        ids, mask = _batch(chunks[b : b + batch_size], pad_id(tok), dev)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         valid = mask[:, 1:].bool()
         h = hidden[:, :-1][valid]
         tgt = ids[:, 1:][valid]
         logp = torch.log_softmax(head(h).float(), -1)
-        total += float(-logp[torch.arange(len(tgt)), tgt].sum())
+        total += float(-logp[torch.arange(len(tgt), device=dev), tgt].sum())
         count += int(valid.sum())
     return math.exp(total / max(count, 1))
 

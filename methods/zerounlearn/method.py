@@ -145,9 +145,10 @@ class ZeroUnlearnMethod(Method):
         workdir = Path(workdir)
         if cfg.parallel_seeds and len(seeds) > 1:
             ensure_ray()
+            res = _seed_task_resources(cfg)
             # statistics first (cached), so that the seed tasks do not all compute them
-            ray.get(ray.remote(num_cpus=1)(_warm_stats).remote(cfg))
-            task = ray.remote(num_cpus=1)(_run_seed)
+            ray.get(ray.remote(**res)(_warm_stats).remote(cfg))
+            task = ray.remote(**res)(_run_seed)
             outs = ray.get([task.remote(cfg, s, str(workdir)) for s in seeds])
         else:
             outs = [_run_seed(cfg, s, str(workdir)) for s in seeds]
@@ -181,6 +182,17 @@ class ZeroUnlearnMethod(Method):
                 "checks": _checks(rows),
             },
         )
+
+
+def _seed_task_resources(cfg: ZeroUnlearnConfig) -> dict[str, float]:
+    """Ray resources of one seed task: a CPU, plus a whole GPU when the cluster has GPUs and
+    ``device`` lets the task pick one (``auto``/``cuda``: Ray then makes the task's own GPU
+    its only visible, current device). ``cuda:N`` and ``cpu`` are taken literally (CPU tasks)."""
+    import ray
+
+    if cfg.device in ("auto", "cuda") and ray.cluster_resources().get("GPU", 0) >= 1:
+        return {"num_cpus": 1, "num_gpus": 1}
+    return {"num_cpus": 1}
 
 
 def _warm_stats(cfg: ZeroUnlearnConfig) -> None:

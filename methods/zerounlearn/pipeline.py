@@ -53,10 +53,16 @@ VARIANT_OF = {
 }
 
 
-def load_model(cfg: ZeroUnlearnConfig) -> tuple[Any, Any]:
-    from nshot.nn.lm import load_causal_lm
+def load_model(cfg: ZeroUnlearnConfig, device: str | None = None) -> tuple[Any, Any]:
+    """The model (frozen, on ``device`` or else ``cfg.device``) and its tokenizer; the edit's
+    layers are checked against the model."""
+    from nshot.nn.lm import load_causal_lm, resolve_device
 
-    model, tok = load_causal_lm(cfg.model, allow_download=cfg.allow_download)
+    model, tok = load_causal_lm(
+        cfg.model,
+        allow_download=cfg.allow_download,
+        device=resolve_device(device or cfg.device),
+    )
     for p in model.parameters():
         p.requires_grad_(False)
     n_layers = model.config.num_hidden_layers
@@ -226,10 +232,11 @@ def run_systems(
     s: Setup, systems: tuple[str, ...] = SYSTEMS, keep: str | None = "zerounlearn"
 ) -> dict[str, Any]:
     """Metrics of every system in ``systems`` on this seed's facts; the model is restored
-    between systems. ``keep``: the system whose edited weights are returned (for a checkpoint)."""
+    between systems. ``keep``: the system whose edited weights are returned (for a checkpoint,
+    on the CPU). The unedited weights are kept on the CPU (not a second copy on the GPU)."""
     cfg, model, tok = s.cfg, s.model, s.tok
     hp, _, _ = hparams(cfg)
-    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    original = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     results: dict[str, dict[str, float]] = {}
     diags: dict[str, Any] = {}
     timings: dict[str, float] = {}

@@ -2,7 +2,9 @@
 
 The checkpoint holds only the edited down_proj weights; the base model is loaded from the
 recorded source and checked against the recorded fingerprint before the weights are applied.
-Metadata never reveals the forgotten facts.
+Metadata never reveals the forgotten facts. The model is loaded on the checkpoint config's
+``device`` (default ``auto``) unless ``from_checkpoint`` is given another; requests are batched
+on the model's device.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
+from nshot.nn.lm import model_device
 from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
 from .config import ZeroUnlearnConfig
@@ -58,12 +61,16 @@ class ZeroUnlearnPredictor(Predictor[ZeroUnlearnRequest, ZeroUnlearnResponse]):
         self.window = int(getattr(model.config, "max_position_embeddings", 2048))
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> ZeroUnlearnPredictor:
+    def from_checkpoint(
+        cls, checkpoint: LoadedCheckpoint, device: str | None = None
+    ) -> ZeroUnlearnPredictor:
+        """The edited model of ``checkpoint`` on ``device`` (a device setting; default: the
+        checkpoint config's ``device``)."""
         from .pipeline import load_model
 
         cfg = ZeroUnlearnConfig.validated(checkpoint.config)
         extra = checkpoint.extra
-        model, tok = load_model(cfg)
+        model, tok = load_model(cfg, device)
         want = extra.get("model_fingerprint")
         if want and model_fingerprint(model, model.config.num_hidden_layers - 1) != want:
             raise CheckpointError(
@@ -108,6 +115,8 @@ class ZeroUnlearnPredictor(Predictor[ZeroUnlearnRequest, ZeroUnlearnResponse]):
         for i, e in enumerate(encoded):
             ids[i, width - len(e) :] = torch.tensor(e)
             mask[i, width - len(e) :] = 1
+        dev = model_device(self.model)
+        ids, mask = ids.to(dev), mask.to(dev)
         eos = neutral_id(self.tok)
         out = self.model.generate(
             input_ids=ids,

