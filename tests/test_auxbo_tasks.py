@@ -419,6 +419,12 @@ def test_extra_perturbed_tasks_are_history_and_the_held_out_ones_stay():
     assert {n: split[n] for n in base} == base  # the first 160 keep their assignment
     assert all(split[n] == "train" for n in names[160:])
     assert T.lcbench_p_spec("lcbench-p/321") != T.lcbench_p_spec("lcbench-p/322")
+    more = T.lcbench_p_split(0, names, extra_test=10)
+    assert {n: more[n] for n in base} == base
+    assert sum(more[n] == "test" for n in names[160:]) == 10
+    assert T.lcbench_p_split(0, names, extra_test=10) == more  # seeded
+    with pytest.raises(ValueError, match="only 40 tasks beyond"):
+        T.lcbench_p_split(0, names, extra_test=41)
     with pytest.raises(ValueError, match="1..1000"):
         T.lcbench_p_task_names(1001)
     with pytest.raises(ValueError, match="n_tasks must be in"):

@@ -62,6 +62,13 @@ class AuxBOConfig(MethodConfig):
         description="perturbed variant: tasks drawn (the 56 held-out tasks are always among the "
         "first 160; every task beyond them is an extra history task)",
     )
+    lcbench_extra_test: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="perturbed variant: tasks beyond the first 160 that are held out too "
+        "(seeded), on top of the 56 held-out tasks among the first 160",
+    )
     lcbench_objective: Literal["neg_log_loss", "accuracy"] = Field(
         "neg_log_loss",
         description="mini-LCBench f: minus the final validation log-loss, or the final "
@@ -77,7 +84,10 @@ class AuxBOConfig(MethodConfig):
     families: list[Literal["synthetic", "lcbench"]] = Field(
         default_factory=lambda: list(FAMILIES), min_length=1
     )
-    bo_tasks: int = Field(60, ge=1, le=100_000, description="held-out tasks per family for BO")
+    bo_tasks: int = Field(60, ge=1, le=100_000, description="held-out synthetic tasks for BO")
+    lcbench_bo_tasks: int = Field(
+        60, ge=1, le=100_000, description="held-out mini-LCBench tasks for BO"
+    )
     mtgp_history_tasks: int = Field(3, ge=1, le=100)
     mtgp_points: int = Field(20, ge=2, le=10_000, description="history points per MTGP task")
     mtgp_maxiter: int = Field(200, ge=1, le=100_000)
@@ -95,20 +105,22 @@ class AuxBOConfig(MethodConfig):
         "smoke": dict(
             d=16, heads=2, layers_h=1, layers=1, n_max=5, m_targets=8, batch_tasks=4, steps=30,
             log_every=10, checkpoint_every=30, n_train_tasks=24, n_test_tasks=6,
-            n_candidates=60, lcbench_configs=12, budget=3, eval_tasks=4, bo_tasks=4,
+            n_candidates=60, lcbench_configs=12, budget=3, eval_tasks=4, bo_tasks=4, lcbench_bo_tasks=4,
             families=["synthetic"], mtgp_points=6, mtgp_maxiter=20,
         ),
         "small": dict(
             d=64, heads=4, layers_h=1, layers=3, n_max=20, m_targets=32, batch_tasks=16,
             steps=4000, lr=3e-4, log_every=100, checkpoint_every=1000, n_train_tasks=500,
             n_test_tasks=100, n_candidates=300, lcbench_configs=64, lcbench_variant="perturbed",
-            lcbench_tasks=480, select_tasks=40, select_every=250, budget=20, eval_tasks=20,
-            bo_tasks=60, families=["lcbench", "synthetic"],
+            lcbench_tasks=480, lcbench_extra_test=56, select_tasks=40, select_every=250,
+            budget=20, eval_tasks=20, bo_tasks=60, lcbench_bo_tasks=112,
+            families=["lcbench", "synthetic"],
         ),
         "paper": dict(
             d=256, heads=8, layers_h=2, layers=6, n_max=30, m_targets=32, batch_tasks=32,
             steps=100_000, lr=1e-4, log_every=500, checkpoint_every=10_000, budget=30,
             n_train_tasks=5000, n_test_tasks=1000, lcbench_configs=200, bo_tasks=100,
+            lcbench_extra_test=144, lcbench_bo_tasks=200,
             lcbench_variant="perturbed", lcbench_tasks=1000, select_tasks=100, select_every=2000,
         ),
     }  # fmt: skip

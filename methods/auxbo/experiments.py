@@ -189,7 +189,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             metrics[f"{p}regret_at_{k}"] = False
         metrics[f"{p}nll_ctx5"] = False
         train, test, _ = load_family(cfg, family)
-        test = test[: cfg.bo_tasks]
+        test = test[: cfg.bo_tasks if family == "synthetic" else cfg.lcbench_bo_tasks]
         _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
         full, fonly = ray.get(
             [
@@ -253,6 +253,10 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
                     float(col.std(ddof=1) / np.sqrt(n)) if n > 1 else None
                 )
             extra["curves"][f"{family}/{s}"] = regrets[s].mean(0).tolist()
+            extra.setdefault("task_regrets", {}).setdefault(
+                family, {"tasks": [t.name for t in test]}
+            )
+            extra["task_regrets"][family][s] = regrets[s].tolist()  # per task and evaluation
         pv = {}
         for s in SYSTEMS[1:]:
             for k in (5, 10, 20):

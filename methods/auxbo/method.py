@@ -97,6 +97,7 @@ def load_family(
             seed=cfg.seed,
             variant=cfg.lcbench_variant,
             n_tasks=cfg.lcbench_tasks if cfg.lcbench_variant == "perturbed" else None,
+            extra_test=cfg.lcbench_extra_test if cfg.lcbench_variant == "perturbed" else 0,
         )
         if cfg.lcbench_objective == "neg_log_loss":
             k = list(train[0].h_names).index("val_loss")

@@ -368,17 +368,28 @@ def _restrict(split: dict[str, str], names: Sequence[str] | None, family: str) -
     return {n: split[n] for n in names}
 
 
-def lcbench_p_split(seed: int = 0, names: Sequence[str] | None = None) -> dict[str, str]:
+def lcbench_p_split(
+    seed: int = 0, names: Sequence[str] | None = None, extra_test: int = 0
+) -> dict[str, str]:
     """``{task name: "train" | "test"}`` of the perturbed variant: 56 of the 160 tasks held out
-    by a seeded permutation. ``names`` restricts the result (assignments do not change)."""
+    by a seeded permutation. ``names`` restricts the result (assignments do not change).
+
+    Tasks beyond the first 160 (in ``names``) are history tasks, except ``extra_test`` of them
+    (a seeded permutation of those present), which are held out too."""
     all_names = lcbench_p_task_names()
     perm = _rng(seed, (4,)).permutation(len(all_names))
     test = {all_names[int(i)] for i in perm[:_LCBENCH_P_TEST]}
     out = {n: "test" if n in test else "train" for n in all_names}
     # tasks beyond the first LCBENCH_P_TASKS (``lcbench_tasks`` > 160) are extra history tasks:
     # the held-out 56 never change
-    extra = [n for n in names or () if n not in out and _P_NAME.fullmatch(n)]
-    out.update({n: "train" for n in extra})
+    extra = sorted(n for n in set(names or ()) if n not in out and _P_NAME.fullmatch(n))
+    if extra_test > len(extra):
+        raise ValueError(
+            f"extra_test={extra_test} but only {len(extra)} tasks beyond the first "
+            f"{len(all_names)}: draw more with n_tasks"
+        )
+    held = {extra[int(i)] for i in _rng(seed, (5,)).permutation(len(extra))[:extra_test]}
+    out.update({n: "test" if n in held else "train" for n in extra})
     return _restrict(out, names, "perturbed mini-LCBench")
 
 
@@ -1061,6 +1072,7 @@ def lcbench_family(
     parallel: bool = True,
     variant: str = "clean",
     n_tasks: int | None = None,
+    extra_test: int = 0,
 ) -> tuple[list[Task], list[Task]]:
     """``(train_tasks, test_tasks)`` of mini-LCBench (spec §4, offline substitute 2, enlarged).
 
@@ -1069,7 +1081,9 @@ def lcbench_family(
     scales) over the wider space :func:`lcbench_space` ``("perturbed")``, split 104 / 56 by
     :func:`lcbench_p_split`; cached as ``mini-lcbench-perturbed-n…-{LCBENCH_P_VERSION}…``.
     ``n_tasks`` (perturbed only, ≥ 160) draws more tasks the same way: the extra ones are all
-    history tasks (the 56 held-out tasks stay the same); cached with a ``-t{n_tasks}`` suffix.
+    history tasks (the 56 held-out tasks stay the same) except ``extra_test`` of them, which are
+    held out too (:func:`lcbench_p_split`); cached with a ``-t{n_tasks}`` suffix (the cache
+    holds the runs; the split is applied when reading).
     ``variant="clean"`` (the default here) is the original family described below.
 
     110 tasks (see :func:`lcbench_task_names`; ``names`` restricts to a subset), split by
@@ -1084,7 +1098,12 @@ def lcbench_family(
     if variant not in LCBENCH_VARIANTS:
         raise ValueError(f"unknown mini-LCBench variant {variant!r}: use one of {LCBENCH_VARIANTS}")
     perturbed = variant == "perturbed"
-    splitter = lcbench_p_split if perturbed else lcbench_split
+    if extra_test and not perturbed:
+        raise ValueError("extra_test is for the perturbed variant")
+    if perturbed:
+        splitter = lambda seed, names: lcbench_p_split(seed, names, extra_test)  # noqa: E731
+    else:
+        splitter = lcbench_split
     space = lcbench_space(variant)
     if n_tasks is not None and (not perturbed or names is not None):
         raise ValueError("n_tasks is for the perturbed variant without names")
@@ -1110,7 +1129,12 @@ def lcbench_family(
         try:
             train, test = read_tasks(path)
             if sorted(t.name for t in train + test) == sorted(names):
-                return train, test
+                split = splitter(seed, names)
+                by_name = {t.name: t for t in train + test}
+                return (
+                    [by_name[n] for n in names if split[n] == "train"],
+                    [by_name[n] for n in names if split[n] == "test"],
+                )
             warnings.warn(f"{path}: cached tasks do not match; recomputing", stacklevel=2)
         except Exception as err:  # corrupted or foreign file: rebuild
             warnings.warn(f"{path}: unreadable cache ({err}); recomputing", stacklevel=2)
