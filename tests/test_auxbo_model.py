@@ -329,3 +329,23 @@ def test_meta_train_keeps_the_step_with_the_lowest_held_back_nll():
     )
     with pytest.raises(NshotError, match="leaves no history task"):
         selection_split(AuxBOConfig.from_preset("smoke", select_tasks=12), tasks)
+
+
+def test_run_bo_seeds_torch_for_the_run_and_restores_it():
+    """GP fits may restart from torch's global RNG: a run must not depend on what ran before."""
+
+    class TorchRandom:
+        def propose(self, task, evaluated_idx, rng):
+            free = [i for i in range(len(task.f)) if i not in evaluated_idx]
+            return free[int(torch.randint(len(free), ()))]
+
+    task = _tasks(1, seed=3)[0]
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    a, b = [], []
+    run_bo(task, TorchRandom(), 10, 1, seed=5, trace=a)
+    assert torch.equal(torch.rand(3), before)  # the caller's RNG stream is untouched
+    torch.rand(50)  # a different global state ...
+    run_bo(task, TorchRandom(), 10, 1, seed=5, trace=b)
+    assert a == b  # ... the same run

@@ -78,13 +78,27 @@ def run_bo(
     The first ``min(n_init, budget)`` designs are uniformly random without replacement
     (``np.random.default_rng(seed)``); the rest come from ``proposer``. A proposal that is out of
     range or already evaluated raises ``RuntimeError`` (no candidate is ever evaluated twice).
-    ``trace``, when given, receives the evaluated indices in order."""
+    ``trace``, when given, receives the evaluated indices in order. Torch's global RNG is
+    seeded with ``seed`` for the run (and restored after it), so GP fits that restart from
+    random draws are reproducible."""
     n = len(task.f)
     if not 1 <= budget <= n:
         raise ValueError(f"budget must be in [1, {n}] for a task of {n} candidates, got {budget}")
     if n_init < 0:
         raise ValueError(f"n_init must be >= 0, got {n_init}")
     rng = np.random.default_rng(seed)
+    with torch.random.fork_rng(devices=[]):  # GP fits may draw from torch's global RNG
+        torch.manual_seed(int(seed) % 2**63)
+        evaluated = _bo_loop(task, proposer, budget, n_init, rng)
+    if trace is not None:
+        trace.extend(evaluated)
+    return np.maximum.accumulate(np.asarray(task.f, dtype=np.float64)[evaluated])
+
+
+def _bo_loop(
+    task: Any, proposer: Proposer, budget: int, n_init: int, rng: np.random.Generator
+) -> list[int]:
+    n = len(task.f)
     reset = getattr(proposer, "reset", None)
     if reset is not None:
         reset(task, rng)
@@ -101,9 +115,7 @@ def run_bo(
             raise RuntimeError(f"{type(proposer).__name__} proposed evaluated candidate {idx}")
         evaluated.append(idx)
         seen.add(idx)
-    if trace is not None:
-        trace.extend(evaluated)
-    return np.maximum.accumulate(np.asarray(task.f, dtype=np.float64)[evaluated])
+    return evaluated
 
 
 def simple_regret(task: Any, best_so_far: np.ndarray) -> np.ndarray:
