@@ -170,6 +170,28 @@ def test_batch_loss_and_evaluation():
     assert set(ev) == {1, 2} and all(np.isfinite(v["nll"]) and v["mse"] >= 0 for v in ev.values())
     sh = evaluate_prediction(model, tasks, (2,), m_targets=8, stats=stats, seed=3, h_shuffle=True)
     assert sh[2]["nll"] != ev[2]["nll"]
+    pool = _tasks(3, seed=11)
+    cross = evaluate_prediction(model, tasks, (2,), m_targets=8, stats=stats, seed=3, h_pool=pool)
+    assert cross == evaluate_prediction(
+        model, tasks, (2,), m_targets=8, stats=stats, seed=3, h_pool=pool
+    )
+    assert cross[2]["nll"] not in (ev[2]["nll"], sh[2]["nll"])
+    with pytest.raises(ValueError, match="pick one"):
+        evaluate_prediction(model, tasks, (2,), 8, stats, h_shuffle=True, h_pool=pool)
+
+
+def test_cross_task_control_takes_every_h_from_another_task():
+    from nshot.methods.auxbo.model import _with_cross_h
+
+    tasks = _tasks(4, seed=2)
+    rng = np.random.default_rng(0)
+    swapped = _with_cross_h(tasks[0], tasks, rng)
+    assert swapped.h.shape == tasks[0].h.shape and swapped.X is tasks[0].X
+    donors = np.concatenate([t.h for t in tasks[1:]])
+    own = tasks[0].h
+    for row in swapped.h:
+        assert any(np.array_equal(row, d) for d in donors)
+        assert not any(np.array_equal(row, o) for o in own)
 
 
 # ---------------------------------------------------------------------------------- BoTorch
@@ -271,7 +293,7 @@ def test_save_load_round_trip_and_corruption(tmp_path):
 # --------------------------------------------------------------------------------- BO loop
 
 
-@pytest.mark.parametrize("kind", ["random", "tnp", "tnp_shuffle"])
+@pytest.mark.parametrize("kind", ["random", "tnp", "tnp_shuffle", "tnp_cross"])
 def test_run_bo_never_repeats_and_is_monotone(kind):
     task = _tasks(1, seed=9)[0]
     stats = family_stats(_tasks(4))
@@ -279,6 +301,7 @@ def test_run_bo_never_repeats_and_is_monotone(kind):
         "random": RandomProposer(),
         "tnp": TNPProposer(_model(), stats),
         "tnp_shuffle": TNPProposer(_model(), stats, h_shuffle=True),
+        "tnp_cross": TNPProposer(_model(), stats, h_pool=_tasks(3, seed=4)),
     }[kind]
     trace: list[int] = []
     best = run_bo(task, proposer, budget=12, n_init=2, seed=0, trace=trace)

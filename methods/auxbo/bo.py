@@ -144,21 +144,50 @@ class TNPProposer:
     """argmax PI of the frozen TNP with the evaluated designs as context (raw units, ``ξ``).
 
     ``h_shuffle``: the h of each evaluated design is replaced by the h of another random design
-    of the same task, drawn once per evaluated design (the h-shuffle control)."""
+    of the same task, drawn once per evaluated design (the h-shuffle control, spec §7.3).
+    ``h_pool``: instead, the h of a random design of a random task of ``h_pool`` (history tasks
+    of the family, same h shape), drawn once per evaluated design: the cross-task control, whose
+    h carries neither the design's nor the task's information."""
 
     def __init__(
-        self, model: TNP, stats: dict[str, Any], xi: float = 0.01, h_shuffle: bool = False
+        self,
+        model: TNP,
+        stats: dict[str, Any],
+        xi: float = 0.01,
+        h_shuffle: bool = False,
+        h_pool: list[Any] | None = None,
     ) -> None:
+        if h_shuffle and h_pool is not None:
+            raise ValueError("h_shuffle and h_pool are two different controls; pick one")
+        if h_pool is not None and not h_pool:
+            raise ValueError("h_pool needs at least one task")
         self.model = model.eval()
         self.stats = stats
         self.xi = float(xi)
         self.h_shuffle = bool(h_shuffle)
+        self.h_pool = h_pool
         self._swap: dict[int, int] = {}
+        self._cross: dict[int, np.ndarray] = {}
         self._task_X: tuple[int, torch.Tensor] | None = None
 
     def reset(self, task: Any, rng: np.random.Generator) -> None:
         self._swap = {}
+        self._cross = {}
         self._task_X = None
+
+    def _cross_h(self, i: int, task: Any, rng: np.random.Generator) -> np.ndarray:
+        if i not in self._cross:
+            name = getattr(task, "name", None)
+            pool = [t for t in self.h_pool if getattr(t, "name", object()) != name] or self.h_pool
+            donor = pool[int(rng.integers(0, len(pool)))]
+            h = np.asarray(donor.h)[int(rng.integers(0, len(donor.f)))]
+            if h.shape != np.asarray(task.h).shape[1:]:
+                raise ValueError(
+                    f"h_pool task {getattr(donor, 'name', '?')!r} has h of shape {h.shape}, "
+                    f"the task {np.asarray(task.h).shape[1:]}"
+                )
+            self._cross[i] = h
+        return self._cross[i]
 
     def _h_index(self, i: int, n: int, rng: np.random.Generator) -> int:
         if not self.h_shuffle:
@@ -171,8 +200,13 @@ class TNPProposer:
     def surrogate(self, task: Any, evaluated_idx: list[int], rng: np.random.Generator) -> TNPModel:
         n = len(task.f)
         idx = np.asarray(evaluated_idx, dtype=int)
-        h_idx = np.asarray([self._h_index(int(i), n, rng) for i in idx], dtype=int)
-        h = np.asarray(task.h)[h_idx] if self.model.cfg.use_h else None
+        if not self.model.cfg.use_h:
+            h = None
+        elif self.h_pool is not None:
+            h = np.stack([self._cross_h(int(i), task, rng) for i in idx])
+        else:
+            h_idx = np.asarray([self._h_index(int(i), n, rng) for i in idx], dtype=int)
+            h = np.asarray(task.h)[h_idx]
         return TNPModel(self.model, self.stats, task.X[idx], task.f[idx], h)
 
     def propose(self, task: Any, evaluated_idx: list[int], rng: np.random.Generator) -> int:

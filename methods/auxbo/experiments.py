@@ -11,7 +11,11 @@ For each task family (synthetic, mini-LCBench):
    normalised simple regret after 5, 10 and 20 evaluations is compared with paired one-sided
    Wilcoxon tests (aux-BO lower than each baseline).
 
-Rows: auxbo, f_only, h_shuffle, gp_ei, multitask_gp, optuna_tpe, random. The synthetic
+Rows: auxbo, f_only, h_shuffle, h_cross, gp_ei, multitask_gp, optuna_tpe, random. ``h_shuffle``
+is the spec's control (each context h replaced by another design's of the same task);
+``h_cross`` is a second control added by nshot: each context h is the h of a random design of a
+random *history* task, so it carries neither the design's nor the task's information (a curve
+shuffled within a task still shows the task's noise level and scale). The synthetic
 family's metrics are ``regret_at_{5,10,20}`` and ``nll_ctx5``; mini-LCBench's are prefixed
 ``lc_``.
 """
@@ -29,7 +33,16 @@ from nshot.method import ResultsTable
 
 from .config import AuxBOConfig
 
-SYSTEMS = ("auxbo", "f_only", "h_shuffle", "gp_ei", "multitask_gp", "optuna_tpe", "random")
+SYSTEMS = (
+    "auxbo",
+    "f_only",
+    "h_shuffle",
+    "h_cross",
+    "gp_ei",
+    "multitask_gp",
+    "optuna_tpe",
+    "random",
+)
 PREFIX = {"synthetic": "", "lcbench": "lc_"}
 
 
@@ -85,6 +98,10 @@ def _proposer(system: str, ctx: dict[str, Any]):
     if system in ("auxbo", "h_shuffle"):
         return bo.TNPProposer(
             _model(ctx["full"]), ctx["full"]["stats"], xi=cfg.xi, h_shuffle=system == "h_shuffle"
+        )
+    if system == "h_cross":
+        return bo.TNPProposer(
+            _model(ctx["full"]), ctx["full"]["stats"], xi=cfg.xi, h_pool=ctx["history"]
         )
     if system == "f_only":
         return bo.TNPProposer(_model(ctx["f_only"]), ctx["f_only"]["stats"], xi=cfg.xi)
@@ -154,14 +171,15 @@ def gp_nll(tasks: list[Any], n_ctx: int, m_targets: int, stats: dict[str, Any], 
     return float(np.mean(vals))
 
 
-def _wilcoxon(a: np.ndarray, b: np.ndarray) -> float:
-    """One-sided paired test that ``a`` (aux-BO regret) is lower than ``b``."""
+def _wilcoxon(a: np.ndarray, b: np.ndarray, alternative: str = "less") -> float:
+    """Paired Wilcoxon signed-rank p; by default one-sided, that ``a`` (aux-BO regret) is lower
+    than ``b``."""
     from scipy.stats import wilcoxon
 
     d = np.asarray(a) - np.asarray(b)
     if np.all(d == 0):
         return 1.0
-    return float(wilcoxon(a, b, alternative="less", zero_method="zsplit").pvalue)
+    return float(wilcoxon(a, b, alternative=alternative, zero_method="zsplit").pvalue)
 
 
 def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
@@ -215,15 +233,19 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             "h_shuffle": evaluate_prediction(
                 _model(full), test, sizes, m, stats, seed=cfg.seed, h_shuffle=True
             ),
+            "h_cross": evaluate_prediction(
+                _model(full), test, sizes, m, stats, seed=cfg.seed, h_pool=train
+            ),
         }
         extra["prediction"][family] = {
             s: {str(n): v for n, v in r.items()} for s, r in pred.items()
         }
         _log(
             f"{family}: NLL at context 5: full {pred['auxbo'][5]['nll']:.3f}, f-only "
-            f"{pred['f_only'][5]['nll']:.3f}, h-shuffle {pred['h_shuffle'][5]['nll']:.3f}"
+            f"{pred['f_only'][5]['nll']:.3f}, h-shuffle {pred['h_shuffle'][5]['nll']:.3f}, "
+            f"h-cross {pred['h_cross'][5]['nll']:.3f}"
         )
-        for s in ("auxbo", "f_only", "h_shuffle"):
+        for s in ("auxbo", "f_only", "h_shuffle", "h_cross"):
             rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"]
         rows["gp_ei"][f"{p}nll_ctx5"] = gp_nll(test, 5, m, stats, cfg.seed)
         for s in ("multitask_gp", "optuna_tpe", "random"):
@@ -263,6 +285,15 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
                 kk = min(k, cfg.budget)
                 pv[f"{s}@{k}"] = _wilcoxon(regrets["auxbo"][:, kk - 1], regrets[s][:, kk - 1])
         extra["pvalues"][family] = pv
+        kk10 = min(10, cfg.budget) - 1
+        ctrl_pv = {
+            f"{c}_vs_f_only@10": _wilcoxon(
+                regrets[c][:, kk10], regrets["f_only"][:, kk10], alternative="two-sided"
+            )
+            for c in ("h_shuffle", "h_cross")
+        }
+        extra.setdefault("control_pvalues", {})[family] = ctrl_pv
+        pv_cross = ctrl_pv["h_cross_vs_f_only@10"]
         # ---- checks (issue 5 and spec §7)
         better = all(
             rows["auxbo"][f"{p}regret_at_{k}"] < rows[s][f"{p}regret_at_{k}"]
@@ -281,6 +312,17 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         checks.append(
             f"{family}: h-shuffle removes (≥ half of) aux-BO's advantage over f-only at 10 "
             f"(auxbo {ab:.3f}, h_shuffle {hs:.3f}, f_only {fo:.3f}): {'yes' if removed else 'NO'}"
+        )
+        within = abs(hs - fo) <= 0.1 * fo
+        checks.append(
+            f"{family}: spec §7.3's stricter form, h-shuffle regret at 10 within 10 % of f-only's "
+            f"({(hs - fo) / fo * 100 if fo else float('nan'):+.0f} %): {'yes' if within else 'NO'}"
+        )
+        hx = rows["h_cross"][f"{p}regret_at_10"]
+        checks.append(
+            f"{family}: cross-task control (not in the spec; h from another task) removes "
+            f"{(hx - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of the advantage at 10 "
+            f"(h_cross {hx:.3f}; p vs f-only, two-sided, {pv_cross:.2g})"
         )
         nll_gain = pred["f_only"][5]["nll"] - pred["auxbo"][5]["nll"]
         checks.append(

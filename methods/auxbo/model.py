@@ -305,6 +305,26 @@ def _shuffled_h_index(n_designs: int, idx: np.ndarray, rng: np.random.Generator)
     return other + (other >= idx)  # skips idx itself, uniform over the rest
 
 
+def _with_cross_h(task: Any, pool: Sequence[Any], rng: np.random.Generator) -> Any:
+    """``task`` with each design's h replaced by that of a random design of a random other task
+    of ``pool`` (the cross-task control)."""
+    from types import SimpleNamespace
+
+    name = getattr(task, "name", None)
+    donors = [t for t in pool if getattr(t, "name", object()) != name] or list(pool)
+    if not donors:
+        raise ValueError("h_pool needs at least one task")
+    h = np.stack(
+        [
+            np.asarray(donors[int(a)].h)[int(rng.integers(0, len(donors[int(a)].f)))]
+            for a in rng.integers(0, len(donors), size=len(task.f))
+        ]
+    )
+    if h.shape != np.asarray(task.h).shape:
+        raise ValueError(f"h_pool's h has shape {h.shape[1:]}, the task {task.h.shape[1:]}")
+    return SimpleNamespace(name=name, X=task.X, f=task.f, h=h)
+
+
 def _pack(
     tasks: Sequence[Any],
     ctx: list[np.ndarray],
@@ -420,6 +440,7 @@ def evaluate_prediction(
     seed: int = 0,
     h_shuffle: bool = False,
     batch_tasks: int = 64,
+    h_pool: Sequence[Any] | None = None,
 ) -> dict[int, dict[str, float]]:
     """Few-shot prediction quality in z units on held-out targets.
 
@@ -427,16 +448,23 @@ def evaluate_prediction(
     n is the next n designs (contexts are nested across n and disjoint from the targets).
     Returns ``{n: {"nll": mean nats per target, "mse": mean squared error of μ}}`` averaged over
     tasks and targets. ``h_shuffle``: every context h is replaced by the h of another random
-    design of the same task (the control). Deterministic given ``seed``."""
+    design of the same task (the control). ``h_pool``: every context h is replaced by the h of a
+    random design of a random other task of ``h_pool`` (the cross-task control). Deterministic
+    given ``seed``."""
     if stats is None:
         raise ValueError("evaluate_prediction needs the family stats used at meta-training")
+    if h_shuffle and h_pool is not None:
+        raise ValueError("h_shuffle and h_pool are two different controls; pick one")
     was_training = model.training
     model.eval()
     perms, shuffles = [], []
+    tasks = list(tasks)
     for k, task in enumerate(tasks):
         rng = np.random.default_rng([seed, k, zlib.crc32(str(getattr(task, "name", k)).encode())])
         perms.append(rng.permutation(len(task.f)))
         shuffles.append(_shuffled_h_index(len(task.f), np.arange(len(task.f)), rng))
+        if h_pool is not None:
+            tasks[k] = _with_cross_h(task, h_pool, rng)
     out: dict[int, dict[str, float]] = {}
     for n in n_ctx_list:
         nll_sum, se_sum, count = 0.0, 0.0, 0
