@@ -271,6 +271,10 @@ def test_keystone_sft_example_runs_without_ray(tiny_smoke_lm, tmp_path) -> None:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(block), os.environ.get("PYTHONPATH", "")])
     )
+    # in-process DeepSpeed tests leave this process's one-rank group in the environment (its
+    # port is still bound here): the child makes its own, as a fresh shell would
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
     proc = subprocess.run(
         [sys.executable, str(root / "examples" / "keystone_sft.py"), "--preset", "smoke",
          "--set", "sft_steps=2", "--set", "sft_batch=4", "--out", str(out)],
