@@ -298,3 +298,84 @@ def test_subject_first_requests_and_subject_split():
     assert {r.subject for r in retain_f} & {r.subject for r in forget_f}
     with pytest.raises(ConfigError, match="rewrite_prompt"):
         candidate_requests(method.config("smoke", rewrite_prompt="subject_first"))
+
+
+def test_fact_text_states_every_candidate_fact_in_unseen_phrasings():
+    from nshot.data.lmtext import real_facts, synthetic_facts
+
+    for facts in (real_facts(), synthetic_facts()[:50]):
+        triples = [(f.relation, f.subject, f.answer) for f in facts]
+        text = E.fact_text(triples)
+        assert len(text) >= len(triples)
+        for f in facts:
+            mine = [t for t in text if f.subject in t and f.answer in t]
+            assert mine, (f.relation, f.subject)
+            # no sentence starts with an evaluation prompt (rewrite prompt or paraphrase)
+            for tpl in f.templates:
+                prompt = E.fill(tpl, f.subject)
+                assert not any(t.lower().startswith(prompt.lower()) for t in mine), prompt
+    assert E.fact_text([("unknown-relation", "X", "Y")]) == []
+
+
+def test_diagnostics_subspace_shares_and_isolated_edits():
+    """The diagnostics on the trained tiny LM: shares are fractions, the forget facts sit in
+    their own sensitive subspace, the consistent statistics-only edit is the identity (the
+    model's metrics do not move), and the model is restored afterwards."""
+    from types import SimpleNamespace
+
+    from nshot.methods.zerounlearn.diagnostics import edit_rows, subspace_shares
+    from nshot.methods.zerounlearn.evaluation import EvalSet, evaluate_model
+
+    model, tok, reqs, texts = _trained_tiny_lm()
+    forget, retain = reqs[:3], reqs[3:]
+    stats = E.key_statistics(model, tok, texts, [0], 2000, use_cache=False)
+    chunks = tuple(tuple(E.encode(tok, t)) for t in texts[-4:])
+    s = SimpleNamespace(
+        model=model, tok=tok, forget=forget, retain=retain, stats=stats,
+        evalset=EvalSet(tuple(forget), tuple(retain), chunks),
+    )  # fmt: skip
+    hp = E.EditHParams(layers=(0,), lam_w=15000.0, consistent_stats=True)
+    prep = E.prepare(
+        model, tok, forget, ["{}"], stats, hp, E.DeltaHParams(steps=10), 1,
+        E.DeltaHParams(steps=10, lr=0.5),
+    )  # fmt: skip
+    shares = subspace_shares(s, prep)[0]
+    assert shares["rank"] == 3 and shares["dim"] == 64
+    for k in ("forget", "retain", "general"):
+        assert 0.0 <= shares[k] <= 1.0
+    assert shares["forget"] > shares["general"]
+    w0 = E.mlp(model, 0).down_proj.weight.detach().clone()
+    base = evaluate_model(model, tok, s.evalset)
+    rows = edit_rows(s, prep, hp)
+    assert set(rows) == {"statistics_only", "projector_only", "zerounlearn", "wo_op"}
+    assert rows["statistics_only"]["rel_weight_change"][0] < 1e-9
+    for k in ("eff", "spe"):
+        assert rows["statistics_only"][k] == base[k]
+    assert rows["projector_only"]["rel_weight_change"][0] > 1e-3
+    assert torch.equal(E.mlp(model, 0).down_proj.weight, w0)  # restored
+    with pytest.raises(ValueError, match="unknown diagnostic edit"):
+        edit_rows(s, prep, hp, ["nope"])
+
+
+def test_diagnose_example_runs_on_the_smoke_preset(tiny_smoke_lm, tmp_path):
+    """examples/zerounlearn_diagnose.py end to end on the tiny LM: shares per edited layer, the
+    four isolated edits for each remapping lr and both statistics, a JSON file; bad --set fails."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "zerounlearn_diagnose.py"
+    spec = importlib.util.spec_from_file_location("zerounlearn_diagnose", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "d.json"
+    res = mod.main(["--preset", "smoke", "--remap-lr", "0.1", "0.5", "--out", str(out)])
+    assert json.loads(out.read_text())["seed"] == 0
+    assert set(res["subspace_shares"]) == {0}
+    assert len(res["runs"]) == 2 * 2 * 4
+    identity = [r for r in res["runs"] if r["edit"] == "statistics_only" and r["consistent_stats"]]
+    assert all(r["spe"] == res["base"]["spe"] and r["eff"] == res["base"]["eff"] for r in identity)
+    with pytest.raises(SystemExit, match="key=value"):
+        mod.main(["--set", "oops"])
+    with pytest.raises(SystemExit, match="error"):
+        mod.main(["--preset", "smoke", "--set", "eps=7"])

@@ -47,10 +47,12 @@ class ZeroUnlearnConfig(MethodConfig):
     consistent_stats: bool = Field(False, description="VKT_w = W·KKT_w instead of centred (§9)")
     context_templates: int = Field(5, ge=0, le=50, description="sampled context templates")
     stats_positions: int = Field(100_000, ge=16, description="general-text key positions")
-    stats_text: Literal["general", "general+entities"] = Field(
+    stats_text: Literal["general", "general+entities", "general+facts"] = Field(
         "general",
-        description="text of the key statistics: stdlib docstrings, or docstrings plus neutral "
-        "sentences mentioning the fact entities (a stand-in for Wikipedia's coverage)",
+        description="text of the key statistics: stdlib docstrings; docstrings plus neutral "
+        "sentences mentioning the fact entities; or docstrings, those sentences and prose "
+        "stating every candidate fact in phrasings no evaluation prompt uses (stand-ins for "
+        "Wikipedia's coverage)",
     )
     rewrite_prompt: Literal["relation_first", "subject_first"] = Field(
         "relation_first",

@@ -870,3 +870,34 @@ def entity_text(entities: Sequence[str]) -> list[str]:
     stand-in for the Wikipedia text whose key statistics the paper uses, where every country
     is mentioned in many contexts. Python docstrings mention none of them."""
     return [t.format(e) for e in entities for t in ENTITY_SENTENCES]
+
+
+# prose stating facts, phrased unlike the rewrite and paraphrase templates (relation -> templates
+# over subject and answer): what Wikipedia adds to the statistics besides mentions of entities
+FACT_SENTENCES = {
+    "capital": (
+        "{answer} is the capital of {subject}.",
+        "The government of {subject} sits in {answer}.",
+        "Visitors to {subject} often start in {answer}, its largest administrative centre.",
+    ),
+    "language": (
+        "{answer} is an official language of {subject}.",
+        "Schools in {subject} teach in {answer}.",
+        "Newspapers in {subject} are printed in {answer}.",
+    ),
+    "occupation": ("A {answer} by profession, {subject} trained for years.",),
+    "colour": ("{answer} was the colour that {subject} chose most often.",),
+    "birthplace": ("{answer} is the city where {subject} was born.",),
+    "sport": ("{answer} is the sport that {subject} trained for.",),
+}
+
+
+def fact_text(facts: Sequence[tuple[str, str, str]]) -> list[str]:
+    """Sentences stating each ``(relation, subject, answer)`` in prose that none of the
+    evaluation templates uses: the offline stand-in for the factual text of Wikipedia, where
+    the key statistics of the paper see the relations' contexts (not only the entities)."""
+    out = []
+    for relation, subject, answer in facts:
+        for t in FACT_SENTENCES.get(relation, ()):
+            out.append(t.format(subject=subject, answer=answer))
+    return out

@@ -29,6 +29,7 @@ from .edit import (
     context_templates,
     edited_weights,
     entity_text,
+    fact_text,
     key_statistics,
     load_edited_weights,
     model_fingerprint,
@@ -206,10 +207,14 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
     es = EvalSet(tuple(forget), tuple(retain), tuple(tuple(c) for c in chunks))
     t1 = time.time()
     texts = list(general_text("train"))
-    if cfg.stats_text == "general+entities":
-        entities = sorted({r.subject for r in candidate_requests(cfg)})
-        extra = entity_text(entities)
+    if cfg.stats_text in ("general+entities", "general+facts"):
+        cands = candidate_requests(cfg)
+        extra = entity_text(sorted({r.subject for r in cands}))
         info["entity_sentences"] = len(extra)
+        if cfg.stats_text == "general+facts":
+            facts = fact_text(sorted({(r.relation, r.subject, r.answer) for r in cands}))
+            info["fact_sentences"] = len(facts)
+            extra = [t for pair in zip_longest(facts, extra) for t in pair if t is not None]
         # interleave so that a positions cap keeps both sources
         texts = [t for pair in zip_longest(extra, texts) for t in pair if t is not None]
     stats = key_statistics(model, tok, texts, cfg.edit_layers, cfg.stats_positions)
