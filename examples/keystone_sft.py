@@ -27,19 +27,6 @@ import time
 from pathlib import Path
 
 
-def _parse_sets(pairs: list[str]) -> dict:
-    out = {}
-    for item in pairs:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def summarise(result: dict) -> dict:
     """Means over seeds of gain / forgetting per system, and check 4's three parts."""
 
@@ -73,10 +60,14 @@ def main() -> int:
 
     import torch
 
+    from nshot.method import ConfigError, parse_overrides
     from nshot.methods.keystone.config import KeystoneConfig
     from nshot.methods.keystone.method import sft_comparison
 
-    cfg = KeystoneConfig.from_preset(args.preset, **_parse_sets(args.set))
+    try:
+        cfg = KeystoneConfig.from_preset(args.preset, **parse_overrides(args.set))
+    except (ConfigError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     print(
         f"keystone SFT comparison on {cfg.sft_model} ({dev}), {cfg.sft_steps} steps x batch "

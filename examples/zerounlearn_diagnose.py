@@ -31,19 +31,6 @@ import time
 from pathlib import Path
 
 
-def _parse_sets(pairs: list[str]) -> dict:
-    out = {}
-    for item in pairs:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
@@ -57,13 +44,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from nshot.method import ConfigError
+    from nshot.method import ConfigError, parse_overrides
     from nshot.methods.zerounlearn import pipeline as pl
     from nshot.methods.zerounlearn.config import ZeroUnlearnConfig
     from nshot.methods.zerounlearn.diagnostics import edit_rows, subspace_shares
 
     try:
-        cfg = ZeroUnlearnConfig.from_preset(args.preset, **_parse_sets(args.set))
+        cfg = ZeroUnlearnConfig.from_preset(args.preset, **parse_overrides(args.set))
     except (ConfigError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     remap_lrs = args.remap_lr or [cfg.remap_lr]
