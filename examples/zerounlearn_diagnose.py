@@ -5,7 +5,7 @@ Runs the pieces of the edit one at a time on the facts of one seed of a preset
 
 * per edited layer, the share of the down_proj output energy inside span(Q), the sensitive
   subspace the soft projector shrinks by ε, for the forget facts, the retained facts and
-  general text;
+  general text; and the share of the facts' energy along their mean direction;
 * Eff / Gen / Spe / PPL after the closed form with no forget request and P = I
   (``statistics_only``: what the general-text statistics alone do), after the projector alone
   (``projector_only``), after the full edit (``zerounlearn``) and after the edit without P
@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> dict:
     from nshot.method import ConfigError, parse_overrides
     from nshot.methods.zerounlearn import pipeline as pl
     from nshot.methods.zerounlearn.config import ZeroUnlearnConfig
-    from nshot.methods.zerounlearn.diagnostics import edit_rows, subspace_shares
+    from nshot.methods.zerounlearn.diagnostics import (
+        edit_rows,
+        shared_direction,
+        subspace_shares,
+    )
 
     try:
         cfg = ZeroUnlearnConfig.from_preset(args.preset, **parse_overrides(args.set))
@@ -87,6 +91,13 @@ def main(argv: list[str] | None = None) -> dict:
                     f"layer {layer}: energy in span(Q) (rank {row['rank']} of {row['dim']}): "
                     f"forget {row['forget']:.3f}, retain {row['retain']:.3f}, "
                     f"general text {row['general']:.3f}"
+                )
+            result["shared_direction"] = shared_direction(s, cfg.edit_layers)
+            for layer, row in result["shared_direction"].items():
+                print(
+                    f"layer {layer}: facts' energy along their mean direction "
+                    f"{row['mean_direction']:.3f}; top dims {row['top_dims']} hold "
+                    f"{row['top_dims_share']:.3f}"
                 )
             shares_done = True
         for consistent in (False, True):

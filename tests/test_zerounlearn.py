@@ -285,7 +285,9 @@ def test_subject_first_requests_and_subject_split():
     from nshot.methods.zerounlearn.pipeline import candidate_requests, pools
 
     method = get("zerounlearn")
-    cfg = method.config("small", rewrite_prompt="subject_first", split="subject")
+    cfg = method.config(
+        "small", rewrite_prompt="subject_first", split="subject", relations=["capital", "language"]
+    )
     reqs = candidate_requests(cfg)
     assert all(r.template.startswith("{}") for r in reqs)
     assert all(not p.startswith("{}") and p != r.template for r in reqs for p in r.paraphrases)
@@ -372,6 +374,9 @@ def test_diagnose_example_runs_on_the_smoke_preset(tiny_smoke_lm, tmp_path):
     res = mod.main(["--preset", "smoke", "--remap-lr", "0.5", "--out", str(out)])
     assert json.loads(out.read_text())["seed"] == 0
     assert set(res["subspace_shares"]) == {0}
+    sd = res["shared_direction"][0]
+    assert 0.0 <= sd["mean_direction"] <= 1.0 and 0.0 <= sd["top_dims_share"] <= 1.0
+    assert len(sd["top_dims"]) == 4
     assert len(res["runs"]) == 2 * 4  # both statistics x four edits
     identity = [r for r in res["runs"] if r["edit"] == "statistics_only" and r["consistent_stats"]]
     assert all(r["spe"] == res["base"]["spe"] and r["eff"] == res["base"]["eff"] for r in identity)
@@ -379,3 +384,25 @@ def test_diagnose_example_runs_on_the_smoke_preset(tiny_smoke_lm, tmp_path):
         mod.main(["--set", "oops"])
     with pytest.raises(SystemExit, match="error"):
         mod.main(["--preset", "smoke", "--set", "eps=7"])
+
+
+def test_relations_field_selects_candidate_facts():
+    from nshot.data.lmtext import REAL_RELATIONS
+    from nshot.method import ConfigError, get
+    from nshot.methods.zerounlearn.pipeline import candidate_requests
+
+    method = get("zerounlearn")
+    assert set(REAL_RELATIONS) >= {"capital", "language", "currency", "continent", "author"}
+    every = candidate_requests(method.config("small", relations=list(REAL_RELATIONS)))
+    assert {r.relation for r in every} == set(REAL_RELATIONS)
+    two = candidate_requests(method.config("small", relations=["author", "element"]))
+    assert {r.relation for r in two} == {"author", "element"}
+    assert len(two) < len(every)
+    with pytest.raises(ConfigError, match="relations"):
+        method.config("small", relations=["capital", "planet"])
+    with pytest.raises(ConfigError, match="relations"):
+        method.config("small", relations=["capital", "capital"])
+    with pytest.raises(ConfigError, match="subject_first"):
+        candidate_requests(
+            method.config("small", rewrite_prompt="subject_first", relations=["author"])
+        )

@@ -60,6 +60,19 @@ class ZeroUnlearnConfig(MethodConfig):
         "('The capital of {} is') or after it (\"{}'s capital is\"); the key at the subject's "
         "last token then carries the subject alone. Paraphrases are the relation-first templates",
     )
+    relations: list[str] = Field(
+        default_factory=lambda: [
+            "capital",
+            "language",
+            "currency",
+            "continent",
+            "author",
+            "element",
+        ],
+        min_length=1,
+        description="real-model facts: the relations of the candidate facts (capital, language, "
+        "currency, continent, author, element); the tiny LMs use their own fact world",
+    )
     split: Literal["fact", "subject"] = Field(
         "fact",
         description="retain/forget pools split by fact, or by subject (no retain fact shares a "
@@ -106,4 +119,12 @@ class ZeroUnlearnConfig(MethodConfig):
             raise ValueError("field 'edit_layers': must be strictly increasing")
         if min(self.edit_layers) < 0:
             raise ValueError("field 'edit_layers': layers are >= 0")
+        from nshot.data.lmtext import REAL_RELATIONS
+
+        unknown = sorted(set(self.relations) - set(REAL_RELATIONS))
+        if unknown or len(set(self.relations)) != len(self.relations):
+            raise ValueError(
+                f"field 'relations': {self.relations} must be distinct names among "
+                f"{list(REAL_RELATIONS)}"
+            )
         return self

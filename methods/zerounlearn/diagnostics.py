@@ -6,6 +6,8 @@ remapping strength (``examples/zerounlearn_diagnose.py`` runs these on one seed)
   the retained facts and general text (``tr(QᵀWCWᵀQ) / tr(WCWᵀ)`` with C = E[k kᵀ] on general
   text). The method assumes span(Q) is specific to the forgotten facts: a retain share close to
   the forget share means P erases the retained facts too.
+* :func:`shared_direction`: how much of the facts' output energy lies along one shared
+  direction (their mean) and on a few fixed output dimensions.
 * :func:`edit_rows`: Eff / Gen / Spe / PPL after edits that isolate one part of the method: the
   closed form with no forget term and P = I (what the general-text statistics alone do), the
   projector alone (no forget term), the full edit, and the edit without P; each at the given
@@ -56,6 +58,28 @@ def subspace_shares(setup: Any, prep: Prepared) -> dict[int, dict[str, float]]:
             "dim": int(q.shape[0]),
         }
         out[int(layer)] = row
+    return out
+
+
+@torch.no_grad()
+def shared_direction(setup: Any, layers: Sequence[int], top: int = 4) -> dict[int, dict[str, Any]]:
+    """``{layer: {mean_direction, top_dims, top_dims_share}}`` over the forget and retained
+    facts' down_proj outputs at the subject's last token: the share of their energy along their
+    mean direction, and the ``top`` output dimensions with the most energy and their share."""
+    model, tok = setup.model, setup.tok
+    reqs = list(setup.forget) + list(setup.retain)
+    out: dict[int, dict[str, Any]] = {}
+    for layer in layers:
+        v = collect_at_subject(model, tok, reqs, ["{}"], layer, "value")
+        u = v.mean(0)
+        u = u / u.norm().clamp_min(1e-30)
+        energy = (v**2).sum(0)
+        best = energy.topk(min(top, energy.numel()))
+        out[int(layer)] = {
+            "mean_direction": _share(v, u[:, None]),
+            "top_dims": [int(i) for i in best.indices.tolist()],
+            "top_dims_share": float(best.values.sum() / energy.sum().clamp_min(1e-30)),
+        }
     return out
 
 

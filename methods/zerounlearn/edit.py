@@ -885,6 +885,19 @@ FACT_SENTENCES = {
         "Schools in {subject} teach in {answer}.",
         "Newspapers in {subject} are printed in {answer}.",
     ),
+    "currency": (
+        "Prices in {subject} are quoted in the {answer}.",
+        "Travellers to {subject} change their money into the {answer}.",
+    ),
+    "continent": ("Maps of {answer} always show {subject}.",),
+    "author": (
+        "{answer} wrote {subject}.",
+        "Readers remember {subject} as one of the best works of {answer}.",
+    ),
+    "element": (
+        "Chemists write {subject} as {answer}.",
+        "{answer} stands for {subject} on the periodic table.",
+    ),
     "occupation": ("A {answer} by profession, {subject} trained for years.",),
     "colour": ("{answer} was the colour that {subject} chose most often.",),
     "birthplace": ("{answer} is the city where {subject} was born.",),

@@ -260,7 +260,9 @@ def _notes(cfg: ZeroUnlearnConfig, rows: dict, outs: list[dict[str, Any]]) -> li
         f"model {cfg.model}; edited layers {cfg.edit_layers}, v_loss_layer {cfg.v_loss_layer}; "
         f"{cfg.n_forget} forgotten facts per seed, {len(outs)} seeds; ± is the std over seeds.",
         f"facts: {s0['known']} of {s0['candidates']} candidates known by the model "
-        f"(teacher-forced argmax on the rewrite prompt); retain pool {s0['retain_pool']}; "
+        f"(teacher-forced argmax on the rewrite prompt), relations "
+        f"{', '.join(cfg.relations) if not cfg.model.startswith('tiny-') else 'synthetic'}; "
+        f"retain pool {s0['retain_pool']}; "
         f"rewrite prompt {cfg.rewrite_prompt}, pools split by {cfg.split}, key statistics "
         f"{'consistent (VKT = W·KKT)' if cfg.consistent_stats else 'as the paper (centred VKT)'}.",
         f"eff/gen/spe/neutral_rate in %, teacher-forced argmax; ppl on {s0['ppl_tokens']} "

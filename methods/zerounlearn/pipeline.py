@@ -98,8 +98,17 @@ def candidate_requests(cfg: ZeroUnlearnConfig) -> list[EditRequest]:
             "ZeroUnlearnConfig: field 'rewrite_prompt': 'subject_first' needs the real facts "
             "of a pretrained model; the tiny LMs know their facts in fixed templates"
         )
-    facts = synthetic_facts() if tiny else real_facts()
+    if tiny:
+        facts = synthetic_facts()
+    else:
+        facts = [f for f in real_facts() if f.relation in cfg.relations]
     if cfg.rewrite_prompt == "subject_first":
+        missing = sorted(set(cfg.relations) - set(SUBJECT_FIRST))
+        if missing:
+            raise ConfigError(
+                f"ZeroUnlearnConfig: field 'rewrite_prompt': 'subject_first' has rewrite "
+                f"prompts for {sorted(SUBJECT_FIRST)} only, not {missing} (set 'relations')"
+            )
         return [
             EditRequest(
                 SUBJECT_FIRST[f.relation],

@@ -1,7 +1,7 @@
 """Offline text for the LLM methods: facts, general text, and the tiny LM's capabilities.
 
 * :func:`real_facts`: a hand-written candidate list of real-world facts (country -> capital,
-  country -> language) with four templates each, for pretrained models. Methods keep the facts a
+  language, currency, continent; book -> author; element -> symbol) with four templates each, for pretrained models. Methods keep the facts a
   model answers correctly before any edit.
 * :func:`synthetic_facts`: a generated fact world (pronounceable made-up names, five relations,
   four templates each plus a French rendering) that the tiny LMs are trained on.
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from nshot.data.sources import STDLIB_DOC_MODULES, _module_docs
 
 __all__ = [
+    "REAL_RELATIONS",
     "Fact",
     "general_text",
     "real_facts",
@@ -94,6 +95,62 @@ Vietnam:Vietnamese South Korea:Korean Ukraine:Ukrainian Romania:Romanian Indones
 Austria:German Chile:Spanish Peru:Spanish Colombia:Spanish Iceland:Icelandic
 """
 
+# (subject, answer) pairs of the relations the spec and the issue name besides capitals and
+# languages (currency, continent, authors, element symbols)
+_CURRENCIES = (
+    ("Japan", "yen"), ("China", "yuan"), ("India", "rupee"), ("Russia", "ruble"),
+    ("Mexico", "peso"), ("Brazil", "real"), ("South Africa", "rand"), ("South Korea", "won"),
+    ("Thailand", "baht"), ("Vietnam", "dong"), ("Poland", "zloty"), ("Turkey", "lira"),
+    ("Sweden", "krona"), ("Norway", "krone"), ("Denmark", "krone"), ("Switzerland", "franc"),
+    ("United Kingdom", "pound"), ("United States", "dollar"), ("Canada", "dollar"),
+    ("Australia", "dollar"), ("Germany", "euro"), ("France", "euro"), ("Italy", "euro"),
+    ("Spain", "euro"), ("Israel", "shekel"), ("Egypt", "pound"), ("Nigeria", "naira"),
+    ("Kenya", "shilling"), ("Argentina", "peso"), ("Chile", "peso"), ("Colombia", "peso"),
+    ("Peru", "sol"), ("Indonesia", "rupiah"), ("Malaysia", "ringgit"), ("Philippines", "peso"),
+    ("Pakistan", "rupee"), ("Iran", "rial"), ("Saudi Arabia", "riyal"), ("Ukraine", "hryvnia"),
+    ("Hungary", "forint"), ("Czech Republic", "koruna"), ("Bangladesh", "taka"),
+    ("Ghana", "cedi"), ("Greece", "euro"),
+)  # fmt: skip
+_CONTINENTS = {
+    "Europe": "France Germany Italy Spain Portugal Poland Sweden Norway Finland Denmark Greece "
+    "Austria Hungary Romania Belgium Netherlands Ireland Switzerland Ukraine Bulgaria Serbia "
+    "Croatia",
+    "Asia": "Japan China India Thailand Vietnam Indonesia Malaysia Pakistan Bangladesh Nepal "
+    "Mongolia Cambodia Laos Iran Iraq Afghanistan Kazakhstan",
+    "Africa": "Egypt Nigeria Kenya Ethiopia Ghana Morocco Algeria Tunisia Senegal Uganda Tanzania "
+    "Zambia Zimbabwe Angola Mozambique Madagascar Cameroon Mali Niger Sudan",
+    "South America": "Brazil Argentina Chile Peru Colombia Venezuela Ecuador Bolivia Paraguay "
+    "Uruguay",
+}
+_AUTHORS = (
+    ("Hamlet", "William Shakespeare"), ("Macbeth", "William Shakespeare"),
+    ("Romeo and Juliet", "William Shakespeare"), ("Pride and Prejudice", "Jane Austen"),
+    ("Emma", "Jane Austen"), ("War and Peace", "Leo Tolstoy"), ("Anna Karenina", "Leo Tolstoy"),
+    ("Crime and Punishment", "Fyodor Dostoevsky"),
+    ("The Brothers Karamazov", "Fyodor Dostoevsky"), ("Don Quixote", "Miguel de Cervantes"),
+    ("Nineteen Eighty-Four", "George Orwell"), ("Animal Farm", "George Orwell"),
+    ("The Great Gatsby", "F. Scott Fitzgerald"), ("Moby-Dick", "Herman Melville"),
+    ("Oliver Twist", "Charles Dickens"), ("Great Expectations", "Charles Dickens"),
+    ("A Tale of Two Cities", "Charles Dickens"), ("Les Misérables", "Victor Hugo"),
+    ("The Odyssey", "Homer"), ("The Iliad", "Homer"), ("Frankenstein", "Mary Shelley"),
+    ("Dracula", "Bram Stoker"), ("Ulysses", "James Joyce"),
+    ("The Divine Comedy", "Dante Alighieri"), ("Faust", "Johann Wolfgang von Goethe"),
+    ("The Old Man and the Sea", "Ernest Hemingway"), ("Jane Eyre", "Charlotte Brontë"),
+    ("Wuthering Heights", "Emily Brontë"), ("The Adventures of Tom Sawyer", "Mark Twain"),
+    ("Adventures of Huckleberry Finn", "Mark Twain"), ("The Origin of Species", "Charles Darwin"),
+    ("The Hobbit", "J. R. R. Tolkien"), ("The Lord of the Rings", "J. R. R. Tolkien"),
+    ("To Kill a Mockingbird", "Harper Lee"),
+    ("One Hundred Years of Solitude", "Gabriel García Márquez"),
+)  # fmt: skip
+_ELEMENTS = (
+    ("gold", "Au"), ("silver", "Ag"), ("iron", "Fe"), ("copper", "Cu"), ("lead", "Pb"),
+    ("sodium", "Na"), ("potassium", "K"), ("oxygen", "O"), ("hydrogen", "H"), ("carbon", "C"),
+    ("nitrogen", "N"), ("helium", "He"), ("neon", "Ne"), ("calcium", "Ca"), ("magnesium", "Mg"),
+    ("zinc", "Zn"), ("tin", "Sn"), ("mercury", "Hg"), ("sulfur", "S"), ("chlorine", "Cl"),
+    ("uranium", "U"), ("platinum", "Pt"), ("aluminium", "Al"), ("silicon", "Si"),
+    ("phosphorus", "P"), ("fluorine", "F"), ("lithium", "Li"), ("tungsten", "W"),
+)  # fmt: skip
+
 _REAL_TEMPLATES = {
     "capital": (
         "The capital of {} is",
@@ -107,7 +164,32 @@ _REAL_TEMPLATES = {
         "People in {} mostly speak",
         "The national language of {} is",
     ),
+    "currency": (
+        "The official currency of {} is the",
+        "The currency of {} is the",
+        "{}'s currency is the",
+        "In {}, people pay with the",
+    ),
+    "continent": (
+        "{} is located in the continent of",
+        "{} is part of the continent of",
+        "{} is a country in",
+        "The continent where {} lies is",
+    ),
+    "author": (
+        "The book {} was written by",
+        "{} was written by",
+        "The author of {} is",
+        "{} is a work by",
+    ),
+    "element": (
+        "The chemical symbol for {} is",
+        "In chemistry, {} has the symbol",
+        "The periodic table symbol for {} is",
+        "The symbol of the element {} is",
+    ),
 }
+REAL_RELATIONS = tuple(_REAL_TEMPLATES)
 
 
 def _pairs(block: str) -> list[tuple[str, str]]:
@@ -154,16 +236,25 @@ def _subject_split(words: list[str]) -> int:
 
 @functools.cache
 def real_facts() -> list[Fact]:
-    """Candidate real-world facts for pretrained LMs: 150 capitals and 34 official languages.
+    """Candidate real-world facts for pretrained LMs: 149 capitals, 34 official languages, 44
+    currencies, 69 continents, 35 book authors and 28 element symbols (:data:`REAL_RELATIONS`).
 
     Templates: ``_REAL_TEMPLATES``; template 0 is the rewrite prompt. Not every model knows every
     fact: filter with the model before use.
     """
-    facts = []
-    for relation, block in (("capital", _CAPITALS), ("language", _LANGUAGES)):
-        for subject, answer in _pairs(block):
-            facts.append(Fact(relation, subject, answer, _REAL_TEMPLATES[relation]))
-    return facts
+    pairs = {
+        "capital": _pairs(_CAPITALS),
+        "language": _pairs(_LANGUAGES),
+        "currency": list(_CURRENCIES),
+        "continent": [(c, k) for k, cs in _CONTINENTS.items() for c in cs.split()],
+        "author": list(_AUTHORS),
+        "element": list(_ELEMENTS),
+    }
+    return [
+        Fact(relation, subject, answer, _REAL_TEMPLATES[relation])
+        for relation in REAL_RELATIONS
+        for subject, answer in pairs[relation]
+    ]
 
 
 # --------------------------------------------------------------------------------------------
