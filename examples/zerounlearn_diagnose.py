@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--remap-lr", type=float, nargs="+", default=None, help="default: the preset's remap_lr"
     )
     ap.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    ap.add_argument(
+        "--allow-download", action="store_true", help="let a hub model name be downloaded"
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -52,15 +55,22 @@ def main(argv: list[str] | None = None) -> dict:
         shared_direction,
         subspace_shares,
     )
+    from nshot.nn.lm import LMError
 
     try:
-        cfg = ZeroUnlearnConfig.from_preset(args.preset, **parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        if args.allow_download:
+            overrides["allow_download"] = True
+        cfg = ZeroUnlearnConfig.from_preset(args.preset, **overrides)
     except (ConfigError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     remap_lrs = args.remap_lr or [cfg.remap_lr]
     t0 = time.time()
     torch.manual_seed(args.seed)
-    s = pl.setup(cfg, args.seed)
+    try:
+        s = pl.setup(cfg, args.seed)
+    except (ConfigError, LMError) as e:
+        raise SystemExit(f"error: {e}") from None
     print(f"[diagnose] setup {time.time() - t0:.0f}s: {s.info}", file=sys.stderr, flush=True)
     hp, dhp, rhp = pl.hparams(cfg)
     result: dict = {

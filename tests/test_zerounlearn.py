@@ -406,3 +406,17 @@ def test_relations_field_selects_candidate_facts():
         candidate_requests(
             method.config("small", rewrite_prompt="subject_first", relations=["author"])
         )
+
+
+def test_diagnose_example_reports_an_unavailable_model_cleanly(monkeypatch):
+    """Offline by default: a hub name that is not cached ends in one 'error: ...' line."""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = Path(__file__).resolve().parents[1] / "examples" / "zerounlearn_diagnose.py"
+    spec = importlib.util.spec_from_file_location("zerounlearn_diagnose", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit, match="error: cannot load model"):
+        mod.main(["--preset", "paper", "--set", "model=nshot-test/no-such-model"])
