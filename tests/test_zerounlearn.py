@@ -380,6 +380,9 @@ def test_diagnose_example_runs_on_the_smoke_preset(tiny_smoke_lm, tmp_path):
     assert len(res["runs"]) == 2 * 4  # both statistics x four edits
     identity = [r for r in res["runs"] if r["edit"] == "statistics_only" and r["consistent_stats"]]
     assert all(r["spe"] == res["base"]["spe"] and r["eff"] == res["base"]["eff"] for r in identity)
+    scan = mod.main(["--preset", "smoke", "--scan-layers"])["layer_scan"]
+    assert sorted(scan) == [0, 1]  # every layer of the two-layer smoke LM
+    assert all(0.0 <= r["mean_direction"] <= 1.0 for r in scan.values())
     with pytest.raises(SystemExit, match="key=value"):
         mod.main(["--set", "oops"])
     with pytest.raises(SystemExit, match="error"):
