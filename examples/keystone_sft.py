@@ -66,7 +66,7 @@ def main() -> int:
 
     try:
         cfg = KeystoneConfig.from_preset(args.preset, **parse_overrides(args.set))
-    except (ConfigError, ValueError) as e:
+    except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     print(

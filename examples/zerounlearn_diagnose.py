@@ -38,6 +38,23 @@ import time
 from pathlib import Path
 
 
+def _print_shared(rows: dict) -> None:
+    for layer, row in rows.items():
+        print(
+            f"layer {layer:3d}: facts' energy along their mean direction "
+            f"{row['mean_direction']:.3f}; top dims {row['top_dims']} hold "
+            f"{row['top_dims_share']:.3f}"
+        )
+
+
+def _finish(result: dict, t0: float, out: Path | None) -> dict:
+    result["seconds"] = time.time() - t0
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
@@ -65,9 +82,11 @@ def main(argv: list[str] | None = None) -> dict:
     from nshot.methods.zerounlearn.config import ZeroUnlearnConfig
     from nshot.methods.zerounlearn.diagnostics import (
         edit_rows,
+        output_values,
         shared_direction,
         subspace_shares,
     )
+    from nshot.methods.zerounlearn.evaluation import evaluate_model
     from nshot.nn.lm import LMError
 
     try:
@@ -75,45 +94,41 @@ def main(argv: list[str] | None = None) -> dict:
         if args.allow_download:
             overrides["allow_download"] = True
         cfg = ZeroUnlearnConfig.from_preset(args.preset, **overrides)
-    except (ConfigError, ValueError) as e:
+    except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
-    remap_lrs = args.remap_lr or [cfg.remap_lr]
     t0 = time.time()
     torch.manual_seed(args.seed)
+    result: dict = {"config": cfg.model_dump(), "seed": args.seed}
     try:
-        s = pl.setup(cfg, args.seed)
+        if args.scan_layers:  # the model and the facts only: no statistics, no targets
+            model, tok = pl.load_model(cfg)
+            forget, retain, result["setup"] = pl.split_requests(model, tok, cfg, args.seed)
+        else:
+            s = pl.setup(cfg, args.seed)
+            model, tok, forget, retain, result["setup"] = (
+                s.model, s.tok, s.forget, s.retain, s.info,
+            )  # fmt: skip
     except (ConfigError, LMError) as e:
         raise SystemExit(f"error: {e}") from None
-    print(f"[diagnose] setup {time.time() - t0:.0f}s: {s.info}", file=sys.stderr, flush=True)
-    hp, dhp, rhp = pl.hparams(cfg)
-    result: dict = {
-        "config": cfg.model_dump(),
-        "seed": args.seed,
-        "setup": s.info,
-        "forget": [r.to_json() for r in s.forget],
-        "n_retain": len(s.retain),
-        "runs": [],
-    }
+    print(f"[diagnose] setup {time.time() - t0:.0f}s: {result['setup']}", file=sys.stderr)
+    result["forget"] = [r.to_json() for r in forget]
+    result["n_retain"] = len(retain)
     if args.scan_layers:
-        n_layers = s.model.config.num_hidden_layers
-        scan = shared_direction(s, range(n_layers))
-        result["layer_scan"] = scan
-        for layer, row in scan.items():
-            print(
-                f"layer {layer:3d}: energy along the facts' mean direction "
-                f"{row['mean_direction']:.3f}; top dims {row['top_dims']} "
-                f"hold {row['top_dims_share']:.3f}"
-            )
-        result["seconds"] = time.time() - t0
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1, default=str))
-        return result
-    shares_done = False
-    for lr in remap_lrs:
+        layers = range(model.config.num_hidden_layers)
+        result["layer_scan"] = shared_direction(output_values(model, tok, forget + retain, layers))
+        _print_shared(result["layer_scan"])
+        return _finish(result, t0, args.out)
+
+    fv = output_values(model, tok, forget, cfg.edit_layers)
+    rv = output_values(model, tok, retain, cfg.edit_layers)
+    result["shared_direction"] = shared_direction({la: torch.cat([fv[la], rv[la]]) for la in fv})
+    _print_shared(result["shared_direction"])
+    hp, dhp, rhp = pl.hparams(cfg)
+    result["runs"] = []
+    for lr in args.remap_lr or [cfg.remap_lr]:
         t1 = time.time()
         prep = pl.prepare(
-            s.model, s.tok, s.forget, s.templates, s.stats, hp, dhp, cfg.v_loss_layer,
+            model, tok, forget, s.templates, s.stats, hp, dhp, cfg.v_loss_layer,
             dataclasses.replace(rhp, lr=lr),
         )  # fmt: skip
         print(
@@ -122,22 +137,14 @@ def main(argv: list[str] | None = None) -> dict:
             file=sys.stderr,
             flush=True,
         )
-        if not shares_done:
-            result["subspace_shares"] = subspace_shares(s, prep)
+        if "subspace_shares" not in result:  # Q does not depend on the remapping lr
+            result["subspace_shares"] = subspace_shares(model, s.stats, prep, fv, rv)
             for layer, row in result["subspace_shares"].items():
                 print(
                     f"layer {layer}: energy in span(Q) (rank {row['rank']} of {row['dim']}): "
                     f"forget {row['forget']:.3f}, retain {row['retain']:.3f}, "
                     f"general text {row['general']:.3f}"
                 )
-            result["shared_direction"] = shared_direction(s, cfg.edit_layers)
-            for layer, row in result["shared_direction"].items():
-                print(
-                    f"layer {layer}: facts' energy along their mean direction "
-                    f"{row['mean_direction']:.3f}; top dims {row['top_dims']} hold "
-                    f"{row['top_dims_share']:.3f}"
-                )
-            shares_done = True
         for consistent in (False, True):
             rows = edit_rows(s, prep, dataclasses.replace(hp, consistent_stats=consistent))
             for name, row in rows.items():
@@ -151,15 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
                     f"neutral {row['neutral_rate']:5.1f}",
                     flush=True,
                 )
-    base = s.evalset
-    from nshot.methods.zerounlearn.evaluation import evaluate_model
-
-    result["base"] = evaluate_model(s.model, s.tok, base)
-    result["seconds"] = time.time() - t0
+    result["base"] = evaluate_model(model, tok, s.evalset)
+    _finish(result, t0, args.out)
     print(f"base: {result['base']}  ({result['seconds']:.0f}s)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str))
     return result
 
 

@@ -1,6 +1,7 @@
 """Why an edit erases retained facts: the sensitive subspace, the projector alone, and the
 remapping strength (``examples/zerounlearn_diagnose.py`` runs these on one seed).
 
+* :func:`output_values`: the facts' down_proj outputs at the subject's last token, per layer.
 * :func:`subspace_shares`: per edited layer, the share of the down_proj output energy that lies
   in span(Q), the sensitive subspace the soft projector P shrinks by ε, for the forget facts,
   the retained facts and general text (``tr(QᵀWCWᵀQ) / tr(WCWᵀ)`` with C = E[k kᵀ] on general
@@ -24,7 +25,15 @@ import torch
 
 from nshot.nn.lm import mlp
 
-from .edit import EditHParams, Prepared, apply_edit, collect_at_subject, sensitive_basis
+from .edit import (
+    EditHParams,
+    Prepared,
+    apply_edit,
+    collect_at_subject,
+    edited_weights,
+    load_edited_weights,
+    sensitive_basis,
+)
 from .evaluation import evaluate_model
 
 
@@ -34,43 +43,51 @@ def _share(values: torch.Tensor, q: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def subspace_shares(setup: Any, prep: Prepared) -> dict[int, dict[str, float]]:
-    """``{layer: {forget, retain, general}}``: shares of down_proj output energy in span(Q)
-    (Q from this layer's sensitive representations ``prep.vs``), at the subject's last token
-    of the bare rewrite prompts; ``general`` from the general-text key statistics."""
-    model, tok = setup.model, setup.tok
+def output_values(
+    model: Any, tok: Any, requests: Sequence[Any], layers: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """``{layer: [N, d]}``: the down_proj outputs at the subject's last token of each request's
+    bare rewrite prompt (what the shares below are computed on)."""
+    return {
+        int(layer): collect_at_subject(model, tok, requests, ["{}"], layer, "value")
+        for layer in layers
+    }
+
+
+@torch.no_grad()
+def subspace_shares(
+    model: Any,
+    stats: dict[int, Any],
+    prep: Prepared,
+    forget: dict[int, torch.Tensor],
+    retain: dict[int, torch.Tensor],
+) -> dict[int, dict[str, float]]:
+    """``{layer: {forget, retain, general, rank, dim}}``: shares of down_proj output energy in
+    span(Q) (Q from this layer's sensitive representations ``prep.vs``) for the forget and
+    retained facts' outputs (:func:`output_values`), and for general text from its key
+    statistics ``stats``."""
     out: dict[int, dict[str, float]] = {}
     for layer, vs in prep.vs.items():
-        q = sensitive_basis(vs)
         W = mlp(model, layer).down_proj.weight.detach().double()
-        q = q.to(W.device)
-        st = setup.stats[layer]
-        C = W @ st.kkt.to(W.device) @ W.T
-        row = {
-            "forget": _share(
-                collect_at_subject(model, tok, setup.forget, ["{}"], layer, "value"), q
-            ),
-            "retain": _share(
-                collect_at_subject(model, tok, setup.retain, ["{}"], layer, "value"), q
-            ),
+        q = sensitive_basis(vs).to(W.device)
+        C = W @ stats[layer].kkt.to(W.device) @ W.T
+        out[int(layer)] = {
+            "forget": _share(forget[layer], q),
+            "retain": _share(retain[layer], q),
             "general": float(torch.trace(q.T @ C @ q) / torch.trace(C)),
             "rank": int(q.shape[1]),
             "dim": int(q.shape[0]),
         }
-        out[int(layer)] = row
     return out
 
 
 @torch.no_grad()
-def shared_direction(setup: Any, layers: Sequence[int], top: int = 4) -> dict[int, dict[str, Any]]:
-    """``{layer: {mean_direction, top_dims, top_dims_share}}`` over the forget and retained
-    facts' down_proj outputs at the subject's last token: the share of their energy along their
-    mean direction, and the ``top`` output dimensions with the most energy and their share."""
-    model, tok = setup.model, setup.tok
-    reqs = list(setup.forget) + list(setup.retain)
+def shared_direction(values: dict[int, torch.Tensor], top: int = 4) -> dict[int, dict[str, Any]]:
+    """``{layer: {mean_direction, top_dims, top_dims_share}}`` for the facts' outputs ``values``
+    (:func:`output_values`): the share of their energy along their mean direction, and the
+    ``top`` output dimensions with the most energy and their share."""
     out: dict[int, dict[str, Any]] = {}
-    for layer in layers:
-        v = collect_at_subject(model, tok, reqs, ["{}"], layer, "value")
+    for layer, v in values.items():
         u = v.mean(0)
         u = u / u.norm().clamp_min(1e-30)
         energy = (v**2).sum(0)
@@ -97,16 +114,17 @@ def edit_rows(
 ) -> dict[str, dict[str, Any]]:
     """Metrics after each edit of ``names`` (see :data:`EDITS`), the model restored between
     edits and at the end; each row also holds the per-layer relative weight change."""
+    unknown = [n for n in names if n not in EDITS]
+    if unknown:
+        raise ValueError(f"unknown diagnostic edit {unknown[0]!r}; known: {sorted(EDITS)}")
     model, tok = setup.model, setup.tok
-    original = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    original = edited_weights(model, hp.layers)  # the only weights an edit changes
     rows: dict[str, dict[str, Any]] = {}
     try:
         for name in names:
-            if name not in EDITS:
-                raise ValueError(f"unknown diagnostic edit {name!r}; known: {sorted(EDITS)}")
             variant, forget_term = EDITS[name]
             h = hp if forget_term else dataclasses.replace(hp, lam_f=0.0)
-            model.load_state_dict(original)
+            load_edited_weights(model, original)
             diag = apply_edit(model, tok, setup.forget, prep, h, variant)
             row: dict[str, Any] = dict(evaluate_model(model, tok, setup.evalset))
             row["rel_weight_change"] = {
@@ -114,5 +132,5 @@ def edit_rows(
             }
             rows[name] = row
     finally:
-        model.load_state_dict(original)
+        load_edited_weights(model, original)
     return rows

@@ -206,6 +206,12 @@ def split_requests(
     return forget, retain, info
 
 
+def _interleave(a: list[str], b: list[str]) -> list[str]:
+    """a[0], b[0], a[1], b[1], ... then the rest of the longer list: a positions cap on the
+    key statistics then keeps both sources."""
+    return [t for pair in zip_longest(a, b) for t in pair if t is not None]
+
+
 def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None = None) -> Setup:
     from nshot.data.lmtext import general_text
 
@@ -223,9 +229,8 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
         if cfg.stats_text == "general+facts":
             facts = fact_text(sorted({(r.relation, r.subject, r.answer) for r in cands}))
             info["fact_sentences"] = len(facts)
-            extra = [t for pair in zip_longest(facts, extra) for t in pair if t is not None]
-        # interleave so that a positions cap keeps both sources
-        texts = [t for pair in zip_longest(extra, texts) for t in pair if t is not None]
+            extra = _interleave(facts, extra)
+        texts = _interleave(extra, texts)
     stats = key_statistics(model, tok, texts, cfg.edit_layers, cfg.stats_positions)
     info["stats_s"] = time.time() - t1
     info["stats_positions"] = stats[cfg.edit_layers[0]].n
