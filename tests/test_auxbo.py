@@ -186,3 +186,30 @@ def test_tail_sweep_with_auxbo_then_a_history_surrogate(ray_session, tmp_path, m
     best_previous = max(tasks[-1].configs, key=lambda c: tasks[-1].y[tasks[-1].configs.index(c)])
     first = res.trials[0].config
     assert first == pytest.approx(best_previous)
+
+
+@pytest.mark.ray
+def test_experiments_smoke_has_every_row_control_and_check(ray_session, tmp_path):
+    """`nshot reproduce auxbo` at smoke size: the spec's rows, both h controls and the set-only
+    control (a third TNP meta-trained on shuffled h), paired p-values and the checks."""
+    from nshot.methods.auxbo.experiments import SYSTEMS, run_experiments, systems
+
+    cfg = get("auxbo").config("smoke", h_set_control=True, bo_tasks=3)
+    assert systems(get("auxbo").config("smoke")) == SYSTEMS
+    res = run_experiments(cfg, tmp_path)
+    names = systems(cfg)
+    assert names.index("h_set") == names.index("h_cross") + 1
+    assert list(res.rows) == list(names)
+    for s in names:
+        assert np.isfinite(res.rows[s]["regret_at_10"])
+        assert len(res.extra["task_regrets"]["synthetic"][s]) == 3
+    for s in ("auxbo", "f_only", "h_shuffle", "h_cross", "h_set"):
+        assert np.isfinite(res.rows[s]["nll_ctx5"])
+    meta = res.extra["meta_training"]["synthetic"]
+    assert {"full_seconds", "f_only_seconds", "h_set_seconds", "h_set_losses"} <= set(meta)
+    assert {"h_set@10", "h_set@20"} <= set(res.extra["pvalues"]["synthetic"])
+    assert "h_shuffle_vs_h_set@10" in res.extra["control_pvalues"]["synthetic"]
+    checks = [n for n in res.notes if n.startswith("checks: ")]
+    assert any("set-only control" in c for c in checks)
+    assert any("reads h per design" in c for c in checks)
+    assert (tmp_path / "regret_curves.png").is_file()

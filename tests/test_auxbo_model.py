@@ -354,6 +354,39 @@ def test_meta_train_keeps_the_step_with_the_lowest_held_back_nll():
         selection_split(AuxBOConfig.from_preset("smoke", select_tasks=12), tasks)
 
 
+def test_meta_train_h_shuffle_trains_and_selects_on_shuffled_h(monkeypatch):
+    """The h_set control: every batch and the step selection take h from other designs."""
+    import nshot.methods.auxbo.method as M
+    from nshot.methods.auxbo.config import AuxBOConfig
+
+    tasks = _tasks(12)
+    stats = family_stats(tasks)
+    cfg = AuxBOConfig.from_preset("smoke", steps=8, select_tasks=3, select_every=4, lr=3e-2)
+    flags = []
+    real = M.sample_batch
+
+    def spy(*args, **kwargs):
+        flags.append(kwargs.get("h_shuffle", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(M, "sample_batch", spy)
+    sel: dict = {}
+    model, _ = M.meta_train(cfg, tasks, stats, True, selection=sel, h_shuffle=True)
+    assert flags == [True] * cfg.steps
+    _, held = M.selection_split(cfg, tasks)
+    m = min(cfg.m_targets, 59)
+    kept = M.selection_nll(model, held, m, stats, cfg.seed, h_shuffle=True)
+    assert kept == pytest.approx(sel["best_nll"], abs=1e-6)
+    assert M.selection_nll(model, held, m, stats, cfg.seed) != pytest.approx(kept, abs=1e-6)
+    plain, _ = M.meta_train(cfg, tasks, stats, True)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), plain.state_dict().values())
+    )
+    with pytest.raises(ValueError, match="needs a model that reads h"):
+        M.meta_train(cfg, tasks, stats, False, h_shuffle=True)
+
+
 def test_run_bo_seeds_torch_for_the_run_and_restores_it():
     """GP fits may restart from torch's global RNG: a run must not depend on what ran before."""
 

@@ -92,6 +92,13 @@ class AuxBOConfig(MethodConfig):
     mtgp_points: int = Field(20, ge=2, le=10_000, description="history points per MTGP task")
     mtgp_maxiter: int = Field(200, ge=1, le=100_000)
     mtgp_refit_every: int = Field(5, ge=1, le=1000)
+    h_set_control: bool = Field(
+        False,
+        description="experiments(): add the `h_set` row, a third TNP meta-trained (and run) "
+        "with every context h replaced by that of another random design of the same task, so "
+        "h can tell it about the task but never about the design; it measures how much of "
+        "aux-BO's advantage the spec's h-shuffle control cannot remove",
+    )
 
     # `nshot tune auxbo`: the surrogate's own meta-training can be swept too
     TUNE: ClassVar[TuneSpec] = TuneSpec(
@@ -114,7 +121,7 @@ class AuxBOConfig(MethodConfig):
             n_test_tasks=100, n_candidates=300, lcbench_configs=64, lcbench_variant="perturbed",
             lcbench_tasks=480, lcbench_extra_test=56, select_tasks=40, select_every=250,
             budget=20, eval_tasks=20, bo_tasks=60, lcbench_bo_tasks=112,
-            families=["lcbench", "synthetic"],
+            families=["lcbench", "synthetic"], h_set_control=True,
         ),
         "paper": dict(
             d=256, heads=8, layers_h=2, layers=6, n_max=30, m_targets=32, batch_tasks=32,

@@ -15,7 +15,11 @@ Rows: auxbo, f_only, h_shuffle, h_cross, gp_ei, multitask_gp, optuna_tpe, random
 is the spec's control (each context h replaced by another design's of the same task);
 ``h_cross`` is a second control added by nshot: each context h is the h of a random design of a
 random *history* task, so it carries neither the design's nor the task's information (a curve
-shuffled within a task still shows the task's noise level and scale). The synthetic
+shuffled within a task still shows the task's noise level and scale). With ``h_set_control``
+(on in ``small``) a third row, ``h_set``, is a TNP meta-trained *and* run with the h-shuffle:
+h can tell it about the task, never about the design, so it measures how much of aux-BO's
+advantage the set of a task's h values carries on its own (what the within-task shuffle cannot
+remove), and aux-BO against it shows the per-design reading. The synthetic
 family's metrics are ``regret_at_{5,10,20}`` and ``nll_ctx5``; mini-LCBench's are prefixed
 ``lc_``.
 """
@@ -46,11 +50,22 @@ SYSTEMS = (
 PREFIX = {"synthetic": "", "lcbench": "lc_"}
 
 
+def systems(cfg: AuxBOConfig) -> tuple[str, ...]:
+    """The rows of ``cfg``'s comparison: :data:`SYSTEMS`, with ``h_set`` after the controls when
+    ``cfg.h_set_control``."""
+    if not cfg.h_set_control:
+        return SYSTEMS
+    k = SYSTEMS.index("h_cross") + 1
+    return (*SYSTEMS[:k], "h_set", *SYSTEMS[k:])
+
+
 def _log(msg: str) -> None:
     print(f"[auxbo] {msg}", file=sys.stderr, flush=True)
 
 
-def _train_model(cfg_dict: dict[str, Any], family: str, use_h: bool) -> dict[str, Any]:
+def _train_model(
+    cfg_dict: dict[str, Any], family: str, use_h: bool, h_shuffle: bool = False
+) -> dict[str, Any]:
     import torch
 
     from .method import AuxBOConfig, load_family, meta_train
@@ -67,8 +82,9 @@ def _train_model(cfg_dict: dict[str, Any], family: str, use_h: bool) -> dict[str
         train,
         stats,
         use_h,
-        progress=f"{family} {'full' if use_h else 'f-only'}",
+        progress=f"{family} {'h-set' if h_shuffle else 'full' if use_h else 'f-only'}",
         selection=selection,
+        h_shuffle=h_shuffle,
     )
     return {
         "selection": selection,
@@ -102,6 +118,10 @@ def _proposer(system: str, ctx: dict[str, Any]):
     if system == "h_cross":
         return bo.TNPProposer(
             _model(ctx["full"]), ctx["full"]["stats"], xi=cfg.xi, h_pool=ctx["history"]
+        )
+    if system == "h_set":
+        return bo.TNPProposer(
+            _model(ctx["h_set"]), ctx["h_set"]["stats"], xi=cfg.xi, h_shuffle=True
         )
     if system == "f_only":
         return bo.TNPProposer(_model(ctx["f_only"]), ctx["f_only"]["stats"], xi=cfg.xi)
@@ -195,8 +215,9 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     cfg_dict = cfg.model_dump()
     train_remote = ray.remote(num_cpus=1)(_train_model)
     chunk_remote = ray.remote(num_cpus=1)(_bo_chunk)
-    rows: dict[str, dict[str, float | None]] = {s: {} for s in SYSTEMS}
-    stds: dict[str, dict[str, float | None]] = {s: {} for s in SYSTEMS}
+    rows_ = systems(cfg)
+    rows: dict[str, dict[str, float | None]] = {s: {} for s in rows_}
+    stds: dict[str, dict[str, float | None]] = {s: {} for s in rows_}
     metrics: dict[str, bool] = {}
     notes: list[str] = []
     extra: dict[str, Any] = {"curves": {}, "pvalues": {}, "prediction": {}, "meta_training": {}}
@@ -209,19 +230,18 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         train, test, _ = load_family(cfg, family)
         test = test[: cfg.bo_tasks if family == "synthetic" else cfg.lcbench_bo_tasks]
         _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
-        full, fonly = ray.get(
-            [
-                train_remote.remote(cfg_dict, family, True),
-                train_remote.remote(cfg_dict, family, False),
-            ]
-        )
+        jobs = {
+            "full": train_remote.remote(cfg_dict, family, True),
+            "f_only": train_remote.remote(cfg_dict, family, False),
+        }
+        if cfg.h_set_control:
+            jobs["h_set"] = train_remote.remote(cfg_dict, family, True, True)
+        trained = dict(zip(jobs, ray.get(list(jobs.values()))))
+        full, fonly = trained["full"], trained["f_only"]
         extra["meta_training"][family] = {
-            "full_seconds": full["seconds"],
-            "f_only_seconds": fonly["seconds"],
-            "full_losses": full["losses"],
-            "f_only_losses": fonly["losses"],
-            "full_selection": full["selection"],
-            "f_only_selection": fonly["selection"],
+            f"{name}_{key}": tr[key]
+            for name, tr in trained.items()
+            for key in ("seconds", "losses", "selection")
         }
         # ---- prediction
         stats = full["stats"]
@@ -237,6 +257,10 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
                 _model(full), test, sizes, m, stats, seed=cfg.seed, h_pool=train
             ),
         }
+        if cfg.h_set_control:
+            pred["h_set"] = evaluate_prediction(
+                _model(trained["h_set"]), test, sizes, m, stats, seed=cfg.seed, h_shuffle=True
+            )
         extra["prediction"][family] = {
             s: {str(n): v for n, v in r.items()} for s, r in pred.items()
         }
@@ -244,29 +268,30 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             f"{family}: NLL at context 5: full {pred['auxbo'][5]['nll']:.3f}, f-only "
             f"{pred['f_only'][5]['nll']:.3f}, h-shuffle {pred['h_shuffle'][5]['nll']:.3f}, "
             f"h-cross {pred['h_cross'][5]['nll']:.3f}"
+            + (f", h-set {pred['h_set'][5]['nll']:.3f}" if "h_set" in pred else "")
         )
-        for s in ("auxbo", "f_only", "h_shuffle", "h_cross"):
+        for s in pred:
             rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"]
         rows["gp_ei"][f"{p}nll_ctx5"] = gp_nll(test, 5, m, stats, cfg.seed)
         for s in ("multitask_gp", "optuna_tpe", "random"):
             rows[s][f"{p}nll_ctx5"] = None
         # ---- BO
-        ctx = {"cfg": cfg, "full": full, "f_only": fonly, "history": train}
+        ctx = {"cfg": cfg, "history": train, **trained}
         ctx_ref = ray.put(ctx)
         chunk = max(1, int(np.ceil(len(test) / 8)))
         refs: dict[str, list[Any]] = {}
-        for s in SYSTEMS:
+        for s in rows_:
             refs[s] = [
                 chunk_remote.remote(s, ctx_ref, test[i : i + chunk], i)
                 for i in range(0, len(test), chunk)
             ]
         regrets: dict[str, np.ndarray] = {}
-        for s in SYSTEMS:
+        for s in rows_:
             t1 = time.time()
             regrets[s] = np.stack([r for part in ray.get(refs[s]) for r in part])
             _log(f"{family}: {s} done (waited {time.time() - t1:.0f}s)")
         n = len(test)
-        for s in SYSTEMS:
+        for s in rows_:
             for k in (5, 10, 20):
                 kk = min(k, cfg.budget)
                 col = regrets[s][:, kk - 1]
@@ -280,7 +305,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             )
             extra["task_regrets"][family][s] = regrets[s].tolist()  # per task and evaluation
         pv = {}
-        for s in SYSTEMS[1:]:
+        for s in rows_[1:]:
             for k in (5, 10, 20):
                 kk = min(k, cfg.budget)
                 pv[f"{s}@{k}"] = _wilcoxon(regrets["auxbo"][:, kk - 1], regrets[s][:, kk - 1])
@@ -290,15 +315,20 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             f"{c}_vs_f_only@10": _wilcoxon(
                 regrets[c][:, kk10], regrets["f_only"][:, kk10], alternative="two-sided"
             )
-            for c in ("h_shuffle", "h_cross")
+            for c in ("h_shuffle", "h_cross", "h_set")
+            if c in regrets
         }
+        if "h_set" in regrets:
+            ctrl_pv["h_shuffle_vs_h_set@10"] = _wilcoxon(
+                regrets["h_shuffle"][:, kk10], regrets["h_set"][:, kk10], alternative="two-sided"
+            )
         extra.setdefault("control_pvalues", {})[family] = ctrl_pv
         pv_cross = ctrl_pv["h_cross_vs_f_only@10"]
         # ---- checks (issue 5 and spec §7)
         better = all(
             rows["auxbo"][f"{p}regret_at_{k}"] < rows[s][f"{p}regret_at_{k}"]
             and pv[f"{s}@{k}"] < 0.05
-            for s in SYSTEMS[1:]
+            for s in rows_[1:]
             for k in (10, 20)
         )
         checks.append(
@@ -324,6 +354,24 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             f"{(hx - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of the advantage at 10 "
             f"(h_cross {hx:.3f}; p vs f-only, two-sided, {pv_cross:.2g})"
         )
+        if "h_set" in regrets:
+            hset = rows["h_set"][f"{p}regret_at_10"]
+            per_design = all(
+                rows["auxbo"][f"{p}regret_at_{k}"] < rows["h_set"][f"{p}regret_at_{k}"]
+                and pv[f"h_set@{k}"] < 0.05
+                for k in (10, 20)
+            )
+            checks.append(
+                f"{family}: set-only control (not in the spec; a TNP meta-trained and run on "
+                f"within-task shuffled h) keeps {(fo - hset) / gap * 100 if gap > 0 else float('nan'):.0f} % "
+                f"of aux-BO's advantage over f-only at 10 (h_set {hset:.3f}; p vs f-only "
+                f"{ctrl_pv['h_set_vs_f_only@10']:.2g}, vs h_shuffle {ctrl_pv['h_shuffle_vs_h_set@10']:.2g}, "
+                "two-sided)"
+            )
+            checks.append(
+                f"{family}: aux-BO reads h per design, regret below the set-only control at 10 "
+                f"and 20 with p<0.05: {'yes' if per_design else 'NO'}"
+            )
         nll_gain = pred["f_only"][5]["nll"] - pred["auxbo"][5]["nll"]
         checks.append(
             f"{family}: NLL at context 5 full {pred['auxbo'][5]['nll']:.3f} vs f-only {pred['f_only'][5]['nll']:.3f} (gain {nll_gain:.3f} nats)"
@@ -331,10 +379,16 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         notes.append(
             f"{family}: {len(train)} history tasks, {n} held-out tasks; meta-training "
             f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only)"
+            + (f" / {trained['h_set']['seconds']:.0f}s (h-set)" if "h_set" in trained else "")
             + (
                 f", steps kept by held-back NLL on {cfg.select_tasks} history tasks: full "
-                f"{full['selection']['best_step']}, f-only {fonly['selection']['best_step']} "
-                f"of {cfg.steps}"
+                f"{full['selection']['best_step']}, f-only {fonly['selection']['best_step']}"
+                + (
+                    f", h-set {trained['h_set']['selection']['best_step']}"
+                    if "h_set" in trained
+                    else ""
+                )
+                + f" of {cfg.steps}"
                 if full["selection"]
                 else ""
             )
@@ -349,7 +403,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         "runs), unprefixed the synthetic family."
     )
     notes += ["checks: " + c for c in checks]
-    _plot_curves(extra["curves"], cfg, workdir / "regret_curves.png")
+    _plot_curves(extra["curves"], rows_, workdir / "regret_curves.png")
     return ResultsTable(
         method="auxbo",
         preset=cfg.preset,
@@ -363,7 +417,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     )
 
 
-def _plot_curves(curves: dict[str, list[float]], cfg: AuxBOConfig, path: Path) -> None:
+def _plot_curves(curves: dict[str, list[float]], names: tuple[str, ...], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,7 +428,7 @@ def _plot_curves(curves: dict[str, list[float]], cfg: AuxBOConfig, path: Path) -
         return
     fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 3.6), squeeze=False)
     for ax, fam in zip(axes[0], fams):
-        for s in SYSTEMS:
+        for s in names:
             c = curves.get(f"{fam}/{s}")
             if c:
                 ax.plot(np.arange(1, len(c) + 1), c, label=s, lw=2 if s == "auxbo" else 1)

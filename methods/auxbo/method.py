@@ -152,11 +152,21 @@ def selection_split(cfg: AuxBOConfig, train: list[Task]) -> tuple[list[Task], li
     return fit, [train[i] for i in sorted(held)]
 
 
-def selection_nll(model: TNP, tasks: list[Task], m: int, stats: dict[str, Any], seed: int) -> float:
-    """Mean NLL over :data:`SELECT_CONTEXTS` (those that fit) on held-back history tasks."""
+def selection_nll(
+    model: TNP,
+    tasks: list[Task],
+    m: int,
+    stats: dict[str, Any],
+    seed: int,
+    h_shuffle: bool = False,
+) -> float:
+    """Mean NLL over :data:`SELECT_CONTEXTS` (those that fit) on held-back history tasks
+    (``h_shuffle``: with every context h taken from another design of the same task)."""
     smallest = min(len(t.f) for t in tasks)
     sizes = tuple(n for n in SELECT_CONTEXTS if n + m <= smallest) or (1,)
-    pred = evaluate_prediction(model, tasks, sizes, min(m, smallest - max(sizes)), stats, seed=seed)
+    pred = evaluate_prediction(
+        model, tasks, sizes, min(m, smallest - max(sizes)), stats, seed=seed, h_shuffle=h_shuffle
+    )
     return float(np.mean([pred[n]["nll"] for n in sizes]))
 
 
@@ -168,13 +178,19 @@ def meta_train(
     *,
     progress: str | None = None,
     selection: dict[str, Any] | None = None,
+    h_shuffle: bool = False,
 ) -> tuple[TNP, list[float]]:
     """Meta-train one TNP in-process (used by experiments(); train_loop reports through Ray).
 
+    ``h_shuffle`` (needs ``use_h``): every context h, in training and in the step selection, is
+    the h of another random design of the same task, so the model can learn what the set of h
+    values says about the task but nothing about the individual design (the ``h_set`` control).
     With ``cfg.select_tasks`` > 0 the model is trained on the other history tasks and the
     returned weights are those of the evaluated step (every ``cfg.select_every``) with the
     lowest :func:`selection_nll` on the held-back ones; ``selection`` (a dict, if given)
     receives ``best_step``, ``best_nll``, ``steps`` and ``nll`` (the curve)."""
+    if h_shuffle and not use_h:
+        raise ValueError("h_shuffle needs a model that reads h (use_h=True)")
     torch.manual_seed(cfg.seed)
     fit, held = selection_split(cfg, train)
     model = TNP(tnp_config(cfg, train, use_h))
@@ -189,7 +205,7 @@ def meta_train(
     train = fit
     for step in range(1, cfg.steps + 1):
         rng = np.random.default_rng([cfg.seed, step])
-        batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
+        batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats, h_shuffle=h_shuffle)
         loss = nll_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -197,7 +213,7 @@ def meta_train(
         opt.step()
         window.append(float(loss.detach()))
         if held and (step % cfg.select_every == 0 or step == cfg.steps):
-            val = selection_nll(model, held, m, stats, cfg.seed)
+            val = selection_nll(model, held, m, stats, cfg.seed, h_shuffle=h_shuffle)
             model.train()
             curve_steps.append(step)
             curve_nll.append(val)
