@@ -405,3 +405,25 @@ def test_run_bo_seeds_torch_for_the_run_and_restores_it():
     torch.rand(50)  # a different global state ...
     run_bo(task, TorchRandom(), 10, 1, seed=5, trace=b)
     assert a == b  # ... the same run
+
+
+def test_set_information_sees_task_information_only_where_h_carries_it():
+    """R² of the optimum from the mean h of random designs: high when h depends on the task
+    (the synthetic family), about zero when every task's h comes from one distribution."""
+    from dataclasses import replace
+
+    from nshot.methods.auxbo.experiments import set_information, task_optimum
+
+    train, test = _tasks(80, seed=0), _tasks(30, seed=1)
+    assert np.allclose(task_optimum(test[0]), test[0].X[np.argmax(test[0].f)])
+    informative = set_information(train, test, sizes=(1, 10), draws=8)
+    assert informative[10] > 0.6 and informative[10] > informative[1]
+    rng = np.random.default_rng(5)
+
+    def blind(t: Task) -> Task:
+        return replace(t, h=rng.normal(size=t.h.shape).astype(np.float32))
+
+    null = set_information(
+        [blind(t) for t in train], [blind(t) for t in test], sizes=(10,), draws=8
+    )
+    assert null[10] < 0.1
