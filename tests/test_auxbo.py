@@ -212,5 +212,6 @@ def test_experiments_smoke_has_every_row_control_and_check(ray_session, tmp_path
     checks = [n for n in res.notes if n.startswith("checks: ")]
     assert any("set-only control" in c for c in checks)
     assert any("reads h per design" in c for c in checks)
-    assert set(res.extra["set_information"]["synthetic"]) == {"1", "2", "5", "10", "20"}
+    info = res.extra["set_information"]["synthetic"]
+    assert set(info["optimum"]) == set(info["profile"]) == {"1", "2", "5", "10", "20"}
     assert (tmp_path / "regret_curves.png").is_file()

@@ -417,7 +417,10 @@ def test_set_information_sees_task_information_only_where_h_carries_it():
     train, test = _tasks(80, seed=0), _tasks(30, seed=1)
     assert np.allclose(task_optimum(test[0]), test[0].X[np.argmax(test[0].f)])
     informative = set_information(train, test, sizes=(1, 10), draws=8)
-    assert informative[10] > 0.6 and informative[10] > informative[1]
+    assert set(informative) == {"optimum", "profile"}
+    assert informative["optimum"][10] > 0.6
+    assert informative["optimum"][10] > informative["optimum"][1]
+    assert informative["profile"][10] > 0.2
     rng = np.random.default_rng(5)
 
     def blind(t: Task) -> Task:
@@ -426,4 +429,4 @@ def test_set_information_sees_task_information_only_where_h_carries_it():
     null = set_information(
         [blind(t) for t in train], [blind(t) for t in test], sizes=(10,), draws=8
     )
-    assert null[10] < 0.1
+    assert null["optimum"][10] < 0.1 and null["profile"][10] < 0.1
