@@ -223,7 +223,7 @@ def set_information(
     each n: R² on ``test`` of a ridge regression (fitted on ``train``, alpha by
     cross-validation) from the mean h of n random designs of a task to the target. This is what
     the within-task h-shuffle leaves: a shuffled context still shows n h values of the task.
-    Linear, so a lower bound on what a neural surrogate can read from the set."""
+    A linear read-out of the mean: a lower bound on what the set holds."""
     from sklearn.linear_model import RidgeCV
 
     out: dict[str, dict[int, float]] = {name: {} for name in SET_TARGETS}
@@ -273,9 +273,9 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     cfg_dict = cfg.model_dump()
     train_remote = ray.remote(num_cpus=1)(_train_model)
     chunk_remote = ray.remote(num_cpus=1)(_bo_chunk)
-    rows_ = systems(cfg)
-    rows: dict[str, dict[str, float | None]] = {s: {} for s in rows_}
-    stds: dict[str, dict[str, float | None]] = {s: {} for s in rows_}
+    row_names = systems(cfg)
+    rows: dict[str, dict[str, float | None]] = {s: {} for s in row_names}
+    stds: dict[str, dict[str, float | None]] = {s: {} for s in row_names}
     metrics: dict[str, bool] = {}
     notes: list[str] = []
     extra: dict[str, Any] = {"curves": {}, "pvalues": {}, "prediction": {}, "meta_training": {}}
@@ -338,18 +338,18 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         ctx_ref = ray.put(ctx)
         chunk = max(1, int(np.ceil(len(test) / 8)))
         refs: dict[str, list[Any]] = {}
-        for s in rows_:
+        for s in row_names:
             refs[s] = [
                 chunk_remote.remote(s, ctx_ref, test[i : i + chunk], i)
                 for i in range(0, len(test), chunk)
             ]
         regrets: dict[str, np.ndarray] = {}
-        for s in rows_:
+        for s in row_names:
             t1 = time.time()
             regrets[s] = np.stack([r for part in ray.get(refs[s]) for r in part])
             _log(f"{family}: {s} done (waited {time.time() - t1:.0f}s)")
         n = len(test)
-        for s in rows_:
+        for s in row_names:
             for k in (5, 10, 20):
                 kk = min(k, cfg.budget)
                 col = regrets[s][:, kk - 1]
@@ -363,7 +363,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             )
             extra["task_regrets"][family][s] = regrets[s].tolist()  # per task and evaluation
         pv = {}
-        for s in rows_[1:]:
+        for s in row_names[1:]:
             for k in (5, 10, 20):
                 kk = min(k, cfg.budget)
                 pv[f"{s}@{k}"] = _wilcoxon(regrets["auxbo"][:, kk - 1], regrets[s][:, kk - 1])
@@ -471,7 +471,7 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         "runs), unprefixed the synthetic family."
     )
     notes += ["checks: " + c for c in checks]
-    _plot_curves(extra["curves"], rows_, workdir / "regret_curves.png")
+    _plot_curves(extra["curves"], row_names, workdir / "regret_curves.png")
     return ResultsTable(
         method="auxbo",
         preset=cfg.preset,
