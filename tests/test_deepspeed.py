@@ -136,3 +136,32 @@ def test_fp32_zero3_keeps_one_copy_of_each_weight_and_trains_like_zero0():
     n = sum(t.numel() for t in w0.values())
     assert mem3["master"] == 0 and mem3["params"] == n * 4
     assert mem3["optimizer"] >= 2 * n * 4
+
+
+def test_cpu_process_group_never_waits_on_a_stale_extension_lock(tmp_path):
+    """A DeepSpeed op compile that was killed midway leaves torch's ``lock`` file behind; joining
+    a CPU process group must not build (and so wait on) DeepSpeed's shm inference op."""
+    import os
+    import subprocess
+    import sys
+
+    stale = tmp_path / "ext" / "py311_cpu" / "deepspeed_shm_comm"
+    stale.mkdir(parents=True)
+    (stale / "lock").touch()
+    (tmp_path / "ext" / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "ext" / "deepspeed_shm_comm" / "lock").touch()
+    code = (
+        "from nshot.train.deepspeed import init_distributed\n"
+        "init_distributed()\n"
+        "import importlib\n"
+        "cdb = importlib.import_module('deepspeed.comm.comm').cdb\n"
+        "print('backend:', type(cdb).__name__, 'shm op:', cdb.shm_comm_op)\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "NSHOT_DEEPSPEED_SHM_OP"):
+        env.pop(k, None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "backend: TorchBackend shm op: None" in out.stdout

@@ -26,9 +26,10 @@ written or read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,22 +127,61 @@ def _forget_stale_deepspeed_groups() -> None:
     _SEEN_WORLD[0] = world
 
 
+SHM_OP_ENV = "NSHOT_DEEPSPEED_SHM_OP"
+
+
+@contextlib.contextmanager
+def _without_cpu_shm_op() -> Iterator[None]:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce op.
+
+    On CPU, DeepSpeed's ``TorchBackend`` builds ``deepspeed_shm_comm`` (a C++ extension compiled
+    with ninja into ``~/.cache/torch_extensions``) every time a process group is joined. The op
+    serves only DeepSpeed-Inference's tensor-parallel ``inference_all_reduce``, which nshot never
+    calls (training all-reduces go through torch.distributed/gloo). Building it needs a C++
+    toolchain, and a compile that is killed midway (a stopped job, a timed-out test) leaves
+    torch's ``lock`` file behind, on which every later run waits forever. Set
+    ``NSHOT_DEEPSPEED_SHM_OP=1`` to let DeepSpeed build and use it anyway.
+    """
+    if accelerator() == "cuda" or os.environ.get(SHM_OP_ENV, "0") == "1":
+        yield
+        return
+    import importlib
+
+    # not ``import deepspeed.comm.torch as m``: ``deepspeed.comm`` re-exports the torch package
+    # under that name
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+    build = getattr(ds_torch, "build_shm_op", None)
+    if build is None:  # a DeepSpeed without the op
+        yield
+        return
+    ds_torch.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        ds_torch.build_shm_op = build
+
+
 def init_distributed() -> None:
-    """Join the existing process group (Ray Train's) or create a one-process one on 127.0.0.1."""
+    """Join the existing process group (Ray Train's) or create a one-process one on 127.0.0.1.
+
+    On CPU, DeepSpeed's shared-memory inference op is not compiled (see
+    :func:`_without_cpu_shm_op`).
+    """
     accelerator()
     import deepspeed
     import torch.distributed as dist
 
     try:
-        if dist.is_available() and dist.is_initialized():
-            deepspeed.init_distributed(dist_backend=dist.get_backend())
-            return
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ["MASTER_PORT"] = str(_free_port())
-        backend = "nccl" if accelerator() == "cuda" else "gloo"
-        deepspeed.init_distributed(dist_backend=backend)
+        with _without_cpu_shm_op():
+            if dist.is_available() and dist.is_initialized():
+                deepspeed.init_distributed(dist_backend=dist.get_backend())
+                return
+            if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+                os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1")
+                os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+                os.environ["MASTER_PORT"] = str(_free_port())
+            backend = "nccl" if accelerator() == "cuda" else "gloo"
+            deepspeed.init_distributed(dist_backend=backend)
     finally:
         if dist.is_available():
             _forget_stale_deepspeed_groups()
