@@ -1,0 +1,221 @@
+"""FRONT as an nshot Method: ancestry and descendant training under Ray Train, serving, experiments."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from nshot.method import Method, NshotError, ResultsTable, register
+from nshot.nn.vit import ViT
+from nshot.train.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
+
+from .config import FrontConfig
+from .data import load_split
+from .train import History, descendant_vit, initialise, refine_ancestry, train_ancestry
+
+VERSION = "1"
+ANCESTRY_FIELDS = (
+    "seed", "patch", "anc_width", "anc_depth", "anc_heads", "anc_epochs", "anc_warmup", "lr",
+    "weight_decay", "batch", "refine", "refine_lambda", "refine_frac", "refine_keep_ratio",
+)  # fmt: skip
+
+
+def vit_from_checkpoint(checkpoint: LoadedCheckpoint) -> ViT:
+    """The ViT (ancestry or descendant) stored in a front checkpoint."""
+    shape = checkpoint.extra.get("shape")
+    if not isinstance(shape, dict):
+        raise NshotError(f"{checkpoint.path}: not a front checkpoint (no ViT shape)")
+    model = ViT(**shape)
+    try:
+        model.load_state_dict(checkpoint.weights())
+    except RuntimeError as err:
+        raise NshotError(f"{checkpoint.path}: weights do not fit the stored shape: {err}") from None
+    return model.eval()
+
+
+def ancestry_key(cfg: FrontConfig) -> str:
+    values = {k: getattr(cfg, k) for k in ANCESTRY_FIELDS}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fit_ancestry(cfg: FrontConfig, seed: int, log: bool = False) -> tuple[ViT, dict[str, Any]]:
+    """Train the ancestry (and refine it when ``cfg.refine``); returns it and its record."""
+
+    def show(epoch: int, h: History) -> None:
+        if log:
+            print(f"[nshot front] ancestry epoch {epoch} acc={h.acc[-1]:.3f}", flush=True)
+
+    model, hist = train_ancestry(cfg, seed, on_epoch=show)
+    record: dict[str, Any] = {"history": hist.to_dict()}
+    if cfg.refine:
+        model, record["refine"] = refine_ancestry(cfg, model, seed)
+    return model, record
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cached_ancestry(cfg: FrontConfig) -> LoadedCheckpoint:
+    """The ancestry checkpoint for ``cfg`` from ``NSHOT_CACHE/front/``, trained on first use."""
+    from nshot.data.cache import cache_dir
+
+    root = cache_dir() / "front"
+    target = root / f"ancestry-{ancestry_key(cfg)}"
+    with _lock(root / f".{target.name}.lock"):
+        if not (target / "nshot.json").is_file():
+            model, record = fit_ancestry(cfg, cfg.seed, log=True)
+            tmp = root / f".tmp-{target.name}-{os.getpid()}"
+            save_ancestry(tmp, cfg, model, record)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+    return load_checkpoint(target, method="front")
+
+
+def save_ancestry(path: Path, cfg: FrontConfig, model: ViT, record: dict[str, Any]) -> Path:
+    acc = record["history"]["acc"][-1]
+    if "refine" in record:
+        acc = record["refine"]["acc_after"]
+    return save_checkpoint(
+        path, method="front", method_version=VERSION, config=cfg.model_dump(),
+        step=cfg.anc_epochs, model_state=model.state_dict(), metrics={"acc": acc},
+        extra={"stage": "ancestry", "shape": model.shape(), "ancestry_id": ancestry_key(cfg),
+               **record},
+    )  # fmt: skip
+
+
+def load_ancestry(cfg: FrontConfig) -> tuple[ViT, dict[str, Any]]:
+    if cfg.ancestry_path is None:
+        ckpt = cached_ancestry(cfg)
+    else:
+        ckpt = load_checkpoint(cfg.ancestry_path, method="front")
+    if ckpt.extra.get("stage") != "ancestry":
+        raise NshotError(
+            f"ancestry_path: {ckpt.path} is a front {ckpt.extra.get('stage')} checkpoint, "
+            "not an ancestry (train one with --set stage=ancestry)"
+        )
+    return vit_from_checkpoint(ckpt), {
+        "ancestry_id": ckpt.extra.get("ancestry_id", str(ckpt.path)),
+        "ancestry_acc": ckpt.metrics.get("acc"),
+        "ancestry_shape": ckpt.extra["shape"],
+    }
+
+
+@register
+class FrontMethod(Method):
+    name = "front"
+    paper = "FRONT: frequency-domain knowledge transfer with a DCT learngene (ICML 2026)"
+    area = "weight transfer / model initialisation"
+    version = VERSION
+    Config = FrontConfig
+
+    def data(self, cfg: FrontConfig) -> dict[str, pa.Table]:
+        from .data import data_tables
+
+        return data_tables(cfg)
+
+    def train_loop(self, cfg: FrontConfig) -> None:
+        """``stage=ancestry``: train (and optionally refine) the source ViT. ``descendant``:
+        initialise a ViT from the ancestry by ``cfg.init`` and train it, every worker on its
+        slice of each global batch (DDP averages the gradients). Reports the test accuracy
+        after every epoch; checkpoints at the end (a run is seconds to minutes long)."""
+        from nshot.train import session
+
+        ctx = session.context()
+        torch.set_num_threads(cfg.torch_threads)
+        if cfg.stage == "ancestry":
+            if ctx.world_size > 1:
+                raise NshotError("stage=ancestry trains on one worker (--workers 0 or 1)")
+            model, record = fit_ancestry(cfg, cfg.seed, log=True)
+            acc = record.get("refine", {}).get("acc_after", record["history"]["acc"][-1])
+            session.report(
+                {"acc": acc, "acc_init": record["history"]["acc_init"]},
+                step=cfg.anc_epochs, model=model,
+                extra={"stage": "ancestry", "shape": model.shape(),
+                       "ancestry_id": ancestry_key(cfg), **record},
+                checkpoint=True,
+            )  # fmt: skip
+            return
+        ancestry, anc_info = load_ancestry(cfg)
+        torch.manual_seed(cfg.seed + 1)
+        model = descendant_vit(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        restored = session.restore(model, opt)
+        start = restored.step if restored else 0
+        if restored is None:
+            report = initialise(model, ancestry, cfg, seed=cfg.seed)
+            init_info = {
+                "transferred": len(report.get("transferred", [])),
+                "skipped": [str(x) for x in report.get("skipped", [])],
+            }
+        else:  # resumed: the weights come from the checkpoint, the init record too
+            init_info = {k: restored.extra.get(k) for k in ("transferred", "skipped")}
+        train = load_split("descendant_train", cfg.seed, task=cfg.task, img_size=cfg.img_size)
+        test = load_split("test", cfg.seed, task=cfg.task, img_size=cfg.img_size)
+        ddp = session.prepare_model(model)
+        extra = {
+            "stage": "descendant", "shape": model.shape(), "init": cfg.init,
+            "keep_ratio": cfg.keep_ratio, "fill": cfg.fill, "depth_fix": cfg.depth_fix,
+            "use_ratio": cfg.use_ratio, "task": cfg.task, **init_info, **anc_info,
+        }  # fmt: skip
+
+        def on_epoch(epoch: int, h: History) -> None:
+            session.report(
+                {"acc": h.acc[-1], "loss": h.loss[-1], "acc_init": h.acc_init},
+                step=epoch, model=model, optimizer=opt, extra=extra,
+                checkpoint=epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs,
+                samples=len(train.y) // ctx.world_size,
+            )  # fmt: skip
+
+        from .train import train_classifier
+
+        train_classifier(
+            model, train, test, epochs=cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            batch=cfg.batch, seed=cfg.seed, warmup_epochs=cfg.warmup, forward=ddp,
+            rank=ctx.rank, world=ctx.world_size, on_epoch=on_epoch, optimizer=opt,
+            start_epoch=start,
+        )  # fmt: skip
+
+    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: FrontConfig) -> dict[str, float]:
+        """Test accuracy of the checkpoint's ViT on its task (and its training record)."""
+        from .train import accuracy
+
+        model = vit_from_checkpoint(checkpoint)
+        extra = checkpoint.extra
+        stage = extra.get("stage")
+        task = extra.get("task", "digits") if stage == "descendant" else "digits"
+        seed = int(checkpoint.config.get("seed", cfg.seed))
+        test = load_split("test", seed, task=task, img_size=model.img_size)
+        out = {"acc": accuracy(model, test), "depth": float(model.depth),
+               "width": float(model.width)}  # fmt: skip
+        if stage == "ancestry" and "refine" in extra:
+            for k, v in extra["refine"].items():
+                out[f"refine_{k}"] = float(v)
+        return out
+
+    def predictor(self, checkpoint: LoadedCheckpoint):
+        from .serve import FrontPredictor
+
+        return FrontPredictor(checkpoint)
+
+    def experiments(self, cfg: FrontConfig, workdir: Path) -> ResultsTable:
+        from .experiments import run_experiments
+
+        return run_experiments(cfg, workdir)

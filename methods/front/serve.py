@@ -1,0 +1,128 @@
+"""FRONT predictor: a trained descendant (or ancestry) ViT classifies digit images (spec §8).
+
+FRONT's product is an initialisation; what is served is the classifier trained from it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field, model_validator
+
+from nshot.method import Predictor
+from nshot.train.checkpoint import LoadedCheckpoint
+
+MAX_IMAGES = 1024
+
+
+class FrontRequest(BaseModel):
+    images: list[list[float]] = Field(
+        ..., max_length=MAX_IMAGES,
+        description="flattened square grey images (64 values for 8×8, 256 for 16×16)",
+    )  # fmt: skip
+    scale: Literal["unit", "sklearn"] = Field(
+        "unit", description="pixel scale: unit = [0, 1]; sklearn = scikit-learn digits' 0–16"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FrontRequest:
+        if not self.images:
+            raise ValueError("images: at least one image is needed")
+        top = 1.0 if self.scale == "unit" else 16.0
+        n = len(self.images[0])
+        for i, im in enumerate(self.images):
+            if len(im) != n:
+                raise ValueError(f"images[{i}]: {len(im)} values, images[0] has {n}")
+            for v in im:
+                if not math.isfinite(v):
+                    raise ValueError(f"images[{i}]: contains NaN or inf")
+                if not 0.0 <= v <= top:
+                    raise ValueError(
+                        f"images[{i}]: value {v} is outside the {self.scale} scale [0, {top:g}]"
+                    )
+        return self
+
+
+class FrontResponse(BaseModel):
+    labels: list[int]
+    probs: list[list[float]]
+    model: dict[str, Any]
+
+
+class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
+    Request = FrontRequest
+    Response = FrontResponse
+
+    def __init__(self, checkpoint: LoadedCheckpoint) -> None:
+        from .method import vit_from_checkpoint
+
+        self.model = vit_from_checkpoint(checkpoint)
+        ex = checkpoint.extra
+        self.info = {
+            "depth": self.model.depth,
+            "width": self.model.width,
+            "init": ex.get("init", "ancestry" if ex.get("stage") == "ancestry" else None),
+        }
+        self.meta = {
+            "stage": ex.get("stage"),
+            "task": ex.get("task", "digits"),
+            "ancestry_id": ex.get("ancestry_id"),
+            "keep_ratio": ex.get("keep_ratio"),
+            "fill": ex.get("fill"),
+            "depth_fix": ex.get("depth_fix"),
+            "descendant_shape": ex.get("shape"),
+            "image_values": self.model.img_size**2,
+            "classes": self.model.num_classes,
+            "max_images": MAX_IMAGES,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        return self.meta
+
+    def _logits(self, images: list[list[float]], scale: str) -> torch.Tensor:
+        side = self.model.img_size
+        if len(images[0]) != side * side:
+            raise ValueError(
+                f"images: this model takes {side}×{side} images ({side * side} values), "
+                f"got {len(images[0])} values"
+            )
+        x = torch.tensor(images, dtype=torch.float32).view(-1, 1, side, side)
+        if scale == "sklearn":
+            x = x / 16.0
+        with torch.no_grad():
+            return self.model(x)
+
+    def __call__(self, request: FrontRequest) -> FrontResponse:
+        probs = self._logits(request.images, request.scale).softmax(-1)
+        return FrontResponse(
+            labels=probs.argmax(-1).tolist(),
+            probs=[[round(float(p), 6) for p in row] for row in probs],
+            model=self.info,
+        )
+
+    def batch(self, requests: list[FrontRequest]) -> list[FrontResponse]:
+        """One forward pass for every request whose images have this model's size."""
+        side2 = self.model.img_size**2
+        ok = [r for r in requests if len(r.images[0]) == side2]
+        if len(ok) != len(requests):
+            return [self(r) for r in requests]
+        x = [
+            [v / 16.0 for v in im] if r.scale == "sklearn" else im
+            for r in requests
+            for im in r.images
+        ]
+        probs = self._logits(x, "unit").softmax(-1)
+        out, i = [], 0
+        for r in requests:
+            p = probs[i : i + len(r.images)]
+            i += len(r.images)
+            out.append(
+                FrontResponse(
+                    labels=p.argmax(-1).tolist(),
+                    probs=[[round(float(v), 6) for v in row] for row in p],
+                    model=self.info,
+                )
+            )
+        return out

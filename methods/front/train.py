@@ -1,0 +1,216 @@
+"""Training and initialisation of FRONT's ancestry and descendant ViTs.
+
+One loop trains both: AdamW with a cosine schedule over the whole run, a seeded shuffle, and
+the test accuracy after every epoch (``acc_init`` before the first). On several Ray Train
+workers each rank takes its slice of every global batch and DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nshot.nn.vit import ViT, vit_flops_per_image
+
+from .config import FrontConfig
+from .data import Split, load_split
+
+
+def ancestry_vit(cfg: FrontConfig) -> ViT:
+    return ViT(
+        img_size=8, patch=cfg.patch, in_chans=1, num_classes=10,
+        width=cfg.anc_width, depth=cfg.anc_depth, heads=cfg.anc_heads,
+    )  # fmt: skip
+
+
+def descendant_vit(cfg: FrontConfig) -> ViT:
+    return ViT(
+        img_size=cfg.img_size, patch=cfg.patch, in_chans=1,
+        num_classes=2 if cfg.task == "parity" else 10,
+        width=cfg.width, depth=cfg.depth, heads=cfg.heads,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, split: Split, batch: int = 512) -> float:
+    was = model.training
+    model.eval()
+    hits = 0
+    for i in range(0, len(split.y), batch):
+        hits += int((model(split.x[i : i + batch]).argmax(-1) == split.y[i : i + batch]).sum())
+    model.train(was)
+    return hits / max(len(split.y), 1)
+
+
+@dataclass
+class History:
+    acc_init: float
+    acc: list[float] = field(default_factory=list)  # after each epoch
+    loss: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    flops_per_epoch: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "acc_init": self.acc_init,
+            "acc": list(self.acc),
+            "loss": list(self.loss),
+            "seconds": self.seconds,
+            "flops_per_epoch": self.flops_per_epoch,
+        }
+
+
+def train_classifier(
+    model: torch.nn.Module,
+    train: Split,
+    test: Split,
+    *,
+    epochs: int,
+    lr: float,
+    weight_decay: float,
+    batch: int,
+    seed: int,
+    warmup_epochs: int = 0,
+    forward: torch.nn.Module | None = None,
+    penalty: Callable[[], torch.Tensor] | None = None,
+    rank: int = 0,
+    world: int = 1,
+    on_epoch: Callable[[int, History], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    start_epoch: int = 0,
+) -> History:
+    """Train ``model`` for ``epochs`` on ``train``; ``forward`` is the module that runs the
+    batches (a DDP wrapper of ``model``), ``penalty`` an extra loss term (the refinement's
+    spectral regulariser). A resumed run passes its restored ``optimizer`` and the epochs
+    already done as ``start_epoch``: the schedule and the shuffle continue where they were."""
+    fwd = forward if forward is not None else model
+    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    n = len(train.y)
+    steps_per_epoch = max(1, math.ceil(n / batch))
+    total = epochs * steps_per_epoch
+    warm = min(warmup_epochs * steps_per_epoch, total // 2)
+
+    def schedule(s: int) -> float:  # linear warm-up, then cosine to zero
+        if s < warm:
+            return (s + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
+
+    for g in opt.param_groups:
+        g.setdefault("initial_lr", lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: schedule(s + start_epoch * steps_per_epoch)
+    )
+    gen = torch.Generator().manual_seed(seed)
+    base = model.module if hasattr(model, "module") else model
+    hist = History(acc_init=accuracy(base, test))
+    if isinstance(base, ViT):
+        hist.flops_per_epoch = vit_flops_per_image(base) * n
+    t0 = time.time()
+    model.train()
+    for _ in range(start_epoch):
+        torch.randperm(n, generator=gen)
+    for epoch in range(start_epoch + 1, epochs + 1):
+        order = torch.randperm(n, generator=gen)
+        losses = []
+        for s in range(steps_per_epoch):
+            idx = order[s * batch : (s + 1) * batch]
+            idx = idx[rank::world] if world > 1 else idx
+            loss = F.cross_entropy(fwd(train.x[idx]), train.y[idx])
+            if penalty is not None:
+                loss = loss + penalty()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+        hist.loss.append(sum(losses) / len(losses))
+        hist.acc.append(accuracy(base, test))
+        if on_epoch is not None:
+            on_epoch(epoch, hist)
+    hist.seconds = time.time() - t0
+    return hist
+
+
+def initialise(target: ViT, ancestry: ViT, cfg: FrontConfig, *, seed: int = 0) -> dict[str, Any]:
+    """Set ``target``'s weights from ``ancestry`` by ``cfg.init`` (random: leave them)."""
+    from .learngene import (
+        extract,
+        front_init,
+        truncation_init,
+        uniform_init,
+        weight_selection_init,
+    )
+
+    if cfg.init == "random":
+        return {"transferred": [], "skipped": [], "init": "random"}
+    if cfg.init == "front":
+        gene = extract(
+            ancestry, keep_ratio=cfg.keep_ratio, mlp_dct_dim=cfg.mlp_dct_dim,
+            source=ancestry.shape(),
+        )  # fmt: skip
+        report = front_init(
+            target, gene, fill=cfg.fill, use_ratio=cfg.use_ratio, depth_fix=cfg.depth_fix,
+            skip=tuple(cfg.dct_skip), seed=seed,
+        )  # fmt: skip
+    else:
+        fn = {
+            "truncation": truncation_init,
+            "uniform": uniform_init,
+            "weight_selection": weight_selection_init,
+        }[cfg.init]
+        report = fn(target, ancestry)
+    return {**report, "init": cfg.init}
+
+
+def train_ancestry(
+    cfg: FrontConfig, seed: int, on_epoch: Callable[[int, History], None] | None = None
+) -> tuple[ViT, History]:
+    """The source ViT trained on ``ancestry_train`` (ten digits, 8×8)."""
+    torch.manual_seed(seed)
+    model = ancestry_vit(cfg)
+    train = load_split("ancestry_train", seed)
+    test = load_split("test", seed)
+    hist = train_classifier(
+        model, train, test, epochs=cfg.anc_epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        batch=cfg.batch, seed=seed, warmup_epochs=cfg.anc_warmup, on_epoch=on_epoch,
+    )  # fmt: skip
+    return model, hist
+
+
+def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[str, float]]:
+    """Continue training a copy of the ancestry for ``refine_frac`` of its steps with the
+    spectral regulariser λ · Σ_θ E_high(θ̃) / (trainable parameters) (spec section 2)."""
+    import copy
+
+    from .learngene import high_freq_energy, high_freq_fraction
+
+    refined = copy.deepcopy(model)
+    train = load_split("ancestry_train", seed)
+    test = load_split("test", seed)
+    n_params = sum(p.numel() for p in refined.parameters() if p.requires_grad)
+    kr = cfg.refine_keep_ratio
+    before = high_freq_fraction(refined, kr)
+    acc_before = accuracy(refined, test)
+    steps_per_epoch = max(1, math.ceil(len(train.y) / cfg.batch))
+    steps = max(1, round(cfg.refine_frac * cfg.anc_epochs * steps_per_epoch))
+    sub = Split(train.x, train.y, train.num_classes)
+    # the refinement runs `steps` optimizer steps: whole epochs over a prefix-sized schedule
+    epochs = max(1, math.ceil(steps / steps_per_epoch))
+    hist = train_classifier(
+        refined, sub, test, epochs=epochs, lr=cfg.lr * cfg.refine_lr_scale, weight_decay=cfg.weight_decay,
+        batch=cfg.batch, seed=seed + 7,
+        penalty=lambda: cfg.refine_lambda * high_freq_energy(refined, kr) / n_params,
+    )  # fmt: skip
+    return refined, {
+        "hf_fraction_before": before,
+        "hf_fraction_after": high_freq_fraction(refined, kr),
+        "acc_before": acc_before,
+        "acc_after": hist.acc[-1],
+        "refine_steps": float(epochs * steps_per_epoch),
+    }

@@ -1,0 +1,173 @@
+"""front: config, data, the transfer effect on a small ancestry, train/resume/serve, experiments."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.method import ConfigError, NshotError, get
+
+
+def test_config_validation_names_the_field():
+    front = get("front")
+    with pytest.raises(ConfigError, match="heads"):
+        front.config("small", width=30, heads=4)
+    with pytest.raises(ConfigError, match="keep_ratio"):
+        front.config("small", keep_ratio=0.0)
+    with pytest.raises(ConfigError, match="init"):
+        front.config("small", init="copy")
+    with pytest.raises(ConfigError, match="dct_skip"):
+        front.config("small", dct_skip=["ffn"])
+    assert front.config("small").depth == 4 and front.config("smoke").anc_depth == 4
+
+
+def test_splits_are_disjoint_stratified_and_parity_relabels():
+    from nshot.methods.front.data import load_split, split_indices
+
+    idx = split_indices(0)
+    all_idx = np.concatenate(list(idx.values()))
+    assert len(all_idx) == len(set(all_idx.tolist())) == 1797
+    assert [len(v) for v in idx.values()] == [898, 539, 360]
+    assert not np.array_equal(split_indices(1)["test"], idx["test"])
+    test = load_split("test", 0)
+    assert sorted(set(test.y.tolist())) == list(range(10))
+    par = load_split("test", 0, task="parity", img_size=16)
+    assert par.num_classes == 2 and par.x.shape[-2:] == (16, 16)
+    assert torch.equal(par.y, test.y % 2)
+    assert float(par.x.min()) >= 0.0 and float(par.x.max()) <= 1.0
+
+
+def test_front_init_starts_a_shallow_descendant_far_above_random():
+    """A 6-layer ancestry trained briefly; its depth-2 descendant by faithful FRONT classifies
+    far above chance before any training (as does copying layers), random init does not."""
+    from nshot.methods.front.data import load_split
+    from nshot.methods.front.train import accuracy, descendant_vit, initialise, train_ancestry
+
+    front = get("front")
+    cfg = front.config("smoke", anc_width=64, anc_heads=4, anc_depth=6, anc_epochs=10,
+                       anc_warmup=2, width=64, heads=4, depth=2)  # fmt: skip
+    torch.manual_seed(0)
+    ancestry, hist = train_ancestry(cfg, 0)
+    assert hist.acc[-1] > 0.5, hist.acc
+    test = load_split("test", 0)
+    acc = {}
+    for name, over in {"random": {"init": "random"}, "front": {},
+                       "truncation": {"init": "truncation"}}.items():  # fmt: skip
+        torch.manual_seed(1)
+        model = descendant_vit(cfg.replace(**over))
+        report = initialise(model, ancestry, cfg.replace(**over))
+        assert report["init"] == cfg.replace(**over).init
+        acc[name] = accuracy(model, test)
+    assert acc["random"] < 0.2, acc
+    assert acc["front"] > acc["random"] + 0.1, acc
+    assert acc["truncation"] > acc["random"] + 0.1, acc
+
+
+@pytest.fixture(scope="module")
+def front_runs(tmp_path_factory, ray_session):
+    from nshot.train import Scaling, fit
+
+    front = get("front")
+    storage = tmp_path_factory.mktemp("front-runs")
+    anc_cfg = front.config("smoke", stage="ancestry", anc_epochs=2)
+    anc = fit("front", anc_cfg, scaling=Scaling(workers=0), storage=storage, name="anc")
+    cfg = front.config("smoke", ancestry_path=str(anc.checkpoint), epochs=2)
+    desc = fit("front", cfg, scaling=Scaling(workers=0), storage=storage, name="desc")
+    return storage, anc, cfg, desc
+
+
+def test_train_ancestry_then_descendant_resume_and_evaluate(front_runs):
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, anc, cfg, desc = front_runs
+    front = get("front")
+    a = load_checkpoint(anc.checkpoint, method="front")
+    assert a.extra["stage"] == "ancestry" and a.extra["shape"]["depth"] == 4
+    d = load_checkpoint(desc.checkpoint, method="front")
+    assert d.extra["stage"] == "descendant" and d.extra["init"] == "front"
+    assert d.extra["ancestry_id"] == a.extra["ancestry_id"] and d.extra["transferred"] > 10
+    assert d.step == 2 and math.isfinite(d.metrics["acc"])
+    m = front.evaluate(d, cfg)
+    assert m["depth"] == 2.0 and m["acc"] == pytest.approx(d.metrics["acc"])
+    # resume: two more epochs continue from the epoch-2 checkpoint
+    more = cfg.replace(epochs=4)
+    res = fit("front", more, scaling=Scaling(workers=0), storage=storage, name="desc",
+              resume=True)  # fmt: skip
+    d2 = load_checkpoint(res.checkpoint, method="front")
+    assert d2.step == 4 and d2.extra["transferred"] == d.extra["transferred"]
+    # a descendant checkpoint is not an ancestry
+    with pytest.raises(NshotError, match="not an ancestry"):
+        fit("front", cfg.replace(ancestry_path=str(desc.checkpoint)),
+            scaling=Scaling(workers=0), storage=storage, name="bad")  # fmt: skip
+
+
+def test_descendant_without_ancestry_path_trains_and_caches_one(ray_session, tmp_path):
+    from nshot.methods.front.method import ancestry_key, cached_ancestry
+
+    cfg = get("front").config("smoke", seed=5)
+    first = cached_ancestry(cfg)
+    assert first.path.name == f"ancestry-{ancestry_key(cfg)}"
+    again = cached_ancestry(cfg)
+    assert again.path == first.path and again.extra["ancestry_id"] == first.extra["ancestry_id"]
+    # a different ancestry recipe is a different cache entry
+    assert ancestry_key(cfg.replace(anc_epochs=2)) != ancestry_key(cfg)
+    # descendant knobs do not change the ancestry
+    assert ancestry_key(cfg.replace(depth=3, init="random")) == ancestry_key(cfg)
+
+
+def test_predictor_http_and_request_validation(front_runs):
+    from fastapi.testclient import TestClient
+    from pydantic import ValidationError
+
+    from nshot.methods.front.data import load_split
+    from nshot.serve.bare import make_app
+    from nshot.train import load_checkpoint
+
+    _, _, _, desc = front_runs
+    pred = get("front").predictor(load_checkpoint(desc.checkpoint, method="front"))
+    meta = pred.metadata()
+    assert meta["image_values"] == 64 and meta["classes"] == 10 and meta["stage"] == "descendant"
+    test = load_split("test", 0)
+    images = test.x[:5].flatten(1).tolist()
+    out = pred(pred.Request(images=images))
+    assert len(out.labels) == 5 and out.model["depth"] == 2 and out.model["init"] == "front"
+    assert all(abs(sum(p) - 1) < 1e-4 for p in out.probs)
+    # sklearn's 0-16 scale gives the same answer
+    same = pred(pred.Request(images=(test.x[:5].flatten(1) * 16).tolist(), scale="sklearn"))
+    assert same.labels == out.labels
+    # the batched form equals one call per request
+    reqs = [pred.Request(images=images[:2]), pred.Request(images=images[2:])]
+    assert [r.labels for r in pred.batch(reqs)] == [out.labels[:2], out.labels[2:]]
+    for bad, field in [({"images": []}, "images"), ({"images": [[0.5] * 63, [0.5] * 64]}, "images"),
+                       ({"images": [[float("nan")] * 64]}, "NaN"),
+                       ({"images": [[2.0] * 64]}, "outside")]:  # fmt: skip
+        with pytest.raises(ValidationError, match=field):
+            pred.Request(**bad)
+    with pytest.raises(ValueError, match="8×8"):
+        pred(pred.Request(images=[[0.5] * 256]))
+    client = TestClient(make_app("front", str(desc.checkpoint)))
+    r = client.post("/front/predict", json={"images": images})
+    assert r.status_code == 200 and r.json()["labels"] == out.labels
+    np.testing.assert_allclose(r.json()["probs"], out.probs, atol=1e-6)
+    bad = client.post("/front/predict", json={"images": [[0.5] * 256]})
+    assert bad.status_code == 422 and "images" in bad.text
+
+
+@pytest.mark.ray
+def test_experiments_smoke_has_every_row_and_check(ray_session, tmp_path):
+    from nshot.methods.front.experiments import METRICS, SYSTEMS, run_experiments
+
+    res = run_experiments(get("front").config("smoke"), tmp_path)
+    assert list(res.rows) == list(SYSTEMS)
+    for s in SYSTEMS:
+        assert set(res.rows[s]) == set(METRICS)
+        assert 0.0 <= res.rows[s]["acc_final"] <= 1.0
+    checks = res.extra["checks"]
+    # the unit checks hold at any preset
+    for k in ("roundtrip", "amplitude_12to4", "amplitude_12to24", "amplitude_fixed"):
+        assert checks[k], (k, res.extra["unit"])
+    assert any(n.startswith("checks: ") for n in res.notes)
+    assert (tmp_path / "acc_curves.png").is_file()
