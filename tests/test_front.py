@@ -171,3 +171,37 @@ def test_experiments_smoke_has_every_row_and_check(ray_session, tmp_path):
         assert checks[k], (k, res.extra["unit"])
     assert any(n.startswith("checks: ") for n in res.notes)
     assert (tmp_path / "acc_curves.png").is_file()
+
+
+def test_learngene_tool_extracts_inits_and_trains_from_a_learngene(front_runs, tmp_path, capsys):
+    from nshot.methods.front.tool import main
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, anc, _, _ = front_runs
+    gene = tmp_path / "gene"
+    assert main(["extract", "--checkpoint", str(anc.checkpoint), "--out", str(gene),
+                 "--keep-ratio", "0.5"]) == 0  # fmt: skip
+    assert sorted(p.name for p in gene.iterdir()) == ["learngene.json", "learngene.safetensors"]
+    out = tmp_path / "desc"
+    assert main(["init", "--learngene", str(gene), "--depth", "3", "--width", "16",
+                 "--heads", "2", "--out", str(out)]) == 0  # fmt: skip
+    ck = load_checkpoint(out, method="front")
+    assert ck.extra["shape"]["depth"] == 3 and ck.extra["transferred"] > 10
+    assert len(get("front").predictor(ck)(get("front").predictor(ck).Request(
+        images=[[0.5] * 64])).labels) == 1  # fmt: skip
+    # a descendant trained from the learngene instead of an ancestry
+    cfg = get("front").config("smoke", learngene_path=str(gene), width=16, heads=2, depth=3)
+    res = fit("front", cfg, scaling=Scaling(workers=0), storage=storage, name="from-gene")
+    d = load_checkpoint(res.checkpoint, method="front")
+    assert d.extra["learngene"] == str(gene) and d.extra["ancestry_id"] is not None
+    # the 1-D MLP learngene cannot change the width: refused with the parameter, nothing written
+    gene1d = tmp_path / "gene1d"
+    assert main(["extract", "--checkpoint", str(anc.checkpoint), "--out", str(gene1d),
+                 "--mlp-dct-dim", "1d"]) == 0  # fmt: skip
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert main(["init", "--learngene", str(gene1d), "--depth", "2", "--width", "16",
+                 "--heads", "2", "--out", str(bad)]) == 2  # fmt: skip
+    assert "mlp.fc1.weight" in capsys.readouterr().err and not bad.exists()
+    with pytest.raises(ConfigError, match="learngene_path"):
+        get("front").config("smoke", learngene_path=str(gene), init="random")

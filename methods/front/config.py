@@ -22,6 +22,11 @@ class FrontConfig(MethodConfig):
     ancestry_path: str | None = Field(
         None, description="an nshot checkpoint of a front ancestry (stage=ancestry) to start from"
     )
+    learngene_path: str | None = Field(
+        None,
+        description="a learngene folder (python -m nshot.methods.front.tool extract): the "
+        "descendant is initialised from it instead of from an ancestry (init=front only)",
+    )
     task: Literal["digits", "parity"] = Field(
         "digits", description="descendant task: the ten digits, or parity (digit mod 2, new head)"
     )
@@ -90,6 +95,8 @@ class FrontConfig(MethodConfig):
             raise ValueError(f"field 'heads': {self.heads} does not divide width {self.width}")
         if 8 % self.patch or self.img_size % self.patch:
             raise ValueError(f"field 'patch': {self.patch} must divide the image side (8)")
+        if self.learngene_path is not None and self.init != "front":
+            raise ValueError("field 'learngene_path': a learngene initialises init=front only")
         if any(d < 1 for d in self.exp_depths):
             raise ValueError("field 'exp_depths': depths must be positive")
         return self

@@ -101,6 +101,23 @@ def _descendant_job(
     return {**hist.to_dict(), "transferred": len(report.get("transferred", []))}
 
 
+def _gather(refs: dict[Any, Any]) -> dict[Any, Any]:
+    """Wait for every job, printing a progress line at every tenth of them."""
+    import ray
+
+    keys = {ref: key for key, ref in refs.items()}
+    pending, out, t0, shown = list(refs.values()), {}, time.time(), 0
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            out[keys[ref]] = ray.get(ref)
+        if len(out) * 10 // len(refs) > shown or not pending:
+            shown = len(out) * 10 // len(refs)
+            print(f"[nshot front] {len(out)}/{len(refs)} descendants ({time.time() - t0:.0f}s)",
+                  flush=True)  # fmt: skip
+    return {k: out[k] for k in refs}
+
+
 def epochs_to(acc: list[float], target: float) -> float:
     """First epoch (1-based) whose accuracy reaches ``target``; NaN if none does."""
     for e, a in enumerate(acc, start=1):
@@ -214,7 +231,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
                     d.model_dump(), s, anc_refs[s], system == "front_refined"
                 )
     print(f"[nshot front] training {len(refs)} descendants", flush=True)
-    done = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    done = _gather(refs)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
     for sname in sets:
         runs = {sys: [done[(sname, sys, s)] for s in seeds] for sys in SYSTEMS}

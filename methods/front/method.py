@@ -153,14 +153,31 @@ class FrontMethod(Method):
                 checkpoint=True,
             )  # fmt: skip
             return
-        ancestry, anc_info = load_ancestry(cfg)
+        if cfg.learngene_path is None:
+            ancestry, anc_info = load_ancestry(cfg)
+        else:
+            from .learngene import Learngene
+
+            if not (Path(cfg.learngene_path) / "learngene.json").is_file():
+                raise NshotError(f"learngene_path: no learngene.json in {cfg.learngene_path}")
+            gene = Learngene.load(cfg.learngene_path)
+            anc_info = {"ancestry_id": gene.source.get("ancestry_id"),
+                        "learngene": str(cfg.learngene_path)}  # fmt: skip
         torch.manual_seed(cfg.seed + 1)
         model = descendant_vit(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         restored = session.restore(model, opt)
         start = restored.step if restored else 0
         if restored is None:
-            report = initialise(model, ancestry, cfg, seed=cfg.seed)
+            if cfg.learngene_path is None:
+                report = initialise(model, ancestry, cfg, seed=cfg.seed)
+            else:
+                from .learngene import front_init
+
+                report = front_init(
+                    model, gene, fill=cfg.fill, use_ratio=cfg.use_ratio,
+                    depth_fix=cfg.depth_fix, skip=tuple(cfg.dct_skip), seed=cfg.seed,
+                )  # fmt: skip
             init_info = {
                 "transferred": len(report.get("transferred", [])),
                 "skipped": [str(x) for x in report.get("skipped", [])],
