@@ -27,6 +27,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "front_r05": {"init": "front", "keep_ratio": 0.5},
     "front_depthfix": {"init": "front", "depth_fix": True},
     "front_refined": {"init": "front"},  # from the refined ancestry
+    "front_more": {"init": "front"},  # control: the refinement's steps with lambda = 0
     "random": {"init": "random"},
     "truncation": {"init": "truncation"},
     "uniform": {"init": "uniform"},
@@ -68,18 +69,22 @@ def _ancestry_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     cfg = FrontConfig.validated({**cfg_dict, "refine": False})
     model, record = fit_ancestry(cfg, seed)
     refined, refine = refine_ancestry(cfg, model, seed)
+    more, more_info = refine_ancestry(cfg.replace(refine_lambda=0.0), model, seed)
     return {
         "state": {k: v.clone() for k, v in model.state_dict().items()},
         "refined": {k: v.clone() for k, v in refined.state_dict().items()},
+        "more": {k: v.clone() for k, v in more.state_dict().items()},
         "shape": model.shape(),
         "history": record["history"],
         "refine": refine,
+        "more_info": more_info,
     }
 
 
 def _descendant_job(
-    cfg_dict: dict[str, Any], seed: int, ancestry: dict[str, Any], refined: bool
+    cfg_dict: dict[str, Any], seed: int, ancestry: dict[str, Any], source: str
 ) -> dict[str, Any]:
+    """One descendant from the ancestry weights ``source`` (state, refined or more)."""
     from nshot.nn.vit import ViT
 
     from .data import load_split
@@ -87,11 +92,11 @@ def _descendant_job(
 
     torch.set_num_threads(1)
     cfg = FrontConfig.validated(cfg_dict)
-    source = ViT(**ancestry["shape"])
-    source.load_state_dict(ancestry["refined" if refined else "state"])
+    source_model = ViT(**ancestry["shape"])
+    source_model.load_state_dict(ancestry[source])
     torch.manual_seed(seed * 1000 + 17)  # the same random init for every system of a seed
     model = descendant_vit(cfg)
-    report = initialise(model, source, cfg, seed=seed)
+    report = initialise(model, source_model, cfg, seed=seed)
     train = load_split("descendant_train", seed, task=cfg.task, img_size=cfg.img_size)
     test = load_split("test", seed, task=cfg.task, img_size=cfg.img_size)
     hist = train_classifier(
@@ -227,9 +232,8 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         for system, sover in SYSTEMS.items():
             d = FrontConfig.validated({**base, **over, **sover})
             for s in seeds:
-                refs[(sname, system, s)] = desc_remote.remote(
-                    d.model_dump(), s, anc_refs[s], system == "front_refined"
-                )
+                src = {"front_refined": "refined", "front_more": "more"}.get(system, "state")
+                refs[(sname, system, s)] = desc_remote.remote(d.model_dump(), s, anc_refs[s], src)
     print(f"[nshot front] training {len(refs)} descendants", flush=True)
     done = _gather(refs)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
@@ -241,6 +245,8 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
     main = tables[MAIN]
     refine = {k: float(np.mean([a["refine"][k] for a in anc.values()])) for k in
               next(iter(anc.values()))["refine"]}  # fmt: skip
+    more = {k: float(np.mean([a["more_info"][k] for a in anc.values()])) for k in
+            next(iter(anc.values()))["more_info"]}  # fmt: skip
     unit = unit_checks()
     checks = gate(main, refine, unit)
     rows = {s: {m: main[s]["mean"].get(m) for m in METRICS} for s in SYSTEMS}
@@ -260,6 +266,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
             "shape": next(iter(anc.values()))["shape"],
         },
         "refine": refine,
+        "refine_lambda0": more,
         "unit": unit,
         "checks": checks,
     }
@@ -274,7 +281,9 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         "starts from the ancestry refined with the spectral regulariser "
         f"(high-frequency fraction {refine['hf_fraction_before']:.3f} → "
         f"{refine['hf_fraction_after']:.3f}, ancestry acc {refine['acc_before']:.3f} → "
-        f"{refine['acc_after']:.3f}).",
+        f"{refine['acc_after']:.3f}); front_more is its control: the same extra steps with "
+        f"λ = 0 (high-frequency fraction → {more['hf_fraction_after']:.3f}, ancestry acc → "
+        f"{more['acc_after']:.3f}).",
         "checks: " + ", ".join(f"{k}={'pass' if v else 'FAIL'}" for k, v in checks.items()),
     ]
     for n, t in tables.items():
