@@ -1,0 +1,256 @@
+"""`nshot reproduce weightspace`: the OCE k sweep against the k = 1 meta-network, the oracle
+floors and the identity (spec §5–7), on 1-D hat dilation.
+
+Every (seed, k) meta-network trains as its own Ray task (one torch thread each); the oracle
+floors (k output INRs fitted directly to each of ``oracle_targets`` test targets) are Ray tasks
+too. Rows: identity, oracle_k1, oracle_k4, meta_k1, oce_k4, oce_k8, oce_k4_zero_init.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nshot.method import ResultsTable
+
+from .config import WeightspaceConfig
+
+METRICS = {"rel_mse": False, "params": False, "render_flops": False, "copy_separation": True}
+INR_FLOPS_PER_POINT = 2 * 3 + 3 + 3 + 2 * 3 + 1  # 1→3→1 ReLU: matmul, bias, relu, matmul, bias
+
+
+def _system(k: int, head_init: str) -> str:
+    if head_init == "zero":
+        return f"oce_k{k}_zero_init"
+    return "meta_k1" if k == 1 else f"oce_k{k}"
+
+
+def _train_job(cfg_dict: dict[str, Any], seed: int, k: int, head_init: str) -> dict[str, Any]:
+    from .data import grid, splits
+    from .model import count_params
+    from .train import build, evaluate_model, train_model
+
+    torch.set_num_threads(1)
+    cfg = WeightspaceConfig.validated({**cfg_dict, "seed": seed, "k": k, "head_init": head_init})
+    torch.manual_seed(seed)
+    model = build(cfg)
+    train, test = splits(cfg)
+    res = train_model(model, train, test, cfg, seed=seed)
+    final = evaluate_model(model, test, grid(cfg).float())
+    return {**res, **final, "params": count_params(model), "width": model.width}
+
+
+def _oracle_job(cfg_dict: dict[str, Any], seed: int, k: int) -> dict[str, Any]:
+    from .data import splits
+    from .train import fit_oracle
+
+    torch.set_num_threads(1)
+    cfg = WeightspaceConfig.validated({**cfg_dict, "seed": seed})
+    _, test = splits(cfg)
+    sub = test.subset(slice(0, cfg.oracle_targets))
+    t0 = time.time()
+    rel = fit_oracle(sub.target, k, cfg, start=sub, seed=seed)
+    return {"rel_mse": float(rel.mean()), "per_target": rel.tolist(), "seconds": time.time() - t0}
+
+
+def equivariance(cfg: WeightspaceConfig, k: int = 4) -> dict[str, float]:
+    """Check 1 on the DeepSets OCE model: permuting hidden neurons permutes Δv and leaves f_OCE."""
+    from .data import grid, splits
+    from .model import render
+    from .train import build
+
+    torch.manual_seed(0)
+    model = build(cfg, k=k).double()
+    _, test = splits(cfg.replace(n_test=8))
+    W1, b1, W2, b2 = (t.double() for t in (test.W1, test.b1, test.W2, test.b2))
+    perm = torch.tensor([2, 0, 1])
+    x = grid(cfg)
+    a = model(W1, b1, W2, b2)
+    p = model(W1[:, perm], b1[:, perm], W2[:, :, perm], b2)
+    delta_diff = max(float((a[1][:, :, perm] - p[1]).abs().max()),
+                     float((a[0][:, :, perm] - p[0]).abs().max()))  # fmt: skip
+    fa = render(*a[:4], x).mean(1)
+    fp = render(*p[:4], x).mean(1)
+    return {"delta_perm_max_abs": delta_diff, "f_oce_perm_max_abs": float((fa - fp).abs().max())}
+
+
+def backbone_equivariance(widths: tuple[int, ...] = (2, 8, 8, 1), k: int = 4) -> dict[str, float]:
+    """Check 1 for the general backbones (NP-NFN, GMN) with an OCE head on a 2-hidden-layer INR
+    (float64): max |Δv(permuted input) − permuted Δv| and max |f_OCE change|."""
+    from .backbones import GMN, NPNFN, OCEHead, oce_render, permute_hidden, random_hidden_perms
+
+    g = torch.Generator().manual_seed(0)
+    layers = [(torch.randn(3, widths[i + 1], widths[i], generator=g, dtype=torch.float64),
+               torch.randn(3, widths[i + 1], generator=g, dtype=torch.float64))
+              for i in range(len(widths) - 1)]  # fmt: skip
+    perms = random_hidden_perms(widths, generator=g)
+    x = torch.linspace(-1, 1, 33, dtype=torch.float64)[:, None].expand(-1, widths[0])
+    out: dict[str, float] = {}
+    for name, net in (("np_nfn", NPNFN(widths, channels=8)), ("gmn", GMN(widths, channels=8))):
+        torch.manual_seed(1)
+        head = OCEHead(len(widths) - 1, 8, k, init="random", init_std=0.3).double()
+        net = net.double()
+        with torch.no_grad():
+            edited, deltas = head(layers, net(layers))
+            p_layers = permute_hidden(layers, perms)
+            p_edited, p_deltas = head(p_layers, net(p_layers))
+        diff = max(
+            float((a - b).abs().max())
+            for d, pd in zip(deltas, p_deltas, strict=True)
+            for (w, bb), (pw, pb) in zip(permute_hidden(d, perms), pd, strict=True)
+            for a, b in ((w, pw), (bb, pb))
+        )
+        f = float((oce_render(edited, x) - oce_render(p_edited, x)).abs().max())
+        out[f"{name}_delta_perm_max_abs"] = diff
+        out[f"{name}_f_oce_perm_max_abs"] = f
+    return out
+
+
+def gate(rows: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, bool]:
+    r = {s: v["rel_mse"] for s, v in rows.items()}
+    out = {
+        "capacity_barrier_oracle": r["oracle_k1"] >= 10 * r["oracle_k4"],
+        "meta_k1_not_below_floor": r["meta_k1"] >= 0.9 * r["oracle_k1"],
+        "identity_sanity": 0.5 <= r["identity"] <= 0.65,
+    }
+    for k in (4, 8):
+        if f"oce_k{k}" in r:
+            out[f"oce_k{k}_le_0.2_meta_k1"] = r[f"oce_k{k}"] <= 0.2 * r["meta_k1"]
+            out[f"params_k{k}_le_k1"] = rows[f"oce_k{k}"]["params"] <= rows["meta_k1"]["params"]
+    if "oce_k4" in rows:
+        out["copy_separation_k4"] = rows["oce_k4"]["copy_separation"] > 1e-3
+    if "oce_k4_zero_init" in r:
+        z = rows["oce_k4_zero_init"]
+        out["zero_init_collapses"] = (z["rel_mse"] >= 0.5 * r["meta_k1"]
+                                      and z["copy_separation"] < 1e-6)  # fmt: skip
+    return {k: bool(v) for k, v in out.items()}
+
+
+def run_experiments(cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    from .data import grid, splits
+    from .model import rel_mse, render
+
+    t0 = time.time()
+    ensure_ray()
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = cfg.model_dump()
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    train_remote = ray.remote(num_cpus=1)(_train_job)
+    oracle_remote = ray.remote(num_cpus=1)(_oracle_job)
+    jobs = [(k, "random") for k in cfg.k_sweep]
+    if cfg.zero_init_control and 4 in cfg.k_sweep:
+        jobs.append((4, "zero"))
+    refs = {(_system(k, h), s): train_remote.remote(base, s, k, h) for k, h in jobs for s in seeds}
+    orefs = {(f"oracle_k{k}", s): oracle_remote.remote(base, s, k)
+             for k in cfg.oracle_ks for s in seeds}  # fmt: skip
+    print(f"[nshot weightspace] {len(refs)} meta-networks ({cfg.steps} steps each) and "
+          f"{len(orefs)} oracle fits as Ray tasks", flush=True)  # fmt: skip
+    done = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    odone = dict(zip(orefs, ray.get(list(orefs.values())), strict=True))
+
+    per_seed: dict[str, list[dict[str, float]]] = {}
+    for s in seeds:
+        _, test = splits(cfg.replace(seed=s))
+        ident = rel_mse(render(test.W1, test.b1, test.W2, test.b2, grid(cfg).float()), test.target)
+        per_seed.setdefault("identity", []).append(
+            {"rel_mse": float(ident.mean()), "params": 0.0, "k": 1.0, "copy_separation": 0.0}
+        )
+        for k in cfg.oracle_ks:
+            o = odone[(f"oracle_k{k}", s)]
+            per_seed.setdefault(f"oracle_k{k}", []).append(
+                {"rel_mse": o["rel_mse"], "params": 0.0, "k": float(k), "copy_separation": math.nan}
+            )
+        for k, h in jobs:
+            r = done[(_system(k, h), s)]
+            per_seed.setdefault(_system(k, h), []).append(
+                {"rel_mse": r["rel_mse"], "params": float(r["params"]), "k": float(k),
+                 "copy_separation": r["copy_separation"]})  # fmt: skip
+    rows: dict[str, dict[str, Any]] = {}
+    stds: dict[str, dict[str, Any]] = {}
+    for name, vals in per_seed.items():
+        rows[name] = {m: float(np.mean([v[m] for v in vals])) for m in vals[0]}
+        stds[name] = {m: float(np.std([v[m] for v in vals])) for m in vals[0]}
+        rows[name]["render_flops"] = rows[name]["k"] * INR_FLOPS_PER_POINT * cfg.grid
+        stds[name]["render_flops"] = 0.0
+    for name in rows:
+        if name.startswith("oracle") or name == "identity":
+            rows[name]["params"] = stds[name]["params"] = math.nan
+    order = ["identity", *[f"oracle_k{k}" for k in cfg.oracle_ks],
+             *[_system(k, h) for k, h in jobs]]  # fmt: skip
+    rows = {n: rows[n] for n in order}
+    checks = gate(rows, cfg.k_sweep)
+    eq = equivariance(cfg)
+    checks["equivariance_deepsets"] = eq["delta_perm_max_abs"] < 1e-5 and \
+        eq["f_oce_perm_max_abs"] < 1e-5  # fmt: skip
+    eq.update(backbone_equivariance())
+    checks["equivariance_np_nfn_gmn"] = all(v < 1e-5 for k, v in eq.items()
+                                            if k.startswith(("np_nfn", "gmn")))  # fmt: skip
+    curves = {name: [h["test_rel_mse"] for h in done[(name, seeds[0])]["history"]]
+              for name in (_system(k, h) for k, h in jobs)}  # fmt: skip
+    steps = [h["step"] for h in done[(_system(*jobs[0]), seeds[0])]["history"]]
+    extra = {
+        "checks": checks,
+        "equivariance": eq,
+        "curves": curves,
+        "curve_steps": steps,
+        "widths": {_system(k, h): done[(_system(k, h), seeds[0])]["width"] for k, h in jobs},
+        "train_seconds": {
+            _system(k, h): done[(_system(k, h), seeds[0])]["seconds"] for k, h in jobs
+        },  # fmt: skip
+        "oracle_per_target": {
+            n: odone[(n, seeds[0])]["per_target"] for n in (f"oracle_k{k}" for k in cfg.oracle_ks)
+        },  # fmt: skip
+    }
+    notes = [
+        f"1-D hat dilation: {cfg.n_train} train / {cfg.n_test} test ReLU 1-3-1 INRs (neurons "
+        f"permuted and rescaled), running max over ±{cfg.radius} on {cfg.grid} points; "
+        f"{len(seeds)} seed(s); rel_mse = MSE / Var(target), mean over test INRs.",
+        f"meta-networks: DeepSets over neurons, {cfg.res_layers} residual layers, widths "
+        f"{extra['widths']} (parameter-matched), Adam {cfg.lr} → {cfg.lr_min} cosine, "
+        f"{cfg.steps} steps × {cfg.batch}, clip {cfg.clip}; oracles: k output INRs fitted to "
+        f"{cfg.oracle_targets} test targets directly, best of {cfg.oracle_restarts}.",
+        "render_flops: FLOPs to render one INR on the grid (k copies; not matched across k).",
+        f"equivariance (k = 4, float64; max abs change under a hidden permutation): DeepSets "
+        f"Δv {eq['delta_perm_max_abs']:.1e} / f_OCE {eq['f_oce_perm_max_abs']:.1e}; NP-NFN and "
+        f"GMN on a 2-8-8-1 INR: Δv {eq['np_nfn_delta_perm_max_abs']:.1e} / "
+        f"{eq['gmn_delta_perm_max_abs']:.1e}, f_OCE {eq['np_nfn_f_oce_perm_max_abs']:.1e} / "
+        f"{eq['gmn_f_oce_perm_max_abs']:.1e}.",
+        "checks: " + ", ".join(f"{k}={'pass' if v else 'FAIL'}" for k, v in checks.items()),
+    ]
+    plot(curves, steps, rows, workdir / "rel_mse_curves.png")
+    return ResultsTable(
+        method="weightspace", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
+        stds=stds, runtime_s=time.time() - t0, notes=notes, extra=extra,
+    )  # fmt: skip
+
+
+def plot(curves: dict[str, list[float]], steps: list[float], rows: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, c in curves.items():
+        ax.plot(steps, c, label=name)
+    for name in ("oracle_k1", "oracle_k4", "identity"):
+        if name in rows:
+            ax.axhline(rows[name]["rel_mse"], ls="--", lw=1, color="grey")
+            ax.text(steps[0], rows[name]["rel_mse"], name, fontsize=7, va="bottom")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("test rel_mse (log)")
+    ax.set_title("weightspace: OCE k sweep at matched parameters")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

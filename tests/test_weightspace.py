@@ -1,0 +1,187 @@
+"""weightspace: the hat-dilation data, the DeepSets OCE model, training, serving, experiments."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.method import ConfigError, get
+
+
+def test_config_validation_names_the_field():
+    ws = get("weightspace")
+    with pytest.raises(ConfigError, match="lr_min"):
+        ws.config("small", lr=1e-4, lr_min=1e-3)
+    with pytest.raises(ConfigError, match="head_init"):
+        ws.config("small", head_init="ones")
+    with pytest.raises(ConfigError, match="width"):
+        ws.config("small", k=3)
+    assert ws.config("small", k=4).backbone_width() == 60
+
+
+def test_hat_inrs_encode_the_hat_and_the_target_is_its_exact_dilation():
+    from nshot.methods.weightspace.data import grid, hat, splits
+    from nshot.methods.weightspace.model import rel_mse, render
+
+    cfg = get("weightspace").config("small", n_train=300, n_test=100)
+    train, test = splits(cfg)
+    x = grid(cfg).float()
+    c, w, a = (torch.tensor(v, dtype=torch.float32) for v in train.params.T)
+    f = render(train.W1, train.b1, train.W2, train.b2, x)
+    np.testing.assert_allclose(f, hat(x[None], c[:, None], w[:, None], a[:, None]), atol=1e-4)
+    # neurons are permuted and rescaled: the first neuron is not always the left breakpoint
+    assert len({tuple(np.argsort(-b).tolist()) for b in train.b1.numpy()[:50]}) > 1
+    # brute-force running max over ±radius on a fine grid
+    fine = torch.linspace(-1.2, 1.2, 24001)
+    fh = hat(fine[None], c[:5, None], w[:5, None], a[:5, None])
+    for i in range(5):
+        for j in range(0, cfg.grid, 9):
+            sel = (fine >= x[j] - cfg.radius) & (fine <= x[j] + cfg.radius)
+            assert float(fh[i][sel].max()) == pytest.approx(float(train.target[i, j]), abs=2e-3)
+    ident = float(rel_mse(render(test.W1, test.b1, test.W2, test.b2, x), test.target).mean())
+    assert 0.5 <= ident <= 0.65  # spec check 5
+    assert not np.allclose(train.params[:10], test.params[:10])
+
+
+def test_parameter_matching_equivariance_and_the_collapse_control():
+    from nshot.methods.weightspace.model import DeepSetsOCE, copy_separation, count_params
+
+    counts = {k: count_params(DeepSetsOCE(w, 3, k)) for k, w in ((1, 64), (2, 62), (4, 60),
+                                                                  (8, 56))}  # fmt: skip
+    assert counts == {1: 25285, 2: 24004, 4: 23000, 8: 21040}  # spec §2
+    from nshot.methods.weightspace.experiments import equivariance
+
+    eq = equivariance(get("weightspace").config("smoke"))
+    assert eq["delta_perm_max_abs"] < 1e-5 and eq["f_oce_perm_max_abs"] < 1e-5
+    torch.manual_seed(0)
+    W1, b1, W2, b2 = (
+        torch.randn(4, 3, 1),
+        torch.randn(4, 3),
+        torch.randn(4, 1, 3),
+        torch.randn(4, 1),
+    )
+    zero = DeepSetsOCE(14, 1, 4, head_init="zero")
+    assert copy_separation(zero(W1, b1, W2, b2)[4]) == 0.0
+    # one gradient step keeps the zero-init copies identical: the collapse is permanent
+    opt = torch.optim.Adam(zero.parameters(), lr=1e-2)
+    for _ in range(3):
+        loss = zero(W1, b1, W2, b2)[1].pow(2).sum() + zero(W1, b1, W2, b2)[1].sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    d = zero(W1, b1, W2, b2)[4]
+    assert float(d.abs().max()) > 0 and copy_separation(d) < 1e-6
+    assert copy_separation(DeepSetsOCE(14, 1, 4)(W1, b1, W2, b2)[4]) > 1e-3
+
+
+def test_smoke_training_oce_beats_k1_and_oracles_order():
+    """Spec check 8: loss decreases and oce_k4 < meta_k1 after 300 steps; the k = 4 oracle
+    floor is far below the k = 1 one (the capacity barrier)."""
+    from nshot.methods.weightspace.data import splits
+    from nshot.methods.weightspace.train import build, fit_oracle, train_model
+
+    cfg = get("weightspace").config("smoke")
+    train, test = splits(cfg)
+    res = {}
+    for k in (1, 4):
+        torch.manual_seed(0)
+        out = train_model(build(cfg, k=k), train, test, cfg, seed=0)
+        hist = out["history"]
+        assert hist[-1]["loss"] < hist[0]["loss"]
+        res[k] = hist[-1]["test_rel_mse"]
+    assert res[4] < res[1], res
+    sub = test.subset(slice(0, 6))
+    fast = cfg.replace(oracle_steps=800)
+    o1 = float(fit_oracle(sub.target, 1, fast, start=sub, seed=0).mean())
+    o4 = float(fit_oracle(sub.target, 4, fast, start=sub, seed=0).mean())
+    assert o1 > 0.02 and o4 < 0.5 * o1, (o1, o4)
+
+
+@pytest.fixture(scope="module")
+def ws_run(tmp_path_factory, ray_session):
+    from nshot.train import Scaling, fit
+
+    cfg = get("weightspace").config("smoke", k=4, steps=200, checkpoint_every=100)
+    storage = tmp_path_factory.mktemp("ws-runs")
+    res = fit("weightspace", cfg, scaling=Scaling(workers=0), storage=storage, name="smoke")
+    return cfg, storage, res
+
+
+def test_train_loop_checkpoint_resume_and_evaluate(ws_run):
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    cfg, storage, res = ws_run
+    ws = get("weightspace")
+    ck = load_checkpoint(res.checkpoint, method="weightspace")
+    assert ck.step == 200 and ck.extra["model"]["k"] == 4 and ck.extra["params"] > 0
+    m = ws.evaluate(ck, cfg)
+    assert math.isfinite(m["rel_mse"]) and m["rel_mse"] < m["identity_rel_mse"]
+    assert m["copy_separation"] > 1e-3
+    more = cfg.replace(steps=300)
+    res2 = fit("weightspace", more, scaling=Scaling(workers=0), storage=storage, name="smoke",
+               resume=True)  # fmt: skip
+    ck2 = load_checkpoint(res2.checkpoint, method="weightspace")
+    assert ck2.step == 300
+
+
+def test_predictor_http_and_request_validation(ws_run):
+    from fastapi.testclient import TestClient
+    from pydantic import ValidationError
+
+    from nshot.methods.weightspace.data import splits
+    from nshot.serve.bare import make_app
+    from nshot.train import load_checkpoint
+
+    cfg, _, res = ws_run
+    pred = get("weightspace").predictor(load_checkpoint(res.checkpoint, method="weightspace"))
+    assert pred.metadata()["k"] == 4 and pred.metadata()["grid"] == cfg.grid
+    _, test = splits(cfg)
+    body = {"layers": [{"W": test.W1[0].tolist(), "b": test.b1[0].tolist()},
+                       {"W": test.W2[0].tolist(), "b": test.b2[0].tolist()}]}  # fmt: skip
+    out = pred(pred.Request(**body, return_weights=True))
+    assert out.k == 4 and out.grid_shape == [cfg.grid] and len(out.edited) == 4
+    # the served values are the mean of the returned edited INRs on the grid
+    from nshot.methods.weightspace.model import render
+
+    x = torch.linspace(-1, 1, cfg.grid)
+    mean = torch.stack([render(torch.tensor([e[0].W]), torch.tensor([e[0].b]),
+                               torch.tensor([e[1].W]), torch.tensor([e[1].b]), x)[0]
+                        for e in out.edited]).mean(0)  # fmt: skip
+    np.testing.assert_allclose(out.values, mean.numpy(), atol=1e-5)
+    # a request with its own grid; the batched form equals one call per request
+    own = pred(pred.Request(**body, grid=[[0.0], [0.5]]))
+    assert own.grid_shape == [2]
+    assert pred.batch([pred.Request(**body)])[0].values == pred(pred.Request(**body)).values
+    bad_cases = [
+        ({"layers": body["layers"][:1]}, "layers"),
+        ({"layers": [{"W": [[1.0, 2.0]] * 3, "b": [0.0] * 3}, body["layers"][1]]}, r"layers\[0\]"),
+        ({"layers": [body["layers"][0], {"W": [[float("nan")] * 3], "b": [0.0]}]}, "NaN"),
+        ({**body, "grid": [[2.0]]}, "outside"),
+        ({**body, "grid": [[0.1, 0.2]]}, r"grid\[0\]"),
+    ]
+    for bad, field in bad_cases:
+        with pytest.raises(ValidationError, match=field):
+            pred.Request(**bad)
+    client = TestClient(make_app("weightspace", str(res.checkpoint)))
+    r = client.post("/weightspace/predict", json=body)
+    assert r.status_code == 200
+    np.testing.assert_allclose(r.json()["values"], pred(pred.Request(**body)).values, atol=1e-6)
+    bad = client.post("/weightspace/predict", json={"layers": body["layers"][:1]})
+    assert bad.status_code == 422 and "layers" in bad.text
+
+
+@pytest.mark.ray
+def test_experiments_smoke_has_every_row_and_check(ray_session, tmp_path):
+    from nshot.methods.weightspace.experiments import run_experiments
+
+    res = run_experiments(get("weightspace").config("smoke"), tmp_path)
+    assert list(res.rows) == ["identity", "oracle_k1", "oracle_k4", "meta_k1", "oce_k4",
+                              "oce_k4_zero_init"]  # fmt: skip
+    checks = res.extra["checks"]
+    for k in ("identity_sanity", "capacity_barrier_oracle", "equivariance_deepsets",
+              "params_k4_le_k1", "copy_separation_k4"):  # fmt: skip
+        assert checks[k], (k, res.rows)
+    assert (tmp_path / "rel_mse_curves.png").is_file()
