@@ -60,3 +60,22 @@ def tiny_smoke_lm(nshot_cache):
     from nshot.nn.tinylm import ensure_tiny_lm
 
     return ensure_tiny_lm("smoke")
+
+
+@pytest.fixture
+def run_example(monkeypatch):
+    """``run_example("front", ["--output", d])``: import ``examples/front.py`` as a module (it
+    is a script, not a package) and call its ``main()`` with those command-line arguments."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    def run(name: str, argv: list[str]) -> None:
+        path = Path(__file__).parents[1] / "examples" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        monkeypatch.setattr(sys, "argv", [path.name, *argv])
+        mod.main()
+
+    return run

@@ -207,17 +207,8 @@ def test_learngene_tool_extracts_inits_and_trains_from_a_learngene(front_runs, t
         get("front").config("smoke", learngene_path=str(gene), init="random")
 
 
-def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, monkeypatch, capsys):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "examples" / "front.py"
-    spec = importlib.util.spec_from_file_location("front_example", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(sys, "argv", ["front.py", "--output", str(tmp_path)])
-    mod.main()
+def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):
+    run_example("front", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "learngene: ['learngene.json', 'learngene.safetensors']" in out
     assert "depth-2 descendant before training: FRONT" in out and "predicted:" in out

@@ -187,16 +187,7 @@ def test_experiments_smoke_has_every_row_and_check(ray_session, tmp_path):
     assert (tmp_path / "rel_mse_curves.png").is_file()
 
 
-def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, monkeypatch, capsys):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "examples" / "weightspace.py"
-    spec = importlib.util.spec_from_file_location("weightspace_example", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(sys, "argv", ["weightspace.py", "--output", str(tmp_path)])
-    mod.main()
+def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):
+    run_example("weightspace", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "test metrics:" in out and "edited one INR into k = 4 copies" in out

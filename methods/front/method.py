@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,24 +59,13 @@ def fit_ancestry(cfg: FrontConfig, seed: int, log: bool = False) -> tuple[ViT, d
     return model, record
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def cached_ancestry(cfg: FrontConfig) -> LoadedCheckpoint:
     """The ancestry checkpoint for ``cfg`` from ``NSHOT_CACHE/front/``, trained on first use."""
-    from nshot.data.cache import cache_dir
+    from nshot.data.cache import cache_dir, file_lock
 
     root = cache_dir() / "front"
     target = root / f"ancestry-{ancestry_key(cfg)}"
-    with _lock(root / f".{target.name}.lock"):
+    with file_lock(root / f".{target.name}.lock"):
         if not (target / "nshot.json").is_file():
             model, record = fit_ancestry(cfg, cfg.seed, log=True)
             tmp = root / f".tmp-{target.name}-{os.getpid()}"

@@ -43,6 +43,7 @@ __all__ = [
     "cache_dir",
     "cached_table",
     "features_table",
+    "file_lock",
     "read_table",
     "table_to_numpy",
     "to_ray_dataset",
@@ -110,6 +111,13 @@ def _locked(lock_path: Path, *, exclusive: bool) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def file_lock(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """An exclusive advisory lock on ``path`` (its folder is created): one process builds a
+    cached artefact while the others wait, e.g. a model trained on first use."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return _locked(Path(path), exclusive=True)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

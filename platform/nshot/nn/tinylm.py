@@ -17,14 +17,11 @@ teacher-forced accuracy on its facts.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.data.cache import cache_dir
+from nshot.data.cache import cache_dir, file_lock
 
 __all__ = ["SIZES", "TinySize", "build_tokenizer", "ensure_tiny_lm", "pretrain", "token_blocks"]
 
@@ -327,17 +324,6 @@ def pretrain(
     return PretrainResult(out, list(meta["losses"]), time.time() - t0)
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_tiny_lm(size: str = "smoke", seed: int = 0) -> Path:
     """The cached tiny LM folder for ``size``/``seed``, trained in-process on first use."""
     from nshot.nn.lm import verify_manifest
@@ -348,7 +334,7 @@ def ensure_tiny_lm(size: str = "smoke", seed: int = 0) -> Path:
     target = root / f"tiny-{size}-s{seed}-v{VERSION}"
     if target.is_dir() and verify_manifest(target):
         return target
-    with _lock(root / f".tiny-{size}-s{seed}.lock"):
+    with file_lock(root / f".tiny-{size}-s{seed}.lock"):
         if target.is_dir() and verify_manifest(target):
             return target
         tmp = root / f".tmp-tiny-{size}-{os.getpid()}"
