@@ -212,3 +212,14 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     out = capsys.readouterr().out
     assert "learngene: ['learngene.json', 'learngene.safetensors']" in out
     assert "depth-2 descendant before training: FRONT" in out and "predicted:" in out
+
+
+def test_descendant_trains_on_two_ray_train_workers(front_runs):
+    """DDP: each worker takes its slice of every global batch; rank 0 checkpoints."""
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, _, cfg, _ = front_runs
+    res = fit("front", cfg.replace(epochs=1), scaling=Scaling(workers=2), storage=storage,
+              name="two-workers")  # fmt: skip
+    ck = load_checkpoint(res.checkpoint, method="front")
+    assert ck.step == 1 and ck.extra["stage"] == "descendant" and math.isfinite(ck.metrics["acc"])
