@@ -191,3 +191,13 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     run_example("weightspace", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "test metrics:" in out and "edited one INR into k = 4 copies" in out
+
+
+def test_trains_on_two_ray_train_workers(ws_run):
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    cfg, storage, _ = ws_run
+    res = fit("weightspace", cfg.replace(steps=50, eval_every=25, checkpoint_every=50),
+              scaling=Scaling(workers=2), storage=storage, name="two-workers")  # fmt: skip
+    ck = load_checkpoint(res.checkpoint, method="weightspace")
+    assert ck.step == 50 and math.isfinite(ck.metrics["test_rel_mse"])
