@@ -203,6 +203,9 @@ def test_learngene_tool_extracts_inits_and_trains_from_a_learngene(front_runs, t
     assert main(["init", "--learngene", str(gene1d), "--depth", "2", "--width", "16",
                  "--heads", "2", "--out", str(bad)]) == 2  # fmt: skip
     assert "mlp.fc1.weight" in capsys.readouterr().err and not bad.exists()
+    assert main(["init", "--learngene", str(tmp_path / "none"), "--depth", "2", "--width", "16",
+                 "--out", str(bad)]) == 2  # fmt: skip
+    assert "no learngene.json" in capsys.readouterr().err and not bad.exists()
     with pytest.raises(ConfigError, match="learngene_path"):
         get("front").config("smoke", learngene_path=str(gene), init="random")
 
