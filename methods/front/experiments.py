@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.method import NshotError, ResultsTable
+from nshot.method import ResultsTable
 
 from .config import FrontConfig
 
@@ -41,17 +41,18 @@ METRICS = {
     "speedup": True,
     "flops_reduction": True,
 }
-MAIN = "d4"
+
+
+def main_setting(cfg: FrontConfig) -> str:
+    """The gated setting: descendants of the config's depth (``d4`` in small)."""
+    return f"d{cfg.depth}"
 
 
 def settings(cfg: FrontConfig) -> dict[str, dict[str, Any]]:
-    """Descendant settings: name -> config overrides (the gated one is ``d4``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for d in sorted({*cfg.exp_depths, cfg.depth}):
-        out[f"d{d}"] = {"depth": d}
-    main = f"d{cfg.depth}"
-    if main != MAIN:  # a non-default depth: it is the gated setting
-        out = {MAIN if k == main else k: v for k, v in out.items()}
+    """Descendant settings: name -> config overrides (``main_setting`` is among them)."""
+    out: dict[str, dict[str, Any]] = {
+        f"d{d}": {"depth": d} for d in sorted({*cfg.exp_depths, cfg.depth})
+    }
     if cfg.exp_width32:
         out["w32"] = {"width": 32, "heads": min(cfg.heads, 4), "use_ratio": True}
     if cfg.exp_parity:
@@ -240,9 +241,8 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
     for sname in sets:
         runs = {sys: [done[(sname, sys, s)] for s in seeds] for sys in SYSTEMS}
         tables[sname] = summarise(runs)
-    if MAIN not in tables:
-        raise NshotError("the gated depth-4 setting is missing")
-    main = tables[MAIN]
+    main_name = main_setting(cfg)
+    main = tables[main_name]
     refine = {k: float(np.mean([a["refine"][k] for a in anc.values()])) for k in
               next(iter(anc.values()))["refine"]}  # fmt: skip
     more = {k: float(np.mean([a["more_info"][k] for a in anc.values()])) for k in
@@ -273,7 +273,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
     notes = [
         f"{len(seeds)} seeds; ancestry ViT depth {cfg.anc_depth} width {cfg.anc_width} trained "
         f"{cfg.anc_epochs} epochs on ancestry_train (test acc {np.mean(anc_acc):.3f}); rows: "
-        f"depth-{sets[MAIN]['depth']} width-{cfg.width} descendants on descendant_train, "
+        f"depth-{cfg.depth} width-{cfg.width} descendants on descendant_train, "
         f"{cfg.epochs} epochs, identical loop and budget; ± over seeds.",
         "target = the random-init descendant's final accuracy (per seed); epochs_to_target is "
         "NaN when a system never reaches it; flops_reduction = 1 − 1/speedup (same model).",
@@ -287,7 +287,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         "checks: " + ", ".join(f"{k}={'pass' if v else 'FAIL'}" for k, v in checks.items()),
     ]
     for n, t in tables.items():
-        if n == MAIN:
+        if n == main_name:
             continue
         f, r, tr = (t[s]["mean"] for s in ("front", "random", "truncation"))
         notes.append(

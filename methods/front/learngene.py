@@ -204,7 +204,14 @@ class Learngene:
         """Read a folder written by :meth:`save` (safetensors + JSON; no pickle)."""
         from safetensors.torch import load_file
 
+        from nshot.method import NshotError
+
         folder = Path(path)
+        if not (folder / _JSON).is_file():
+            raise NshotError(
+                f"no {_JSON} in {folder} (write one with `python -m nshot.methods.front.tool "
+                "extract`)"
+            )
         meta = json.loads((folder / _JSON).read_text())
         if meta.get("format") != FORMAT:
             raise ValueError(f"{folder / _JSON}: not a {FORMAT} file")

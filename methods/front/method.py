@@ -18,7 +18,15 @@ from nshot.train.checkpoint import LoadedCheckpoint, load_checkpoint, save_check
 
 from .config import FrontConfig
 from .data import load_split
-from .train import History, descendant_vit, initialise, refine_ancestry, train_ancestry
+from .train import (
+    History,
+    descendant_vit,
+    init_from_learngene,
+    initialise,
+    refine_ancestry,
+    train_ancestry,
+    train_classifier,
+)
 
 VERSION = "1"
 ANCESTRY_FIELDS = (
@@ -75,16 +83,36 @@ def cached_ancestry(cfg: FrontConfig) -> LoadedCheckpoint:
     return load_checkpoint(target, method="front")
 
 
+def ancestry_checkpoint_fields(
+    cfg: FrontConfig, model: ViT, record: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The metrics and ``extra`` of an ancestry checkpoint (its final accuracy is the refined
+    one when it was refined)."""
+    acc = record.get("refine", {}).get("acc_after", record["history"]["acc"][-1])
+    metrics = {"acc": acc, "acc_init": record["history"]["acc_init"]}
+    extra = {"stage": "ancestry", "shape": model.shape(), "ancestry_id": ancestry_key(cfg),
+             **record}  # fmt: skip
+    return metrics, extra
+
+
 def save_ancestry(path: Path, cfg: FrontConfig, model: ViT, record: dict[str, Any]) -> Path:
-    acc = record["history"]["acc"][-1]
-    if "refine" in record:
-        acc = record["refine"]["acc_after"]
+    metrics, extra = ancestry_checkpoint_fields(cfg, model, record)
     return save_checkpoint(
         path, method="front", method_version=VERSION, config=cfg.model_dump(),
-        step=cfg.anc_epochs, model_state=model.state_dict(), metrics={"acc": acc},
-        extra={"stage": "ancestry", "shape": model.shape(), "ancestry_id": ancestry_key(cfg),
-               **record},
+        step=cfg.anc_epochs, model_state=model.state_dict(), metrics=metrics, extra=extra,
     )  # fmt: skip
+
+
+def descendant_source(cfg: FrontConfig) -> tuple[Any, dict[str, Any]]:
+    """What a new descendant is initialised from: the learngene at ``learngene_path``, else
+    the ancestry (``ancestry_path``, or the cached one); and what to record about it."""
+    if cfg.learngene_path is None:
+        return load_ancestry(cfg)
+    from .learngene import Learngene
+
+    gene = Learngene.load(cfg.learngene_path)
+    return gene, {"ancestry_id": gene.source.get("ancestry_id"),
+                  "learngene": str(cfg.learngene_path)}  # fmt: skip
 
 
 def load_ancestry(cfg: FrontConfig) -> tuple[ViT, dict[str, Any]]:
@@ -130,53 +158,37 @@ class FrontMethod(Method):
             if ctx.world_size > 1:
                 raise NshotError("stage=ancestry trains on one worker (--workers 0 or 1)")
             model, record = fit_ancestry(cfg, cfg.seed, log=True)
-            acc = record.get("refine", {}).get("acc_after", record["history"]["acc"][-1])
-            session.report(
-                {"acc": acc, "acc_init": record["history"]["acc_init"]},
-                step=cfg.anc_epochs, model=model,
-                extra={"stage": "ancestry", "shape": model.shape(),
-                       "ancestry_id": ancestry_key(cfg), **record},
-                checkpoint=True,
-            )  # fmt: skip
+            metrics, extra = ancestry_checkpoint_fields(cfg, model, record)
+            session.report(metrics, step=cfg.anc_epochs, model=model, extra=extra,
+                           checkpoint=True)  # fmt: skip
             return
-        if cfg.learngene_path is None:
-            ancestry, anc_info = load_ancestry(cfg)
-        else:
-            from .learngene import Learngene
-
-            if not (Path(cfg.learngene_path) / "learngene.json").is_file():
-                raise NshotError(f"learngene_path: no learngene.json in {cfg.learngene_path}")
-            gene = Learngene.load(cfg.learngene_path)
-            anc_info = {"ancestry_id": gene.source.get("ancestry_id"),
-                        "learngene": str(cfg.learngene_path)}  # fmt: skip
         torch.manual_seed(cfg.seed + 1)
         model = descendant_vit(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         restored = session.restore(model, opt)
         start = restored.step if restored else 0
         if restored is None:
+            source, source_info = descendant_source(cfg)
             if cfg.learngene_path is None:
-                report = initialise(model, ancestry, cfg, seed=cfg.seed)
+                report = initialise(model, source, cfg, seed=cfg.seed)
             else:
-                from .learngene import front_init
-
-                report = front_init(
-                    model, gene, fill=cfg.fill, use_ratio=cfg.use_ratio,
-                    depth_fix=cfg.depth_fix, skip=tuple(cfg.dct_skip), seed=cfg.seed,
-                )  # fmt: skip
+                report = init_from_learngene(model, source, cfg, seed=cfg.seed)
             init_info = {
+                **source_info,
                 "transferred": len(report.get("transferred", [])),
                 "skipped": [str(x) for x in report.get("skipped", [])],
             }
-        else:  # resumed: the weights come from the checkpoint, the init record too
-            init_info = {k: restored.extra.get(k) for k in ("transferred", "skipped")}
+        else:  # resumed: the weights and the record of where they came from are in the checkpoint
+            init_info = {k: v for k, v in restored.extra.items()
+                         if k in ("transferred", "skipped", "ancestry_id", "ancestry_acc",
+                                  "ancestry_shape", "learngene")}  # fmt: skip
         train = load_split("descendant_train", cfg.seed, task=cfg.task, img_size=cfg.img_size)
         test = load_split("test", cfg.seed, task=cfg.task, img_size=cfg.img_size)
         ddp = session.prepare_model(model)
         extra = {
             "stage": "descendant", "shape": model.shape(), "init": cfg.init,
             "keep_ratio": cfg.keep_ratio, "fill": cfg.fill, "depth_fix": cfg.depth_fix,
-            "use_ratio": cfg.use_ratio, "task": cfg.task, **init_info, **anc_info,
+            "use_ratio": cfg.use_ratio, "task": cfg.task, **init_info,
         }  # fmt: skip
 
         def on_epoch(epoch: int, h: History) -> None:
@@ -186,8 +198,6 @@ class FrontMethod(Method):
                 checkpoint=epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs,
                 samples=len(train.y) // ctx.world_size,
             )  # fmt: skip
-
-        from .train import train_classifier
 
         train_classifier(
             model, train, test, epochs=cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,

@@ -94,35 +94,25 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
         with torch.no_grad():
             return self.model(x)
 
-    def __call__(self, request: FrontRequest) -> FrontResponse:
-        probs = self._logits(request.images, request.scale).softmax(-1)
+    def _response(self, probs: torch.Tensor) -> FrontResponse:
         return FrontResponse(
             labels=probs.argmax(-1).tolist(),
             probs=[[round(float(p), 6) for p in row] for row in probs],
             model=self.info,
         )
 
+    def __call__(self, request: FrontRequest) -> FrontResponse:
+        return self._response(self._logits(request.images, request.scale).softmax(-1))
+
     def batch(self, requests: list[FrontRequest]) -> list[FrontResponse]:
-        """One forward pass for every request whose images have this model's size."""
+        """One forward pass for all requests when every image has this model's size."""
         side2 = self.model.img_size**2
-        ok = [r for r in requests if len(r.images[0]) == side2]
-        if len(ok) != len(requests):
-            return [self(r) for r in requests]
+        if any(len(r.images[0]) != side2 for r in requests):
+            return [self(r) for r in requests]  # each bad request gets its own error
         x = [
             [v / 16.0 for v in im] if r.scale == "sklearn" else im
             for r in requests
             for im in r.images
         ]
         probs = self._logits(x, "unit").softmax(-1)
-        out, i = [], 0
-        for r in requests:
-            p = probs[i : i + len(r.images)]
-            i += len(r.images)
-            out.append(
-                FrontResponse(
-                    labels=p.argmax(-1).tolist(),
-                    probs=[[round(float(v), 6) for v in row] for row in p],
-                    model=self.info,
-                )
-            )
-        return out
+        return [self._response(p) for p in probs.split([len(r.images) for r in requests])]

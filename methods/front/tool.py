@@ -52,8 +52,6 @@ def init_descendant(
     seed: int = 0,
 ) -> tuple[ViT, dict]:
     """A ViT of the given shape, initialised from the learngene folder."""
-    if not (Path(learngene) / "learngene.json").is_file():
-        raise NshotError(f"--learngene: no learngene.json in {learngene} (make one with extract)")
     gene = Learngene.load(learngene)
     src = gene.source
     torch.manual_seed(seed)

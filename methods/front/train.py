@@ -101,16 +101,15 @@ def train_classifier(
             return (s + 1) / warm
         return 0.5 * (1.0 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
 
-    for g in opt.param_groups:
-        g.setdefault("initial_lr", lr)
+    for g in opt.param_groups:  # the schedule's base lr (a restored group holds a decayed lr)
+        g["initial_lr"] = lr
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: schedule(s + start_epoch * steps_per_epoch)
     )
     gen = torch.Generator().manual_seed(seed)
-    base = model.module if hasattr(model, "module") else model
-    hist = History(acc_init=accuracy(base, test))
-    if isinstance(base, ViT):
-        hist.flops_per_epoch = vit_flops_per_image(base) * n
+    hist = History(acc_init=accuracy(model, test))
+    if isinstance(model, ViT):
+        hist.flops_per_epoch = vit_flops_per_image(model) * n
     t0 = time.time()
     model.train()
     for _ in range(start_epoch):
@@ -130,18 +129,28 @@ def train_classifier(
             sched.step()
             losses.append(float(loss.detach()))
         hist.loss.append(sum(losses) / len(losses))
-        hist.acc.append(accuracy(base, test))
+        hist.acc.append(accuracy(model, test))
         if on_epoch is not None:
             on_epoch(epoch, hist)
     hist.seconds = time.time() - t0
     return hist
 
 
+def init_from_learngene(target: ViT, gene: Any, cfg: FrontConfig, *, seed: int = 0) -> dict:
+    """FRONT's reconstruction of ``target`` from a :class:`~.learngene.Learngene` with the
+    config's fill, amplitude and skip settings."""
+    from .learngene import front_init
+
+    return front_init(
+        target, gene, fill=cfg.fill, use_ratio=cfg.use_ratio, depth_fix=cfg.depth_fix,
+        skip=tuple(cfg.dct_skip), seed=seed,
+    )  # fmt: skip
+
+
 def initialise(target: ViT, ancestry: ViT, cfg: FrontConfig, *, seed: int = 0) -> dict[str, Any]:
     """Set ``target``'s weights from ``ancestry`` by ``cfg.init`` (random: leave them)."""
     from .learngene import (
         extract,
-        front_init,
         truncation_init,
         uniform_init,
         weight_selection_init,
@@ -154,10 +163,7 @@ def initialise(target: ViT, ancestry: ViT, cfg: FrontConfig, *, seed: int = 0) -
             ancestry, keep_ratio=cfg.keep_ratio, mlp_dct_dim=cfg.mlp_dct_dim,
             source=ancestry.shape(),
         )  # fmt: skip
-        report = front_init(
-            target, gene, fill=cfg.fill, use_ratio=cfg.use_ratio, depth_fix=cfg.depth_fix,
-            skip=tuple(cfg.dct_skip), seed=seed,
-        )  # fmt: skip
+        report = init_from_learngene(target, gene, cfg, seed=seed)
     else:
         fn = {
             "truncation": truncation_init,
@@ -197,13 +203,9 @@ def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[
     kr = cfg.refine_keep_ratio
     before = high_freq_fraction(refined, kr)
     acc_before = accuracy(refined, test)
-    steps_per_epoch = max(1, math.ceil(len(train.y) / cfg.batch))
-    steps = max(1, round(cfg.refine_frac * cfg.anc_epochs * steps_per_epoch))
-    sub = Split(train.x, train.y, train.num_classes)
-    # the refinement runs `steps` optimizer steps: whole epochs over a prefix-sized schedule
-    epochs = max(1, math.ceil(steps / steps_per_epoch))
+    epochs = max(1, math.ceil(cfg.refine_frac * cfg.anc_epochs))  # whole epochs
     hist = train_classifier(
-        refined, sub, test, epochs=epochs, lr=cfg.lr * cfg.refine_lr_scale, weight_decay=cfg.weight_decay,
+        refined, train, test, epochs=epochs, lr=cfg.lr * cfg.refine_lr_scale, weight_decay=cfg.weight_decay,
         batch=cfg.batch, seed=seed + 7,
         penalty=lambda: cfg.refine_lambda * high_freq_energy(refined, kr) / n_params,
     )  # fmt: skip
@@ -212,5 +214,5 @@ def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[
         "hf_fraction_after": high_freq_fraction(refined, kr),
         "acc_before": acc_before,
         "acc_after": hist.acc[-1],
-        "refine_steps": float(epochs * steps_per_epoch),
+        "refine_steps": float(epochs * math.ceil(len(train.y) / cfg.batch)),
     }
