@@ -47,7 +47,9 @@ def test_hat_inrs_encode_the_hat_and_the_target_is_its_exact_dilation():
 
 
 def test_parameter_matching_equivariance_and_the_collapse_control():
-    from nshot.methods.weightspace.model import DeepSetsOCE, copy_separation, count_params
+    from nshot.methods.weightspace.backbones import copy_separation_flat as copy_separation
+    from nshot.methods.weightspace.backbones import count_params
+    from nshot.methods.weightspace.model import DeepSetsOCE
 
     counts = {k: count_params(DeepSetsOCE(w, 3, k)) for k, w in ((1, 64), (2, 62), (4, 60),
                                                                   (8, 56))}  # fmt: skip

@@ -327,25 +327,31 @@ def oce_render(
     return torch.stack([render(v, x, act, omega) for v in edited]).mean(0)
 
 
-def copy_separation(deltas: Sequence[Sequence[tuple[Tensor, Tensor]]]) -> float:
-    """Mean over inputs of (mean pairwise ||dv_i - dv_j||) / (mean_i ||dv_i||); 0 for k = 1.
-
-    Uses the raw head outputs dv_i (all entries flattened per copy); an input whose deltas are all
-    zero contributes 0.
-    """
-    k = len(deltas)
+def copy_separation_flat(deltas: Tensor) -> float:
+    """Copy separation of deltas flattened per copy, ``[B, k, N]``: mean over inputs of
+    (mean pairwise ||dv_i - dv_j||) / (mean_i ||dv_i||); 0 for k = 1 and for an input whose
+    deltas are all zero."""
+    k = deltas.shape[1]
     if k < 2:
         return 0.0
-    flat = torch.stack(
-        [torch.cat([t.reshape(t.shape[0], -1) for wb in d for t in wb], 1) for d in deltas]
-    )  # [k, B, N]
-    flat = flat.detach().double()
+    flat = deltas.detach().double()
     pair = torch.stack(
-        [(flat[i] - flat[j]).norm(dim=1) for i, j in itertools.combinations(range(k), 2)]
+        [(flat[:, i] - flat[:, j]).norm(dim=1) for i, j in itertools.combinations(range(k), 2)]
     ).mean(0)
-    norm = flat.norm(dim=2).mean(0)
+    norm = flat.norm(dim=2).mean(1)
     ratio = torch.where(norm > 0, pair / norm.clamp_min(1e-300), torch.zeros_like(norm))
     return float(ratio.mean())
+
+
+def copy_separation(deltas: Sequence[Sequence[tuple[Tensor, Tensor]]]) -> float:
+    """:func:`copy_separation_flat` of k layer-list deltas (the raw head outputs dv_i, all
+    entries flattened per copy)."""
+    return copy_separation_flat(
+        torch.stack(
+            [torch.cat([t.reshape(t.shape[0], -1) for wb in d for t in wb], 1) for d in deltas],
+            dim=1,
+        )
+    )
 
 
 def count_params(module: nn.Module) -> int:
@@ -364,6 +370,7 @@ __all__ = [
     "SIREN_OMEGA0",
     "OCEHead",
     "copy_separation",
+    "copy_separation_flat",
     "count_params",
     "oce_render",
     "permute_hidden",

@@ -31,8 +31,8 @@ def _system(k: int, head_init: str) -> str:
 
 
 def _train_job(cfg_dict: dict[str, Any], seed: int, k: int, head_init: str) -> dict[str, Any]:
+    from .backbones import count_params
     from .data import grid, splits
-    from .model import count_params
     from .train import build, evaluate_model, train_model
 
     torch.set_num_threads(1)
@@ -111,7 +111,7 @@ def backbone_equivariance(widths: tuple[int, ...] = (2, 8, 8, 1), k: int = 4) ->
     return out
 
 
-def gate(rows: dict[str, dict[str, Any]], ks: list[int]) -> dict[str, bool]:
+def gate(rows: dict[str, dict[str, Any]]) -> dict[str, bool]:
     r = {s: v["rel_mse"] for s, v in rows.items()}
     out = {
         "capacity_barrier_oracle": r["oracle_k1"] >= 10 * r["oracle_k4"],
@@ -187,7 +187,7 @@ def run_experiments(cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
     order = ["identity", *[f"oracle_k{k}" for k in cfg.oracle_ks],
              *[_system(k, h) for k, h in jobs]]  # fmt: skip
     rows = {n: rows[n] for n in order}
-    checks = gate(rows, cfg.k_sweep)
+    checks = gate(rows)
     eq = equivariance(cfg)
     checks["equivariance_deepsets"] = eq["delta_perm_max_abs"] < 1e-5 and \
         eq["f_oce_perm_max_abs"] < 1e-5  # fmt: skip

@@ -10,8 +10,9 @@ import torch
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 
+from .backbones import count_params
 from .config import WeightspaceConfig
-from .model import DeepSetsOCE, count_params
+from .model import DeepSetsOCE
 
 
 def model_from_checkpoint(checkpoint: LoadedCheckpoint) -> DeepSetsOCE:

@@ -70,7 +70,10 @@ class DeepSetsOCE(nn.Module):
 
 
 def render(W1, b1, W2, b2, x: torch.Tensor) -> torch.Tensor:
-    """f(x) = W2 relu(W1 x + b1) + b2 on points x [P], for INRs with any leading batch dims."""
+    """f(x) = W2 relu(W1 x + b1) + b2 on points x [P], for 1→n→1 INRs with any leading batch
+    dims (e.g. [B, k] for the edited copies). The training hot path: a broadcast over the
+    copies, which is faster here than :func:`.backbones.render`'s batched matmul over a
+    flattened batch (and the recorded results were measured with it)."""
     pre = x.view(*([1] * (b1.dim() - 1)), -1, 1) * W1[..., None, :, 0] + b1[..., None, :]
     return (torch.relu(pre) * W2[..., None, 0, :]).sum(-1) + b2
 
@@ -84,18 +87,3 @@ def oce_render(model: DeepSetsOCE, W1, b1, W2, b2, x: torch.Tensor) -> torch.Ten
 def rel_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per INR: MSE / Var(target) on the grid."""
     return ((pred - target) ** 2).mean(-1) / target.var(-1, unbiased=False)
-
-
-def copy_separation(deltas: torch.Tensor) -> float:
-    """Mean over inputs of the mean pairwise ‖Δv_i − Δv_j‖ over mean ‖Δv_i‖ (0 when k = 1)."""
-    k = deltas.shape[1]
-    if k < 2:
-        return 0.0
-    dist = torch.cdist(deltas, deltas)  # [B, k, k]
-    pair = dist.sum((1, 2)) / (k * (k - 1))
-    norm = deltas.norm(dim=-1).mean(-1)
-    return float((pair / norm.clamp_min(1e-12)).mean())
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

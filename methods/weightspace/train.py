@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
+from .backbones import copy_separation_flat
 from .config import WeightspaceConfig
 from .data import INRSet, grid
-from .model import DeepSetsOCE, copy_separation, oce_render, rel_mse, render
+from .model import DeepSetsOCE, oce_render, rel_mse, render
 
 
 def build(cfg: WeightspaceConfig, k: int | None = None, head_init: str | None = None):
@@ -28,7 +29,7 @@ def evaluate_model(model: DeepSetsOCE, data: INRSet, x: torch.Tensor) -> dict[st
         d = data.subset(slice(i, i + 512))
         eW1, eb1, eW2, eb2, deltas = model(d.W1, d.b1, d.W2, d.b2)
         out.append(rel_mse(render(eW1, eb1, eW2, eb2, x).mean(1), d.target))
-        seps.append(copy_separation(deltas) * len(d))
+        seps.append(copy_separation_flat(deltas) * len(d))
     model.train()
     return {"rel_mse": float(torch.cat(out).mean()), "copy_separation": sum(seps) / len(data)}
 
@@ -52,8 +53,6 @@ def train_model(
     fwd = forward if forward is not None else model
     x = grid(cfg).float()
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    for g in opt.param_groups:
-        g.setdefault("initial_lr", cfg.lr)
 
     def lr_at(step: int) -> float:
         t = min(step, cfg.steps) / cfg.steps
@@ -78,8 +77,7 @@ def train_model(
         opt.step()
         window.append(float(loss.detach()))
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            base = model.module if hasattr(model, "module") else model
-            ev = evaluate_model(base, test, x)
+            ev = evaluate_model(model, test, x)
             row = {"step": float(step), "loss": sum(window) / len(window),
                    "test_rel_mse": ev["rel_mse"], "copy_separation": ev["copy_separation"]}  # fmt: skip
             window = []
