@@ -108,6 +108,15 @@ class AuxBOConfig(MethodConfig):
         curve=("val_nll", "loss"),
     )
 
+    # `nshot eval --set` may change these (the held-out tasks and the BO loop run with the
+    # checkpoint's model); every other field is fixed by the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_tasks",
+        "budget",
+        "n_init",
+        "xi",
+        "history_dir",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             d=16, heads=2, layers_h=1, layers=1, n_max=5, m_targets=8, batch_tasks=4, steps=30,

@@ -34,6 +34,15 @@ class CAOSConfig(MethodConfig):
         "label (candidate index); replaces the digits-landmark substitute",
     )
 
+    # `nshot eval --set` may change these (the trials and levels evaluate() measures the
+    # checkpoint's bank with); every other field is fixed by the checkpoint, since it shapes the
+    # model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "n_test",
+        "trials",
+        "alphas",
+        "trials_per_task",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {"trials": 50, "n_test": 5, "trials_per_task": 25, "cls_trials": 40},
         "small": {"trials": 1000, "n_test": 20, "n_sweep": [10, 20, 40], "cls_trials": 300},

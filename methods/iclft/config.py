@@ -86,6 +86,13 @@ class ICLFTConfig(MethodConfig):
     val_batch: int = Field(2000, ge=1, le=1_000_000, description="validation prompts at reports")
     seeds: int = Field(3, ge=1, le=100, description="seeds in experiments()")
 
+    # `nshot eval --set` may change these (the evaluation prompts); every other field is fixed by
+    # the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_batch",
+        "eval_n",
+        "eval_random_tasks",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             steps=200, batch=256, pool_size=10_000, eval_batch=2000, eval_n=[0, 1, 5, 20],

@@ -92,6 +92,17 @@ class KeystoneConfig(MethodConfig):
         False, description="train_loop: after probing, fine-tune the keystone rows of `model`"
     )
 
+    # `nshot eval --set` may change these (where the model runs and the evaluation suite); every
+    # other field is fixed by the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "device",
+        "eval_suite",
+        "eval_items",
+        "eval_candidates",
+        "ppl_texts",
+        "ppl_tokens",
+        "eval_batch",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             model="tiny-smoke", sft_model="tiny-smoke", probe_tokens=8, rho=0.1,

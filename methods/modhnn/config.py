@@ -87,6 +87,19 @@ class ModHNNConfig(MethodConfig):
         default_factory=list, description="further systems run with svd and hnn_pooled (extra)"
     )
 
+    # `nshot eval --set` may change these (test-time adaptation of z and the dynamics metrics);
+    # every other field is fixed by the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "shots",
+        "adapt_steps",
+        "adapt_lr",
+        "latent_init",
+        "grid",
+        "rollout_steps",
+        "drift_window",
+        "midpoint_iters",
+        "midpoint_tol",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             n_train_instances=5, n_test_instances=2, n_traj=2, n_steps=10, width=16, d_z=2,

@@ -65,6 +65,13 @@ class TailConfig(MethodConfig):
         curve=("episode_acc", "loss"),
     )
 
+    # `nshot eval --set` may change these (episodes, (π, ρ) draws and an extra feature set to
+    # evaluate on); every other field is fixed by the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_episodes",
+        "eval_draws",
+        "features_path",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             depth=1, heads=2, mlp_dim=48, d_data=16, d_label=8, dictionary_size=20,

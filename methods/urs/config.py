@@ -68,6 +68,19 @@ class URSConfig(MethodConfig):
         10_000, ge=0, description="seed of the test sets (distinct from training)"
     )
 
+    # `nshot eval --set` may change these (the test sets (sizes, instances, zero-shot variants),
+    # decoding and the reference solver's time); every other field is fixed by the checkpoint, since
+    # it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_sizes",
+        "eval_instances",
+        "eval_starts",
+        "augment",
+        "eval_batch",
+        "unseen_variants",
+        "ref_time_per_node",
+        "ref_time_min",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             d=16, layers=1, ff=32, gen_rank=2, gen_hidden=16, batch_size=4, train_sizes=[10],

@@ -42,6 +42,9 @@ class WeightspaceConfig(MethodConfig):
     oracle_steps: int = Field(3000, ge=1, description="Adam steps per oracle fit")
     seeds: int = Field(1, ge=1, description="seeds of the reproduction")
 
+    # `nshot eval --set` may change these (the number of test INRs); every other field is fixed by
+    # the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {"n_test"}
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
             "grid": 64, "n_train": 200, "n_test": 50, "res_layers": 1, "steps": 300,

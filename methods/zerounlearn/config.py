@@ -95,6 +95,14 @@ class ZeroUnlearnConfig(MethodConfig):
     experiment_seeds: int = Field(3, ge=1, le=20)
     parallel_seeds: bool = Field(True, description="seeds as parallel Ray tasks")
 
+    # `nshot eval --set` may change these (where the model runs, its loading and the held-out
+    # perplexity text); every other field is fixed by the checkpoint, since it shapes the model
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "device",
+        "allow_download",
+        "ppl_chunks",
+        "ppl_length",
+    }
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": dict(
             model="tiny-smoke", edit_layers=[0], v_loss_layer=1, delta_steps=3,

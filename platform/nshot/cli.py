@@ -2,7 +2,10 @@
 
 Every command takes ``--json`` for machine-readable output on stdout; human output and
 progress go to stderr/stdout through ``rich``. Errors that are the user's to fix (bad config,
-unknown method, corrupt checkpoint, existing run) print one line and exit with status 2.
+unknown method, corrupt checkpoint, existing run, a run name outside the storage, a port in
+use) print one line and exit with status 2, checked before Ray starts where they can be.
+Ctrl-C prints one line (for ``train``: where the last checkpoint is and the command that
+resumes the run) and exits with status 130.
 """
 
 from __future__ import annotations
@@ -97,16 +100,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     from nshot.train import fit
 
     cfg = _config(args.method, args)
-    res = fit(
-        args.method,
-        cfg,
-        scaling=_scaling(args),
-        storage=args.storage,
-        name=args.name,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        max_failures=args.max_failures,
-    )
+    try:
+        res = fit(
+            args.method,
+            cfg,
+            scaling=_scaling(args),
+            storage=args.storage,
+            name=args.name,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            max_failures=args.max_failures,
+        )
+    except KeyboardInterrupt:
+        print(f"nshot: interrupted: {_interrupted_train(args, cfg)}", file=sys.stderr)
+        return 130
     payload = {
         "run_dir": str(res.run_dir),
         "checkpoint": str(res.checkpoint) if res.checkpoint else None,
@@ -122,17 +129,80 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupted_train(args: argparse.Namespace, cfg) -> str:
+    """Where an interrupted run's last checkpoint is, and the command that continues it."""
+    import shlex
+
+    from nshot.train.checkpoint import find_checkpoints
+    from nshot.train.runner import resolve_storage
+
+    name = args.name if args.name is not None else f"{args.method}-{cfg.preset}"
+    argv = [a for a in getattr(args, "argv", None) or [] if a != "--overwrite"]
+    if args.name is None:
+        argv += ["--name", name]
+    try:
+        run_dir = resolve_storage(args.storage)
+        run_dir = run_dir / name if isinstance(run_dir, Path) else f"{run_dir}/{name}"
+    except Exception:  # noqa: BLE001 - the message must come out whatever the storage is
+        return "training stopped before its run directory was known"
+    if not isinstance(run_dir, Path):
+        return f"run {run_dir} stopped; resume with: " + shlex.join(
+            ["nshot", *argv, *([] if "--resume" in argv else ["--resume"])]
+        )
+    try:
+        found = find_checkpoints(run_dir) if run_dir.is_dir() else []
+    except Exception:  # noqa: BLE001
+        found = []
+    if not found:
+        has_run = run_dir.is_dir() and any(run_dir.iterdir())
+        again = [*argv, "--resume"] if has_run and "--resume" not in argv else argv
+        return f"no checkpoint was written in {run_dir}; start again with: " + shlex.join(
+            ["nshot", *again]
+        )
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return f"run {run_dir} stopped; last checkpoint: {found[-1]}; resume with: " + shlex.join(
+        ["nshot", *argv]
+    )
+
+
 def _short(metrics: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+
+
+def _earlier(args: argparse.Namespace) -> dict[str, Any]:
+    """``allow_earlier=True`` for the checkpoint loaders when the flag is given."""
+    return {"allow_earlier": True} if getattr(args, "allow_earlier_checkpoint", False) else {}
+
+
+def _eval_config(method, ckpt, overrides: dict[str, Any]):
+    """The checkpoint's config with ``overrides``; a field outside ``EVAL_FIELDS`` may only be
+    set to the checkpoint's own value (it shapes the model the weights belong to)."""
+    from nshot.method import ConfigError
+
+    base = method.config_from_dict(ckpt.config)
+    if not overrides:
+        return base
+    cfg = base.replace(**overrides)  # an unknown field or a bad value is named here
+    allowed = type(base).EVAL_FIELDS
+    for key in overrides:
+        if key not in allowed and getattr(cfg, key) != getattr(base, key):
+            fixed = json.dumps(getattr(base, key), default=str)
+            raise ConfigError(
+                f"{type(base).__name__}: field {key!r} shapes the model and is fixed by the "
+                f"checkpoint ({fixed}); nshot eval may override only {', '.join(sorted(allowed))}"
+            )
+    return cfg
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from nshot.method import get
     from nshot.train import load_checkpoint
 
-    method = get(args.method)
-    ckpt = load_checkpoint(args.checkpoint, method=method.name)
-    cfg = method.config_from_dict({**ckpt.config, **parse_overrides(args.overrides)})
+    method = get(args.method)  # an unknown method is named before anything is read
+    overrides = parse_overrides(args.overrides)
+    ckpt = load_checkpoint(args.checkpoint, method=method.name, **_earlier(args))
+    cfg = _eval_config(method, ckpt, overrides)
     metrics = method.evaluate(ckpt, cfg)
     payload = {"checkpoint": str(ckpt.path), "metrics": metrics}
     if args.json:
@@ -267,7 +337,51 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_serve_address(host: str, port: int) -> None:
+    """``--host``/``--port`` can be served on: the port is in 1..65535 and, when nshot starts
+    its own Ray (no ``RAY_ADDRESS``), the host is an address of this machine and the port is
+    free there (both checked by binding a socket, before Ray starts)."""
+    import errno
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise NshotError(f"--port {port}: a TCP port is in 1..65535")
+    if os.environ.get("RAY_ADDRESS"):  # Serve's proxies run on the cluster's nodes
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        raise NshotError(f"--host {host}: not a known host name or address ({err})") from None
+    family, kind, proto, _, addr = infos[0]
+    for probe in (0, port):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((addr[0], probe, *addr[2:]))
+            except OSError as err:
+                why = err.strerror or str(err)
+                if probe == 0:
+                    raise NshotError(
+                        f"--host {host}: not an address of this host ({why}); use 127.0.0.1 "
+                        "(this machine only) or 0.0.0.0 (every interface)"
+                    ) from None
+                if err.errno == errno.EADDRINUSE:
+                    raise NshotError(
+                        f"--port {port}: {host}:{port} is already in use; choose another --port"
+                    ) from None
+                raise NshotError(f"--port {port}: cannot listen on {host}:{port} ({why})") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    from nshot.method import get
+    from nshot.train.checkpoint import load_checkpoint, resolve_checkpoint
+
+    method = get(args.method)  # an unknown method is named before anything is read
+    check_serve_address(args.host, args.port)
+    # the checkpoint is resolved (and verified) here, before Ray starts; the app gets its path
+    checkpoint = resolve_checkpoint(args.checkpoint, **_earlier(args))
+    load_checkpoint(checkpoint, method=method.name)
+
     from nshot.serve import start
     from nshot.serve.app import ServeOptions
 
@@ -280,7 +394,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         conformal_k=args.conformal_k,
     )
-    url = start(args.method, args.checkpoint, host=args.host, port=args.port, options=opts)
+    url = start(method.name, str(checkpoint), host=args.host, port=args.port, options=opts)
     _console().print(
         f"serving {args.method} at {url}/predict (metadata: {url}/metadata, health: "
         f"{url}/healthz); Ctrl-C stops"
@@ -307,6 +421,15 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+def _add_allow_earlier(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-earlier-checkpoint",
+        action="store_true",
+        help="a run dir whose latest checkpoint is incomplete (no state.json): use the latest "
+        "complete one instead of failing",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nshot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -327,7 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
         "$NSHOT_STORAGE, else ~/.cache/nshot/runs. A worker group on several hosts needs a URI "
         "or a shared mount (NSHOT_STORAGE_SHARED=1)",
     )
-    s.add_argument("--name", default=None, help="run name (default <method>-<preset>)")
+    s.add_argument(
+        "--name",
+        default=None,
+        help="run name, one path component: the run lives in <storage>/<name> "
+        "(default <method>-<preset>)",
+    )
     s.add_argument("--workers", type=int, default=None, help="Ray Train workers (0: in-process)")
     s.add_argument("--gpus-per-worker", type=float, default=None)
     s.add_argument("--cpus-per-worker", type=float, default=None)
@@ -335,15 +463,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--resume", action="store_true", help="continue the run from its latest checkpoint"
     )
-    s.add_argument("--overwrite", action="store_true", help="replace an existing run of that name")
-    s.add_argument("--max-failures", type=int, default=0, help="worker-group restarts allowed")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing nshot run of that name (a directory holding nshot_run.json)",
+    )
+    s.add_argument(
+        "--max-failures", type=int, default=0, help="worker-group restarts allowed (>= 0)"
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("eval", help="evaluate a checkpoint with the paper's metrics")
     s.add_argument("method")
     s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _add_allow_earlier(s)
+    s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an evaluation field (the method's EVAL_FIELDS, e.g. tail's eval_episodes); "
+        "a field that shapes the model is fixed by the checkpoint",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_eval)
 
@@ -428,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a checkpoint over HTTP with Ray Serve")
     s.add_argument("method")
     s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
+    _add_allow_earlier(s)
     s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--replicas", type=int, default=1)
@@ -456,12 +600,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # train: the command an interrupted run is resumed with
     try:
         return int(args.func(args) or 0)
     except NshotError as err:
-        print(f"nshot: error: {err}", file=sys.stderr)
+        text = " ".join(str(err).split("\n"))  # one line, whatever the message holds
+        print(f"nshot: error: {text}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"nshot: interrupted: {args.command} stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

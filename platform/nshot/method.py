@@ -73,6 +73,10 @@ class MethodConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Fields an evaluation may override (``nshot eval --set``); every other field is fixed by
+    # the checkpoint, since it shapes the model's weights. Subclasses add their evaluation
+    # knobs by union: ``EVAL_FIELDS = MethodConfig.EVAL_FIELDS | {"eval_episodes"}``.
+    EVAL_FIELDS: ClassVar[frozenset[str]] = frozenset({"seed", "torch_threads", "log_every"})
 
     preset: str = Field("small", description="the preset these values started from")
     seed: int = Field(0, ge=0, description="base random seed; each worker derives its own")

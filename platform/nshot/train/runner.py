@@ -12,13 +12,22 @@ unless all nodes share one host (a local multi-node cluster) or ``NSHOT_STORAGE_
 the path is a shared mount (NFS, Lustre, ...). Re-running with the same storage and name and
 ``resume=True`` continues from the run's latest checkpoint (Ray Train V2 restores its
 checkpoint manager from the run directory; local mode reads the latest nshot checkpoint).
+
+Nothing outside ``<storage>/<name>`` is written or deleted: a run name is one path component
+(:func:`check_run_name`), a local run directory that is a symbolic link is refused, and
+``overwrite=True`` deletes only a directory that is an nshot run, one that holds the run marker
+``nshot_run.json`` (:data:`RUN_MARKER`, written before training starts). Bad arguments (a name,
+an empty or unwritable storage, a negative ``max_failures``) fail before Ray starts.
 """
 
 from __future__ import annotations
 
+import json
+import numbers
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +35,9 @@ from typing import Any
 
 from nshot.method import ConfigError, MethodConfig, NshotError, get
 from nshot.train.checkpoint import find_checkpoints
+
+RUN_MARKER = "nshot_run.json"
+RUN_FORMAT = "nshot-run/1"
 
 SCALE_PRESETS: dict[str, dict[str, float]] = {
     # name: workers, gpus per worker, cpus per worker
@@ -129,39 +141,128 @@ def check_storage_reachable(storage: Path | str, nodes: list[dict[str, Any]] | N
     )
 
 
+def check_run_name(name: Any, what: str = "--name") -> str:
+    """``name`` if it is one path component, else :class:`ConfigError`.
+
+    A run (or sweep) lives in ``<storage>/<name>``: a name with a ``/`` or ``\\``, ``.``,
+    ``..``, an empty name or one with a NUL byte would put it (and what ``--overwrite``
+    deletes) somewhere else.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{what} {name!r}: a run name must not be empty")
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad or name in (".", ".."):
+        raise ConfigError(
+            f"{what} {name!r}: a run name is one path component inside the storage "
+            "(no '/', no '\\', not '.' or '..', no NUL byte); choose where runs live with --storage"
+        )
+    return name
+
+
+def check_storage_arg(storage: str | os.PathLike | None) -> None:
+    """An empty ``storage`` is refused (it would resolve to the current directory)."""
+    if storage is not None and not str(storage).strip():
+        raise ConfigError(
+            "--storage is empty: give a directory or a URI (s3://bucket/runs), or leave it out "
+            "for $NSHOT_STORAGE, else ~/.cache/nshot/runs"
+        )
+
+
+def prepare_local_storage(storage: Path) -> None:
+    """Create the local storage directory and check that nshot can write in it (before Ray
+    starts): a path under a file, in ``/proc`` or without write permission fails here with
+    one clear :class:`NshotError`."""
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".nshot-write-check-", dir=storage)
+        os.rmdir(probe)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise NshotError(
+            f"--storage {storage}: cannot be a writable directory ({reason}); choose a "
+            "directory you can write to"
+        ) from None
+
+
+def is_run_marker(path: Path) -> bool:
+    """``path`` is nshot's run marker: a plain file (not a link) holding a JSON object with the
+    run's ``method``."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("method"), str)
+
+
 class _RunDir:
     """The run directory ``<storage>/<name>``, on the local disk or behind a pyarrow URI."""
 
     def __init__(self, storage: Path | str, name: str):
+        check_run_name(name)
         self.local = isinstance(storage, Path)
         if self.local:
             self.path: Path | str = storage / name
             self._fs = None
+            self._check_local(storage)
         else:
             from pyarrow import fs as pafs
 
             self.path = f"{storage}/{name}"
             self._fs, self._fs_path = pafs.FileSystem.from_uri(self.path)
 
+    def _check_local(self, storage: Path) -> None:
+        """The run directory is ``storage/name`` itself: not a link, not a file."""
+        p = Path(self.path)
+        if p.is_symlink():
+            raise NshotError(
+                f"run directory {p} is a symbolic link (to {os.readlink(p)}): nshot writes and "
+                "deletes runs only inside the storage; remove the link or choose another --name"
+            )
+        if p.exists() and not p.is_dir():
+            raise NshotError(f"run directory {p} exists and is not a directory")
+        if not p.resolve().is_relative_to(storage.resolve()):  # pragma: no cover - defence
+            raise NshotError(f"run directory {p} resolves outside the storage {storage}")
+
     def has_files(self) -> bool:
         if self.local:
             p = Path(self.path)
-            return p.exists() and any(p.iterdir())
+            return p.is_dir() and any(p.iterdir())
         from pyarrow import fs as pafs
 
         sel = pafs.FileSelector(self._fs_path, allow_not_found=True, recursive=False)
         return bool(self._fs.get_file_info(sel))
 
-    def clear(self) -> None:
+    def is_run(self) -> bool:
+        """The directory holds nshot's run marker."""
         if self.local:
-            shutil.rmtree(self.path)
+            return is_run_marker(Path(self.path) / RUN_MARKER)
+        from pyarrow import fs as pafs
+
+        marker = f"{self._fs_path}/{RUN_MARKER}"
+        if self._fs.get_file_info(marker).type != pafs.FileType.File:
+            return False
+        try:
+            with self._fs.open_input_stream(marker) as f:
+                data = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and isinstance(data.get("method"), str)
+
+    def clear(self) -> None:
+        """Delete the run (only ever called on a directory that :meth:`is_run`)."""
+        if self.local:
+            shutil.rmtree(self.path)  # refuses a link; links inside are removed, not followed
         else:
             self._fs.delete_dir(self._fs_path)
 
     def write(self, name: str, text: str) -> None:
         if self.local:
             Path(self.path).mkdir(parents=True, exist_ok=True)
-            (Path(self.path) / name).write_text(text)
+            tmp = Path(self.path) / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, Path(self.path) / name)
             return
         self._fs.create_dir(self._fs_path, recursive=True)
         with self._fs.open_output_stream(f"{self._fs_path}/{name}") as f:
@@ -236,13 +337,24 @@ def fit(
     max_failures: int = 0,
     keep_checkpoints: int = 2,
 ) -> TrainResult:
-    """Train ``method_name`` with ``cfg`` through Ray Train and return the final checkpoint."""
+    """Train ``method_name`` with ``cfg`` through Ray Train and return the final checkpoint.
+
+    Every argument is checked before Ray starts (:class:`ConfigError`/:class:`NshotError`):
+    ``name`` is one path component, ``storage`` is not empty and, when local, a directory nshot
+    can write in, ``max_failures >= 0``; ``overwrite`` replaces only an nshot run.
+    """
     import ray.train
     from ray.train.torch import TorchTrainer
 
     method = get(method_name)
     if not isinstance(cfg, method.Config):
         raise ConfigError(f"config for {method_name!r} must be a {method.Config.__name__}")
+    name = check_run_name(f"{method_name}-{cfg.preset}" if name is None else name)
+    if not isinstance(max_failures, numbers.Integral) or max_failures < 0:
+        raise ConfigError(f"--max-failures {max_failures!r}: must be an integer >= 0")
+    if resume and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
+    check_storage_arg(storage)
     scaling = scaling or Scaling()
     scaling.validate()
     local = scaling.workers == 0
@@ -257,7 +369,8 @@ def fit(
 
         if storage_path.startswith("file://"):
             storage_path = Path(urlparse(storage_path).path).resolve()
-    name = name or f"{method_name}-{cfg.preset}"
+    if isinstance(storage_path, Path):
+        prepare_local_storage(storage_path)
     run = _RunDir(storage_path, name)
     run_dir = run.path
     exists = run.has_files()
@@ -268,15 +381,28 @@ def fit(
         )
     if not exists and resume:
         raise NshotError(f"--resume: no run to resume at {run_dir}")
+    if exists and overwrite and not run.is_run():
+        raise NshotError(
+            f"--overwrite: {run_dir} is not an nshot run (it has no {RUN_MARKER} marker), so "
+            "nshot does not delete it; choose another --name (or --storage)"
+        )
 
     ensure_ray()
     if not local:
         check_storage_reachable(storage_path)
     if exists and overwrite:
         run.clear()
+    # the marker goes in before any training starts: this directory is an nshot run
     run.write(
-        "nshot_run.json",
-        _json({"method": method_name, "config": cfg.model_dump(), "scaling": scaling.__dict__}),
+        RUN_MARKER,
+        _json(
+            {
+                "format": RUN_FORMAT,
+                "method": method_name,
+                "config": cfg.model_dump(),
+                "scaling": scaling.__dict__,
+            }
+        ),
     )
 
     loop_config: dict[str, Any] = {"method": method_name, "config": cfg.model_dump()}
@@ -332,12 +458,16 @@ def _final_uri(result: Any, run_uri: str) -> str | None:
 
 
 def _prune_local(run_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` latest checkpoints, only ever inside ``run_dir`` (a
+    checkpoint reached through a link is left alone)."""
+    root = Path(run_dir).resolve()
     found = find_checkpoints(run_dir)
     for old in found[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        inside = root / Path(old).relative_to(run_dir)
+        if inside.resolve() != inside:  # a link on the way: it may lead anywhere
+            continue
+        shutil.rmtree(inside, ignore_errors=True)
 
 
 def _json(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, indent=1, sort_keys=True, default=str)

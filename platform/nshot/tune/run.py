@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nshot.method import MethodConfig, NshotError, get
-from nshot.train.runner import Scaling, default_storage, ensure_ray, is_uri
+from nshot.train.runner import Scaling, check_run_name, default_storage, ensure_ray, is_uri
 from nshot.tune.searchers import SearchContext, build_searcher
 from nshot.tune.space import SearchSpace, TuneSpec
 
@@ -176,7 +176,8 @@ def tune(
     scaling = scaling or Scaling()
     scaling.validate()
     seed = cfg.seed if seed is None else seed
-    name = name or f"{method_name}-{cfg.preset}-{search}"
+    # the sweep lives in <storage>/<name>: a name is one path component
+    name = check_run_name(f"{method_name}-{cfg.preset}-{search}" if name is None else name)
     root = storage if storage else default_storage()
     if is_uri(root):  # s3://, gs://, file://: Tune writes there through pyarrow
         storage_path: Path | str = str(root).rstrip("/") + ("" if storage else "/tune")
