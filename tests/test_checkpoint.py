@@ -30,7 +30,7 @@ def _model_and_opt():
 def _save(path, model, opt, step=3):
     return save_checkpoint(
         path,
-        method="tail",
+        method="toy",  # not a registered method: only the format is under test
         method_version="1",
         config={"depth": 2},
         step=step,
@@ -45,7 +45,7 @@ def test_round_trip_restores_weights_and_optimizer(tmp_path):
     model, opt = _model_and_opt()
     path = _save(tmp_path / "ckpt", model, opt)
     assert not list(path.glob("*.pkl")) and (path / "state.json").exists()
-    loaded = load_checkpoint(path, method="tail")
+    loaded = load_checkpoint(path, method="toy")
     assert loaded.step == 3 and loaded.config == {"depth": 2} and loaded.extra["history"] == [1, 2]
     model2, opt2 = _model_and_opt()
     with torch.no_grad():
@@ -69,7 +69,7 @@ def test_ddp_prefix_is_stripped(tmp_path):
     model, _ = _model_and_opt()
     state = {f"module.{k}": v for k, v in model.state_dict().items()}
     save_checkpoint(
-        tmp_path / "c", method="tail", method_version="1", config={}, step=1, model_state=state
+        tmp_path / "c", method="toy", method_version="1", config={}, step=1, model_state=state
     )
     assert set(load_checkpoint(tmp_path / "c").weights()) == set(model.state_dict())
 
@@ -99,7 +99,7 @@ def test_truncated_file_and_missing_file_are_detected(tmp_path):
 def test_bad_json_wrong_format_and_wrong_method(tmp_path):
     model, opt = _model_and_opt()
     path = _save(tmp_path / "ckpt", model, opt)
-    with pytest.raises(CheckpointError, match="belongs to method 'tail', not 'urs'"):
+    with pytest.raises(CheckpointError, match="belongs to method 'toy', not 'urs'"):
         load_checkpoint(path, method="urs")
     state = json.loads((path / "state.json").read_text())
     state["format"] = "pickle"

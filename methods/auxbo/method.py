@@ -13,6 +13,12 @@ import torch
 
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import (
+    ModelBudget,
+    bounded_ints,
+    meta_counts,
+    transformer_activation_bytes,
+)
 
 from .config import AuxBOConfig
 from .model import (
@@ -244,6 +250,13 @@ def meta_train(
 # --------------------------------------------------------------------------- the Method
 
 
+#: what the TNP sizes recorded in an auxbo checkpoint may be (every preset is far inside)
+TNP_BOUNDS = {
+    "x_dim": (1, 4096), "h_len": (1, 100_000), "h_dim": (1, 4096), "d": (4, 4096),
+    "heads": (1, 64), "layers_h": (0, 32), "layers": (1, 64), "mlp_ratio": (1, 16),
+}  # fmt: skip
+
+
 @register
 class AuxBOMethod(Method):
     name = "auxbo"
@@ -372,6 +385,29 @@ class AuxBOMethod(Method):
         from .serve import AuxBOPredictor
 
         return AuxBOPredictor(checkpoint)
+
+    def model_budget(
+        self, cfg: AuxBOConfig, extra: dict[str, Any] | None = None
+    ) -> ModelBudget | None:
+        """The TNP of the recorded ``extra["tnp"]`` sizes, counted on the meta device (its
+        input widths come from the data, so a config alone gives ``None``); activations: one
+        request's context and candidates at the Request caps in one sequence, and every
+        context point's h sequence through the h-encoder."""
+        from . import serve
+
+        tnp = (extra or {}).get("tnp")
+        if tnp is None:
+            return None
+        bounded_ints(tnp, TNP_BOUNDS, "extra.tnp", required=False)
+        tcfg = TNPConfig.from_dict(tnp)
+        params, state = meta_counts(lambda: TNP(tcfg))
+        n = getattr(serve, "MAX_CONTEXT", 10_000)
+        m = getattr(serve, "MAX_CANDIDATES", 10_000)
+        mlp = tcfg.mlp_ratio * tcfg.d
+        act = transformer_activation_bytes(n + m, tcfg.d, tcfg.heads, mlp)
+        if tcfg.use_h:
+            act += transformer_activation_bytes(tcfg.h_len, tcfg.d, tcfg.heads, mlp, batch=n)
+        return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

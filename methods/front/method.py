@@ -15,6 +15,12 @@ import torch
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.nn.vit import ViT
 from nshot.train.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from nshot.train.limits import (
+    ModelBudget,
+    bounded_ints,
+    meta_counts,
+    transformer_activation_bytes,
+)
 
 from .config import FrontConfig
 from .data import load_split
@@ -29,6 +35,11 @@ from .train import (
 )
 
 VERSION = "1"
+#: what a ViT shape recorded in a front checkpoint may be (every preset is far inside)
+VIT_BOUNDS = {
+    "img_size": (1, 64), "patch": (1, 16), "in_chans": (1, 4), "num_classes": (1, 1000),
+    "width": (1, 1024), "depth": (1, 48), "heads": (1, 64),
+}  # fmt: skip
 ANCESTRY_FIELDS = (
     "seed", "patch", "anc_width", "anc_depth", "anc_heads", "anc_epochs", "anc_warmup", "lr",
     "weight_decay", "batch", "refine", "refine_lambda", "refine_frac", "refine_keep_ratio",
@@ -227,6 +238,35 @@ class FrontMethod(Method):
         from .serve import FrontPredictor
 
         return FrontPredictor(checkpoint)
+
+    def model_budget(self, cfg: FrontConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """The ViT of the checkpoint's recorded shape (else the config's), counted on the meta
+        device, and its activations on ``MAX_IMAGES`` images of one request."""
+        from . import serve
+
+        shape = (extra or {}).get("shape")
+        if shape is None:
+            anc = cfg.stage == "ancestry"
+            shape = {
+                "img_size": 8 if anc else cfg.img_size, "patch": cfg.patch, "in_chans": 1,
+                "num_classes": 2 if cfg.task == "parity" and not anc else 10,
+                "width": cfg.anc_width if anc else cfg.width,
+                "depth": cfg.anc_depth if anc else cfg.depth,
+                "heads": cfg.anc_heads if anc else cfg.heads,
+            }  # fmt: skip
+        sizes = bounded_ints(shape, VIT_BOUNDS, "extra.shape")
+        ratio = shape.get("mlp_ratio", 4.0)
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 16:
+            raise ValueError(f"extra.shape.mlp_ratio must be a number in (0, 16], got {ratio!r}")
+        if set(shape) - {*VIT_BOUNDS, "mlp_ratio"}:
+            raise ValueError(f"extra.shape has unknown fields {sorted(set(shape) - {*VIT_BOUNDS})}")
+        params, state = meta_counts(lambda: ViT(**sizes, mlp_ratio=float(ratio)))
+        seq = (sizes["img_size"] // sizes["patch"]) ** 2 + 1
+        act = transformer_activation_bytes(
+            seq, sizes["width"], sizes["heads"], int(sizes["width"] * ratio),
+            batch=getattr(serve, "MAX_IMAGES", 1024),
+        )  # fmt: skip
+        return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: FrontConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

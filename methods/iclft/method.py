@@ -23,6 +23,7 @@ import torch
 
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import ModelBudget, meta_counts
 
 from . import data as D
 from .config import ICLFTConfig, parse_variant, row_name
@@ -318,6 +319,28 @@ class ICLFTMethod(Method):
         from .serve import ICLFTPredictor
 
         return ICLFTPredictor.from_checkpoint(checkpoint)
+
+    def model_budget(self, cfg: ICLFTConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """One linear-attention model of width ``d + 2`` per recorded row (else per variant and
+        the pretrained one); activations: ``MAX_CONTEXT`` context tokens and ``MAX_QUERIES``
+        queries of one request, a few copies each, and one ``(d+2)²`` matrix per model."""
+        from . import serve
+
+        extra = extra or {}
+        d = extra.get("d", cfg.d)
+        rows = extra.get("rows", ["pretrained", *(row_name(v) for v in cfg.variants)])
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 256:
+            raise ValueError(f"extra.d must be an integer in [1, 256], got {d!r}")
+        if (
+            not isinstance(rows, list)
+            or not 1 <= len(rows) <= 64
+            or not all(isinstance(r, str) and r for r in rows)
+        ):
+            raise ValueError("extra.rows must be a list of 1 to 64 model names")
+        params, state = meta_counts(lambda: ICLFTBundle(d, rows))
+        tokens = getattr(serve, "MAX_CONTEXT", 1000) + getattr(serve, "MAX_QUERIES", 10_000)
+        act = 4 * (8 * tokens * (d + 2) + len(rows) * 4 * (d + 2) ** 2)
+        return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

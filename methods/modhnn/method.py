@@ -12,10 +12,14 @@ import torch
 
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import ModelBudget, bounded_ints, meta_counts
 
 from .config import ModHNNConfig
 from .model import Dynamics, DynSpec
 from .train import MetaState, MetaTrainer, make_spec
+
+#: what the network spec recorded in a modhnn checkpoint may be (every preset is far inside)
+SPEC_BOUNDS = {"width": (1, 4096), "depth": (1, 32), "d_z": (0, 1024), "rank": (0, 1024)}
 
 
 @register
@@ -121,6 +125,29 @@ class ModHNNMethod(Method):
         from .serve import ModHNNPredictor
 
         return ModHNNPredictor(checkpoint)
+
+    def model_budget(self, cfg: ModHNNConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """The dynamics of the recorded spec (else the config's sizes), counted on the meta
+        device, plus the table of training latents (its row count is read from the weights,
+        so the weights' size is not checked); activations: a request's shots and states
+        through ``depth`` layers of ``width``, with the gradient the Hamiltonian needs."""
+        from . import serve
+
+        spec = (extra or {}).get("spec")
+        if spec is None:
+            spec = {"width": cfg.width, "depth": cfg.depth, "d_z": cfg.d_z, "rank": cfg.rank}
+        sizes = bounded_ints(spec, SPEC_BOUNDS, "extra.spec")
+        dspec = DynSpec.from_dict(spec) if (extra or {}).get("spec") else DynSpec(
+            kind="hnn", modulation=cfg.modulation, **sizes
+        )  # fmt: skip
+        params, _ = meta_counts(lambda: Dynamics(dspec))
+        instances = (extra or {}).get("instances", {})
+        n = instances.get("train", 0) if isinstance(instances, dict) else 0
+        n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+        params += n * max(sizes["d_z"], 1)
+        rows = getattr(serve, "MAX_SHOTS", 1000) + getattr(serve, "MAX_STATES", 10_000)
+        act = 4 * 16 * rows * (sizes["width"] + sizes["rank"]) * (sizes["depth"] + 2)
+        return ModelBudget(params=params, activation_bytes=act)
 
     def experiments(self, cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

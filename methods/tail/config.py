@@ -12,11 +12,11 @@ from nshot.tune.space import Float, Int, TuneSpec
 
 class TailConfig(MethodConfig):
     # transformer Υ
-    depth: int = Field(4, ge=1, le=64)
-    heads: int = Field(4, ge=1, le=64)
-    mlp_dim: int = Field(192, ge=4, le=65536)
-    d_data: int = Field(64, ge=2, le=8192, description="fixed data width after projection")
-    d_label: int = Field(32, ge=2, le=4096, description="label-embedding width")
+    depth: int = Field(4, ge=1, le=32)
+    heads: int = Field(4, ge=1, le=32)
+    mlp_dim: int = Field(192, ge=4, le=8192)
+    d_data: int = Field(64, ge=2, le=2048, description="fixed data width after projection")
+    d_label: int = Field(32, ge=2, le=1024, description="label-embedding width")
     dictionary_size: int = Field(100, ge=2, le=4096, description="label dictionary M")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # ablations

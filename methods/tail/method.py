@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import ModelBudget, meta_counts, transformer_activation_bytes
 
 from .config import TailConfig
 from .evaluation import default_settings, evaluate_systems, tail_system
@@ -51,6 +52,18 @@ class TailMethod(Method):
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> TailPredictor:
         return TailPredictor.from_checkpoint(checkpoint)
+
+    def model_budget(self, cfg: TailConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """Υ's size (built on the meta device) and one episode's activations at the request
+        caps: ``MAX_SUPPORT`` support rows (1,000 when the Request sets no cap) and
+        ``MAX_QUERIES`` queries in one sequence; the checkpoint holds Υ's whole state dict."""
+        from . import serve
+        from .model import TailModel
+
+        params, state = meta_counts(lambda: TailModel(cfg))
+        seq = getattr(serve, "MAX_SUPPORT", 1000) + getattr(serve, "MAX_QUERIES", 1000)
+        act = transformer_activation_bytes(seq, cfg.width, cfg.heads, cfg.mlp_dim)
+        return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: TailConfig) -> dict[str, float]:
         settings = default_settings()

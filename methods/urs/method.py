@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +11,7 @@ import torch
 
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import ModelBudget, meta_counts, transformer_activation_bytes
 
 from .config import URSConfig
 from .model import URSNet
@@ -141,6 +143,20 @@ class URSMethod(Method):
         from .serve import URSPredictor
 
         return URSPredictor.from_checkpoint(checkpoint)
+
+    def model_budget(self, cfg: URSConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """URSNet of the config, counted on the meta device; activations: the encoder on the
+        largest request (``MAX_NODES`` customers and 100 depots, 8 augmentations, its ``V x V``
+        bias and AAFM factors), and the decoder's ``eval_starts`` rollouts over every node."""
+        from . import serve
+
+        params, state = meta_counts(lambda: build_model(cfg))
+        v = getattr(serve, "MAX_NODES", 1000) + 100
+        aug = 8
+        enc = transformer_activation_bytes(v, cfg.d, 1, cfg.ff, batch=aug)
+        enc += 4 * aug * v * v * 2
+        dec = 4 * aug * cfg.eval_starts * (4 * v + 8 * cfg.d)
+        return ModelBudget(params=params, activation_bytes=enc + dec, weights_numel=state)
 
     def experiments(self, cfg: URSConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

@@ -22,7 +22,10 @@ class WeightspaceConfig(MethodConfig):
     n_test: int = Field(500, ge=4, description="test INRs (disjoint seed)")
     k: int = Field(1, ge=1, le=64, description="OCE copies (k = 1: a plain meta-network)")
     width: int | None = Field(
-        None, ge=4, description="backbone width; default: the parameter-matched width for k"
+        None,
+        ge=4,
+        le=4096,
+        description="backbone width; default: the parameter-matched width for k",
     )
     res_layers: int = Field(3, ge=1, le=12, description="DeepSets residual layers")
     head_init: Literal["random", "zero"] = Field(

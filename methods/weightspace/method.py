@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import torch
 
 from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.limits import ModelBudget, bounded_ints, meta_counts
 
 from .backbones import count_params
 from .config import WeightspaceConfig
@@ -97,6 +99,30 @@ class WeightspaceMethod(Method):
         from .serve import WeightspacePredictor
 
         return WeightspacePredictor(checkpoint)
+
+    def model_budget(
+        self, cfg: WeightspaceConfig, extra: dict[str, Any] | None = None
+    ) -> ModelBudget:
+        """The DeepSets OCE of the recorded shape (else the config's), counted on the meta
+        device; activations: every neuron of a batch of 1-3-1 INRs through ``width`` channels,
+        and a render of ``MAX_POINTS`` points by ``k`` copies."""
+        from . import serve
+
+        arch = (extra or {}).get("model")
+        if arch is None:
+            arch = {"width": cfg.backbone_width(), "res_layers": cfg.res_layers, "k": cfg.k}
+        head_init = arch.get("head_init", cfg.head_init) if isinstance(arch, dict) else None
+        sizes = bounded_ints(
+            arch, {"width": (1, 4096), "res_layers": (1, 12), "k": (1, 64)}, "extra.model"
+        )
+        if head_init not in ("random", "zero"):
+            raise ValueError(f"extra.model.head_init must be random or zero, got {head_init!r}")
+        params, state = meta_counts(
+            lambda: DeepSetsOCE(sizes["width"], sizes["res_layers"], sizes["k"], head_init)
+        )
+        points = getattr(serve, "MAX_POINTS", 65_536)
+        act = 4 * (64 * 8 * sizes["width"] * 4 + points * sizes["k"] * 3 * 4)
+        return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments

@@ -10,6 +10,8 @@ Every paper is one :class:`Method` subclass living in ``methods/<name>/`` (impor
 * ``evaluate(checkpoint, cfg)``: the paper's metrics as a flat ``dict[str, float]``.
 * ``predictor(checkpoint)``: a :class:`Predictor` with typed Request/Response schemas.
 * ``experiments(cfg, workdir)``: the paper's comparison as a :class:`ResultsTable`.
+* ``model_budget(cfg)`` (optional): the size of the model a config builds, checked against
+  the limits of :mod:`nshot.train.limits` before a checkpoint's model is built.
 
 Methods are found through the ``nshot.methods`` entry-point group (so a third-party package
 can add one) and, for a source checkout that was not installed, by scanning the built-in
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from nshot.train.checkpoint import LoadedCheckpoint
+    from nshot.train.limits import ModelBudget
 
 ENTRY_POINT_GROUP = "nshot.methods"
 PRESETS = ("smoke", "small", "paper")
@@ -231,6 +234,23 @@ class Method(ABC):
     @abstractmethod
     def experiments(self, cfg: MethodConfig, workdir: Path) -> ResultsTable:
         """Run the paper's comparison; runs and artifacts go under ``workdir``."""
+
+    def model_budget(
+        self, cfg: MethodConfig, extra: dict[str, Any] | None = None
+    ) -> ModelBudget | None:
+        """What the model built from ``cfg`` costs, estimated without building it.
+
+        ``extra``: the checkpoint's ``extra`` state, for methods that rebuild their model from a
+        shape recorded there (``None`` when there is no checkpoint: then ``cfg`` alone).
+        :func:`nshot.train.checkpoint.load_checkpoint` calls this before a model is built from
+        a checkpoint and refuses a checkpoint whose estimate exceeds the limits of
+        :mod:`nshot.train.limits` (parameters, and activations of one predictor call at the
+        method's request caps), or whose ``model.safetensors`` does not hold the weights of
+        that model (``ModelBudget.weights_numel``). A shape it cannot accept is a
+        ``ValueError``. The default, ``None``, means the model's size does not follow the
+        config (a fixed pretrained model, a bank of features, a closed-form estimator).
+        """
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -7,16 +7,41 @@ A checkpoint is a directory::
     state.json              format, method, versions, config, step, metrics, extra state,
                             the optimizer's non-tensor state, and the sha256 of every file
 
-Loading checks the format, the hashes and the method name, and raises
-:class:`CheckpointError` with the path and the problem for anything unexpected.
+Loading (:func:`load_checkpoint`) checks, and raises :class:`CheckpointError` with the path and
+the problem for anything unexpected:
+
+* the directory: a checkpoint directory, or a run directory whose newest checkpoint is taken; a
+  newest checkpoint without ``state.json`` is an error, not silently replaced by an earlier one
+  (``allow_earlier=True``, the command line's ``--allow-earlier-checkpoint``, takes the earlier
+  one with a warning);
+* ``state.json``: a plain file of at most 64 MiB whose JSON has the structure above (every field
+  of the right type, ``step`` a non-negative integer, ``files`` a non-empty object);
+* the files: only names from :data:`KNOWN_FILES` are read, each a regular file (not a symbolic
+  link) directly inside the checkpoint directory: ``model.safetensors`` always, and
+  ``optimizer.safetensors`` when the state has optimizer metadata; each must match its sha256;
+* the safetensors headers (read without loading a tensor): dtypes, shapes and offsets consistent
+  with the file, the model file no larger than the parameter limit;
+* the model's size: when the checkpoint's method is registered, its config must validate, and
+  the method's :meth:`~nshot.method.Method.model_budget` estimate must fit the limits of
+  :mod:`nshot.train.limits` (2e9 parameters and 16 GiB of activations by default; overridden by
+  ``$NSHOT_MAX_MODEL_PARAMS`` / ``$NSHOT_MAX_ACTIVATION_BYTES`` or the ``max_params`` /
+  ``max_activation_bytes`` keywords) and match the number of tensor elements in
+  ``model.safetensors``;
+* the tensors, when read (:meth:`LoadedCheckpoint.weights`,
+  :meth:`~LoadedCheckpoint.optimizer_state`): every floating-point value finite.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
+import stat
+import struct
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,12 +51,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from nshot.hashing import sha256_file
-from nshot.method import NshotError
+from nshot.method import ConfigError, NshotError
+from nshot.train.limits import ENV_MAX_ACTIVATION_BYTES, ENV_MAX_PARAMS, resolve_limits
 
 FORMAT = "nshot-checkpoint/1"
 STATE_FILE = "state.json"
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
+#: the only files a checkpoint's ``files`` may name (``save_checkpoint`` writes no others)
+KNOWN_FILES = (MODEL_FILE, OPTIM_FILE)
+MAX_STATE_BYTES = 64 * 2**20
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on a header
 
 
 class CheckpointError(NshotError):
@@ -133,83 +163,506 @@ class LoadedCheckpoint:
     _optimizer_meta: dict[str, Any] | None = field(default=None, repr=False)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return _load_tensors(self.path / MODEL_FILE)
+        """The model's tensors; :class:`CheckpointError` names the first non-finite one."""
+        return _load_tensors(self.path, MODEL_FILE)
 
     def optimizer_state(self) -> dict[str, Any] | None:
         if self._optimizer_meta is None:
             return None
-        return unflatten_optimizer(_load_tensors(self.path / OPTIM_FILE), self._optimizer_meta)
+        tensors = _load_tensors(self.path, OPTIM_FILE)
+        try:
+            return unflatten_optimizer(tensors, self._optimizer_meta)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(
+                f"checkpoint {self.path}: the optimizer tensors in {OPTIM_FILE} do not match "
+                f"the optimizer state in {STATE_FILE} ({type(err).__name__}: {err})"
+            ) from None
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _plain_file(root: Path, name: str, ckpt: Path) -> Path:
+    """``root / name``, a regular file (not a symbolic link) directly inside ``root``."""
+    path = root / name
     try:
-        return load_file(str(path))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {ckpt} is missing {name}") from None
+    except OSError as err:
+        raise CheckpointError(f"checkpoint file {ckpt / name} cannot be read: {err}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointError(
+            f"checkpoint file {ckpt / name} is a symbolic link; nshot reads only plain files "
+            "inside the checkpoint directory"
+        )
+    if not stat.S_ISREG(st.st_mode) or path.resolve().parent != root:
+        raise CheckpointError(f"checkpoint file {ckpt / name} is not a regular file")
+    return path
+
+
+def _load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:
+    path = _plain_file(Path(ckpt).resolve(), name, Path(ckpt))
+    try:
+        tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {err}") from None
+    for key, t in tensors.items():
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+            raise CheckpointError(
+                f"checkpoint file {Path(ckpt) / name}: tensor {key!r} holds {kind} values "
+                "(non-finite weights are never loaded)"
+            )
+    return tensors
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / STATE_FILE).is_file()
 
 
-def find_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """All checkpoint directories under ``root`` (itself, or up to three levels down), by step."""
-    root = Path(root)
-    if is_checkpoint(root):
-        return [root]
-    found: list[tuple[int, float, Path]] = []
+_STEP_NAME = re.compile(r"checkpoint_(\d+)$")
+
+
+def _name_step(path: Path) -> int | None:
+    m = _STEP_NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _recorded_step(ckpt: Path) -> int | None:
+    """The step in ``ckpt/state.json`` (read only from a small plain file), else ``None``."""
+    p = ckpt / STATE_FILE
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_STATE_BYTES:
+            return None
+        step = json.loads(p.read_text()).get("step")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _step_of(ckpt: Path) -> int:
+    step = _recorded_step(ckpt)
+    if step is None:
+        step = _name_step(ckpt)
+    return -1 if step is None else step
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    """A ``checkpoint_*`` directory or one holding any checkpoint file."""
+    if path.name.startswith("checkpoint_"):
+        return True
+    return any(os.path.lexists(path / f) for f in (STATE_FILE, *KNOWN_FILES))
+
+
+def _has_state(path: Path) -> bool:
+    return os.path.lexists(path / STATE_FILE)
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Checkpoint-looking directories up to three levels below ``root`` (not hidden ones:
+    ``save_checkpoint`` writes into a hidden temporary directory first)."""
+    out: list[Path] = []
     for depth in ("*", "*/*", "*/*/*"):
-        for p in root.glob(f"{depth}/{STATE_FILE}"):
-            if p.parent.name.startswith("."):
+        for p in root.glob(depth):
+            rel = p.relative_to(root).parts
+            if any(part.startswith(".") for part in rel) or not p.is_dir():
                 continue
-            try:
-                step = int(json.loads(p.read_text()).get("step", -1))
-            except (OSError, ValueError):
-                step = -1
-            found.append((step, p.stat().st_mtime, p.parent))
-    found.sort()
-    return [p for _, _, p in found]
+            if _looks_like_checkpoint(p):
+                out.append(p)
+    # a checkpoint's own files are never checkpoints: drop directories nested in a candidate
+    found = set(out)
+    return [p for p in out if not any(a in found for a in p.parents)]
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or the latest checkpoint inside a run directory."""
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def find_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """All checkpoint directories (with a ``state.json``) under ``root`` (itself, or up to
+    three levels down), oldest first: by the step in ``state.json`` (or, where it cannot be
+    read, the step in the directory's name ``checkpoint_<step>``), then modification time."""
+    root = Path(root)
+    if _has_state(root):
+        return [root]
+    found = [p for p in _candidates(root) if _has_state(p)]
+    found.sort(key=lambda p: (_step_of(p), _mtime(p)))
+    return found
+
+
+def resolve_checkpoint(path: str | os.PathLike, *, allow_earlier: bool = False) -> Path:
+    """A checkpoint directory, or the newest checkpoint inside a run directory.
+
+    The newest is the checkpoint-looking directory (``checkpoint_<step>``, or any directory
+    holding a checkpoint file) with the highest step (from ``state.json``, else from its name),
+    then the latest modification time. When the newest has no ``state.json`` it is incomplete
+    or damaged: :class:`CheckpointError` names it, unless ``allow_earlier`` is set, which takes
+    the newest complete checkpoint before it and says so with a :class:`UserWarning`.
+    """
     path = Path(path).expanduser()
     if not path.exists():
         raise CheckpointError(f"checkpoint path {path} does not exist")
-    found = find_checkpoints(path)
-    if not found:
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is not a directory")
+    if _has_state(path):
+        return path
+    candidates = _candidates(path)
+    if _looks_like_checkpoint(path) and not candidates:
+        raise CheckpointError(
+            f"checkpoint {path} has no {STATE_FILE}: it is incomplete or damaged and cannot be "
+            "verified"
+        )
+    complete = [p for p in candidates if _has_state(p)]
+    if not candidates:
         raise CheckpointError(f"no nshot checkpoint (a directory with {STATE_FILE}) under {path}")
-    return found[-1]
+
+    best = max(complete, key=lambda p: (_step_of(p), _mtime(p))) if complete else None
+
+    def newer(p: Path) -> bool:  # an incomplete directory newer than the best complete one?
+        if best is None:
+            return True
+        step = _name_step(p)
+        if step is None:  # no step in its name: modification time decides
+            return _mtime(p) > _mtime(best)
+        return (step, _mtime(p)) > (_step_of(best), _mtime(best))
+
+    broken = [p for p in candidates if not _has_state(p) and newer(p)]
+    if not broken:
+        assert best is not None
+        return best
+    newest = max(broken, key=lambda p: (_name_step(p) or -1, _mtime(p)))
+    if best is None:
+        raise CheckpointError(
+            f"the newest checkpoint under {path}, {newest}, has no {STATE_FILE} (incomplete or "
+            "damaged) and there is no earlier checkpoint"
+        )
+    if not allow_earlier:
+        raise CheckpointError(
+            f"the newest checkpoint under {path}, {newest}, has no {STATE_FILE} (incomplete or "
+            f"damaged); an earlier checkpoint exists, {best}: pass --allow-earlier-checkpoint "
+            "(allow_earlier=True) to use it, or give that checkpoint's path"
+        )
+    warnings.warn(
+        f"the newest checkpoint under {path}, {newest}, has no {STATE_FILE}; using the earlier "
+        f"checkpoint {best} (allow_earlier)",
+        UserWarning,
+        stacklevel=2,
+    )
+    return best
 
 
-def load_checkpoint(path: str | os.PathLike, method: str | None = None) -> LoadedCheckpoint:
-    """Load and verify a checkpoint (a checkpoint dir or a run dir: its latest checkpoint)."""
-    ckpt = resolve_checkpoint(path)
+# --------------------------------------------------------------------------- state.json
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read_state(ckpt: Path, root: Path) -> dict[str, Any]:
+    where = ckpt / STATE_FILE
+    path = _plain_file(root, STATE_FILE, ckpt)
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{ckpt / STATE_FILE} is not valid JSON: {err}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{ckpt} is not an {FORMAT} checkpoint")
-    for fname, digest in state.get("files", {}).items():
-        fpath = ckpt / fname
-        if not fpath.is_file():
-            raise CheckpointError(f"checkpoint {ckpt} is missing {fname}")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
+    except OSError as err:
+        raise CheckpointError(f"{where} cannot be read: {err}") from None
+    if len(raw) > MAX_STATE_BYTES:
+        raise CheckpointError(f"{where} is larger than {MAX_STATE_BYTES >> 20} MiB")
+    try:
+        state = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        msg = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise CheckpointError(f"{where} is not valid JSON: {msg}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"{where} is not an {FORMAT} checkpoint: expected a JSON object, got "
+            f"{type(state).__name__}"
+        )
+    if state.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{ckpt} is not an {FORMAT} checkpoint ({STATE_FILE}: format "
+            f"{_show(state.get('format'))})"
+        )
+    return state
+
+
+def _validate_state(state: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    """The fields of ``state``, checked and normalised; one error line for anything else."""
+    where = ckpt / STATE_FILE
+
+    def bad(name: str, expected: str) -> CheckpointError:
+        if name not in state:
+            return CheckpointError(f"{where}: field '{name}' is missing ({expected})")
+        return CheckpointError(
+            f"{where}: field '{name}' must be {expected}, got {_show(state[name])}"
+        )
+
+    method = state.get("method")
+    if not isinstance(method, str) or not method:
+        raise bad("method", "the method's name (a string)")
+    version = state.get("method_version", "")
+    if isinstance(version, bool) or not isinstance(version, str | int | float):
+        raise bad("method_version", "a string")
+    config = state.get("config")
+    if not isinstance(config, dict):
+        raise bad("config", "an object (the method's config)")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad("step", "a non-negative integer")
+    metrics = state.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
+    ):
+        raise bad("metrics", "an object of numbers")
+    extra = state.get("extra", {})
+    if not isinstance(extra, dict):
+        raise bad("extra", "an object")
+    optimizer = state.get("optimizer")
+    if optimizer is not None:
+        scalars = optimizer.get("scalars", {}) if isinstance(optimizer, dict) else None
+        if (
+            not isinstance(optimizer, dict)
+            or not isinstance(optimizer.get("param_groups"), list)
+            or not all(isinstance(g, dict) for g in optimizer["param_groups"])
+            or not isinstance(scalars, dict)
+            or not all(k.isdigit() and isinstance(v, dict) for k, v in scalars.items())
+        ):
+            raise bad("optimizer", "null or an object with 'param_groups' and 'scalars'")
+    files = state.get("files")
+    if not isinstance(files, dict):
+        raise bad("files", f"an object mapping {MODEL_FILE} (and {OPTIM_FILE}) to sha256s")
+    if not files:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is corrupt: {STATE_FILE} lists no files (it needs {MODEL_FILE})"
+        )
+    for name, digest in files.items():
+        if name not in KNOWN_FILES:
+            raise CheckpointError(
+                f"checkpoint {ckpt} is corrupt: {STATE_FILE} names the file {_show(name, 300)}; a "
+                f"checkpoint holds only {', '.join(KNOWN_FILES)} and nothing else is read"
+            )
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise CheckpointError(
+                f"{where}: the sha256 of {name} must be 64 hex digits, got {_show(digest)}"
+            )
+    if MODEL_FILE not in files:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is corrupt: {STATE_FILE} does not list {MODEL_FILE}"
+        )
+    if optimizer is not None and OPTIM_FILE not in files:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is corrupt: {STATE_FILE} has optimizer state but does not list "
+            f"{OPTIM_FILE}"
+        )
+    return {
+        "method": method,
+        "method_version": str(version),
+        "config": config,
+        "step": step,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "extra": extra,
+        "optimizer": optimizer,
+        "files": files,
+    }
+
+
+# --------------------------------------------------------------------------- safetensors headers
+
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def safetensors_numel(path: Path, shown: Path | None = None) -> int:
+    """Tensor elements declared by a safetensors file's header, read without loading a tensor.
+
+    Refuses a header that is too long, not JSON, names an unknown dtype, or declares shapes or
+    offsets inconsistent with each other or with the file's size.
+    """
+    shown = shown or path
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"checkpoint file {shown} is too short for a safetensors header")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > MAX_HEADER_BYTES or n > size - 8:
+            raise CheckpointError(
+                f"checkpoint file {shown}: the safetensors header declares {n:,} bytes (the file "
+                f"has {size:,}; at most {MAX_HEADER_BYTES:,})"
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise CheckpointError(
+            f"checkpoint file {shown}: the safetensors header is not JSON"
+        ) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"checkpoint file {shown}: the safetensors header is not an object")
+    data_len = size - 8 - n
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict):
+                raise CheckpointError(f"checkpoint file {shown}: __metadata__ is not an object")
+            continue
+        where = f"checkpoint file {shown}: tensor {_show(name)} in the safetensors header"
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{where} is not an object")
+        itemsize = _DTYPE_BYTES.get(info.get("dtype"))  # type: ignore[arg-type]
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if itemsize is None:
+            raise CheckpointError(f"{where} has an unknown dtype {_show(info.get('dtype'))}")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise CheckpointError(f"{where} has an invalid shape {_show(shape)}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_count(o) for o in offsets)
+        ):
+            raise CheckpointError(f"{where} has invalid data_offsets {_show(offsets)}")
+        numel = math.prod(shape)
+        begin, end = offsets
+        if end < begin or end > data_len or end - begin != numel * itemsize:
+            raise CheckpointError(
+                f"{where} declares {numel:,} {info['dtype']} values at bytes {begin:,}-{end:,}, "
+                f"which the file ({data_len:,} data bytes) cannot hold"
+            )
+        total += numel
+    return total
+
+
+# --------------------------------------------------------------------------- model size
+
+
+def _registered(name: str) -> Any:
+    """The registered method ``name`` (an instance), else ``None``; a built-in method is
+    imported alone, without discovering every other one."""
+    import importlib
+    import importlib.util
+
+    from nshot import method as registry
+
+    if name.isidentifier() and importlib.util.find_spec(f"nshot.methods.{name}") is not None:
+        importlib.import_module(f"nshot.methods.{name}")
+    if name not in registry._REGISTRY:
+        registry._discover()  # third-party methods, registered through entry points
+    cls = registry._REGISTRY.get(name)
+    return cls() if cls is not None else None
+
+
+def _check_model_size(
+    ckpt: Path,
+    fields: dict[str, Any],
+    weights_numel: int,
+    max_params: int | float | None,
+    max_activation_bytes: int | float | None,
+) -> None:
+    limit_p, limit_a = resolve_limits(max_params, max_activation_bytes)
+    method = _registered(fields["method"])
+    if method is not None:
+        _check_budget(ckpt, fields, method, weights_numel, limit_p, limit_a)
+    if weights_numel > limit_p:
+        raise CheckpointError(
+            f"checkpoint file {ckpt / MODEL_FILE} holds {weights_numel:,} tensor elements, more "
+            f"parameters than the limit of {limit_p:,} (raise it with ${ENV_MAX_PARAMS} or "
+            "max_params=)"
+        )
+
+
+def _check_budget(
+    ckpt: Path, fields: dict[str, Any], method: Any, weights_numel: int, limit_p: int, limit_a: int
+) -> None:
+    try:
+        cfg = method.config_from_dict(fields["config"])
+    except ConfigError as err:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the config in {STATE_FILE} is not a valid {fields['method']} "
+            f"config: {err}"
+        ) from None
+    try:
+        budget = method.model_budget(cfg, fields["extra"])
+    except Exception as err:  # an estimate that cannot be made is no permission to build
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the model it describes is refused before it is built "
+            f"({type(err).__name__}: {err})"
+        ) from None
+    if budget is None:
+        return
+    if budget.params > limit_p:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: its config builds a {fields['method']} model of "
+            f"{budget.params:,} parameters, over the limit of {limit_p:,} parameters (raise it "
+            f"with ${ENV_MAX_PARAMS} or max_params= if this machine can hold it)"
+        )
+    if budget.activation_bytes > limit_a:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: its config's {fields['method']} model needs about "
+            f"{budget.activation_bytes / 2**30:,.2f} GiB of activation memory per request "
+            f"({budget.activation_bytes:,} bytes), over the limit of {limit_a:,} bytes (raise "
+            f"it with ${ENV_MAX_ACTIVATION_BYTES} or max_activation_bytes=)"
+        )
+    if budget.weights_numel is not None and budget.weights_numel != weights_numel:
+        raise CheckpointError(
+            f"checkpoint file {ckpt / MODEL_FILE} holds {weights_numel:,} tensor elements, but "
+            f"the config in {STATE_FILE} builds a {fields['method']} model whose weights have "
+            f"{budget.weights_numel:,}: the config and the weights do not match"
+        )
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    method: str | None = None,
+    *,
+    allow_earlier: bool = False,
+    max_params: int | float | None = None,
+    max_activation_bytes: int | float | None = None,
+) -> LoadedCheckpoint:
+    """Load and verify a checkpoint (a checkpoint dir or a run dir: its newest checkpoint).
+
+    ``method``: the method the checkpoint must belong to. ``allow_earlier``: when a run
+    directory's newest checkpoint has no ``state.json``, take the earlier one (with a warning)
+    instead of raising. ``max_params`` / ``max_activation_bytes``: the model-size limits
+    (default ``$NSHOT_MAX_MODEL_PARAMS``, ``$NSHOT_MAX_ACTIVATION_BYTES``, else 2e9 parameters
+    and 16 GiB; see :mod:`nshot.train.limits`). Every check is listed in this module's
+    docstring; any failure is a :class:`CheckpointError` naming the path and the problem.
+    Tensors are read later, by :meth:`LoadedCheckpoint.weights`.
+    """
+    ckpt = resolve_checkpoint(path, allow_earlier=allow_earlier)
+    root = ckpt.resolve()
+    fields = _validate_state(_read_state(ckpt, root), ckpt)
+    for fname, digest in fields["files"].items():
+        fpath = _plain_file(root, fname, ckpt)
         if sha256_file(fpath) != digest:
             raise CheckpointError(
-                f"checkpoint file {fpath} is corrupt (sha256 differs from {STATE_FILE})"
+                f"checkpoint file {ckpt / fname} is corrupt (sha256 differs from {STATE_FILE})"
             )
-    if method is not None and state.get("method") != method:
+    if method is not None and fields["method"] != method:
         raise CheckpointError(
-            f"checkpoint {ckpt} belongs to method {state.get('method')!r}, not {method!r}"
+            f"checkpoint {ckpt} belongs to method {fields['method']!r}, not {method!r}"
         )
+    numel = safetensors_numel(root / MODEL_FILE, ckpt / MODEL_FILE)
+    if OPTIM_FILE in fields["files"]:
+        safetensors_numel(root / OPTIM_FILE, ckpt / OPTIM_FILE)
+    _check_model_size(ckpt, fields, numel, max_params, max_activation_bytes)
     return LoadedCheckpoint(
         path=ckpt,
-        method=state["method"],
-        method_version=str(state.get("method_version", "")),
-        config=state["config"],
-        step=int(state["step"]),
-        metrics=state.get("metrics", {}),
-        extra=state.get("extra", {}),
-        _optimizer_meta=state.get("optimizer"),
+        method=fields["method"],
+        method_version=fields["method_version"],
+        config=fields["config"],
+        step=fields["step"],
+        metrics=fields["metrics"],
+        extra=fields["extra"],
+        _optimizer_meta=fields["optimizer"],
     )
