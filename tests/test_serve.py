@@ -94,6 +94,7 @@ def test_malformed_request_is_422_naming_the_field(served):
     assert err.value.status == 422 and err.value.detail[0]["field"] == "support_y"
     req = urllib.request.Request(url + "/predict", data=b"{not json", method="POST")
     req.add_header("authorization", f"Bearer {TOKEN}")
+    req.add_header("content-type", "application/json")
     with pytest.raises(urllib.error.HTTPError) as http_err:
         urllib.request.urlopen(req, timeout=30)
     assert http_err.value.code == 422
@@ -169,6 +170,7 @@ def test_internal_failure_is_500_with_request_id_and_replica_survives(served):
     pid = client.healthz()["pid"]
     req = urllib.request.Request(url + "/predict", data=json.dumps(_episode(1)).encode())
     req.add_header("authorization", f"Bearer {TOKEN}")
+    req.add_header("content-type", "application/json")
     req.add_header("x-nshot-inject-fault", "1")
     req.add_header("x-request-id", "req-42")
     with pytest.raises(urllib.error.HTTPError) as err:
@@ -220,3 +222,315 @@ def test_conformal_wrapper_serves_prediction_sets(served, untrained_tail_checkpo
 
 def client_plain(url: str) -> Client:
     return Client(url, token=TOKEN)
+
+
+# --------------------------------------------------------------------- hostile bodies (issue 20)
+
+
+def _post(url: str, body: bytes | str, content_type: str | None = "application/json", **headers):
+    """POST ``body`` as is; returns (status, decoded answer or raw text)."""
+    data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    req = urllib.request.Request(url + "/predict", data=data, method="POST")
+    req.add_header("authorization", f"Bearer {TOKEN}")
+    if content_type is not None:
+        req.add_header("content-type", content_type)
+    for k, v in headers.items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, raw.decode(errors="replace")
+
+
+def _field(answer) -> str | None:
+    return answer["detail"][0]["field"]
+
+
+def _body_with(ep: dict, key: str, raw_value: str) -> str:
+    """The JSON of ``ep`` with ``key``'s value replaced by ``raw_value`` (JSON text as is)."""
+    return json.dumps({**ep, key: "@@"}).replace('"@@"', raw_value)
+
+
+def test_deep_nesting_huge_floats_and_surrogates_are_422_naming_the_field(served):
+    """Were 500s: a body nested 2,000 levels (RecursionError), numbers past float32 ('Out of
+    range float values are not JSON compliant' when the answer was encoded), a label with an
+    unpaired surrogate (UnicodeEncodeError)."""
+    url, _ = served
+    ep = _episode(0)
+    deep = "[" * 2000 + "]" * 2000
+    status, ans = _post(url, _body_with(ep, "support_x", deep))
+    assert status == 422 and _field(ans).startswith("support_x"), (status, ans)
+    status, ans = _post(url, _body_with(ep, "support_x", "[" * 70 + "]" * 70))
+    assert status == 422 and _field(ans).startswith("support_x.0.0"), (status, ans)
+    for big in ("1e39", "3.5e38", "1e308", "-1e39", "Infinity", "NaN"):
+        rows = json.dumps(ep["support_x"]).replace(str(ep["support_x"][1][2]), big, 1)
+        status, ans = _post(url, _body_with(ep, "support_x", rows))
+        assert status == 422 and _field(ans) == "support_x.1.2", (big, status, ans)
+    labels = json.dumps(ep["support_y"]).replace('"c0"', '"\\ud800"', 1)
+    status, ans = _post(url, _body_with(ep, "support_y", labels))
+    assert status == 422 and _field(ans) == "support_y.0", (status, ans)
+    status, ans = _post(url, _body_with(ep, "seed", str(2**70)))
+    assert status == 422 and _field(ans) == "seed", (status, ans)
+    # float32's own largest values are accepted, and answered with finite probabilities
+    big = {**ep, "support_x": [[v * 3.4e37 for v in row] for row in ep["support_x"]]}
+    status, ans = _post(url, json.dumps(big))
+    assert status == 200 and all(0 <= p <= 1 for q in ans["probs"] for p in q.values())
+
+
+def test_labels_are_one_type_per_request(served):
+    """`1` and `"1"` were one class with two slots ({"1": 0.56} and n_classes 2)."""
+    url, predictor = served
+    ep = _episode(0)
+    mixed = {**ep, "support_y": [1, "1", 1, "1", 2, 2, 1, "1", 2]}
+    status, ans = _post(url, json.dumps(mixed))
+    assert status == 422 and _field(ans) == "support_y", (status, ans)
+    assert "mix" in ans["detail"][0]["msg"]
+    ints = {**ep, "support_y": [0, 0, 0, 1, 1, 1, 2, 2, 2]}
+    status, ans = _post(url, json.dumps(ints))
+    assert status == 200 and ans["n_classes"] == 3 and set(ans["probs"][0]) == {"0", "1", "2"}
+    assert ans == predictor(predictor.Request(**ints)).model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('"0.5"', "support_x.0.0"),
+        ("true", "support_x.0.0"),
+        ('" 1 "', "support_x.0.0"),
+        ('"1_000"', "support_x.0.0"),
+        ("null", "support_x.0.0"),
+    ],
+)
+def test_strings_and_booleans_in_numeric_arrays_are_422(served, raw, field):
+    url, _ = served
+    ep = _episode(0)
+    rows = json.dumps(ep["support_x"]).replace(str(ep["support_x"][0][0]), raw, 1)
+    status, ans = _post(url, _body_with(ep, "support_x", rows))
+    assert status == 422 and _field(ans) == field, (status, ans)
+
+
+def test_unknown_fields_duplicate_keys_and_lax_scalars_are_422(served):
+    url, _ = served
+    ep = _episode(0)
+    for body, field in [
+        (json.dumps({**ep, "n_drawz": 3}), "n_drawz"),  # a typo was silently ignored
+        (json.dumps(ep)[:-1] + ', "n_draws": 3}', "n_draws"),  # a duplicate key
+        (json.dumps({**ep, "n_draws": True}), "n_draws"),
+        (json.dumps({**ep, "n_draws": 2.0}), "n_draws"),
+        (json.dumps({**ep, "seed": "1"}), "seed"),
+        (json.dumps({**ep, "support_y": [True, False] * 4 + [True]}), "support_y.0"),
+    ]:
+        status, ans = _post(url, body)
+        assert status == 422 and (_field(ans) or "").startswith(field), (body[-40:], status, ans)
+
+
+def test_only_application_json_is_accepted(served):
+    """Valid JSON sent as text/plain, image/png, a form or multipart was answered 200."""
+    url, predictor = served
+    ep = _episode(0)
+    body = json.dumps(ep)
+    for ctype in (
+        None,
+        "text/plain",
+        "image/png",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        "application/jsonx",
+    ):
+        status, ans = _post(url, body, content_type=ctype)
+        assert status == 415 and "application/json" in ans["detail"], (ctype, status, ans)
+    want = predictor(predictor.Request(**ep)).model_dump(mode="json")
+    for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+        assert _post(url, body, content_type=ctype) == (200, want)
+
+
+def test_docs_and_openapi_need_the_token(served):
+    """/tail/docs, /tail/openapi.json and /tail/redoc answered without the token."""
+    url, _ = served
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        req = urllib.request.Request(url + path)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        assert err.value.code == 401, path
+        req.add_header("authorization", f"Bearer {TOKEN}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+            text = r.read().decode()
+        if path == "/openapi.json":
+            assert "/predict" in json.loads(text)["paths"]
+        else:
+            assert f"{url.rsplit('/', 1)[1]}/openapi.json" in text  # the prefixed schema URL
+    root = url.rsplit("/", 1)[0]
+    for path in ("/openapi.json", "/docs"):  # nothing is served outside the prefix
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(root + path, timeout=30)
+        assert err.value.code in (401, 404), path
+
+
+def _nan_weights_checkpoint(src, dst):
+    """A copy of checkpoint ``src`` at ``dst`` whose weights hold a NaN, with matching hashes
+    (what an attacker who can write the directory, or a diverged run, leaves behind)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from nshot.hashing import sha256_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(dst / "model.safetensors"))
+    state = json.loads((dst / "state.json").read_text())
+    state["files"]["model.safetensors"] = sha256_file(dst / "model.safetensors")
+    (dst / "state.json").write_text(json.dumps(state))
+    assert not all(bool(torch.isfinite(v).all()) for v in weights.values())
+    return dst
+
+
+def test_a_checkpoint_that_cannot_be_served_fails_before_deploying(
+    untrained_tail_checkpoint, tmp_path, capsys
+):
+    """Was `RuntimeError: Deploying application tail failed` and a traceback from the replica;
+    now the one-line error of `nshot eval`, raised in the caller, and `nshot serve` exits 2."""
+    from nshot import cli
+    from nshot.method import NshotError
+    from nshot.serve.app import ServeOptions, build_app
+
+    bad = _nan_weights_checkpoint(untrained_tail_checkpoint, tmp_path / "nan")
+    with pytest.raises(NshotError) as err:
+        build_app("tail", bad, ServeOptions())
+    msg = str(err.value)
+    assert "\n" not in msg and ("finite" in msg or "NaN" in msg), msg
+    rc = cli.main(["serve", "tail", "--checkpoint", str(bad), "--port", str(_free_port())])
+    err_text = capsys.readouterr().err  # (Ray's log lines of other tests may stream in too)
+    lines = [line for line in err_text.splitlines() if "nshot" in line and "Replica" not in line]
+    assert rc == 2 and "Traceback" not in err_text, err_text
+    assert len(lines) == 1 and lines[0].startswith("nshot: error: checkpoint "), lines
+    with pytest.raises(NshotError, match="unknown method|nosuch"):
+        build_app("nosuch", untrained_tail_checkpoint, ServeOptions())
+
+
+def test_healthz_reports_a_replica_that_failed_to_load(served, untrained_tail_checkpoint, tmp_path):
+    """A replica whose checkpoint does not load says so: /healthz is 503 with the error, never
+    ok, and /predict is 503 too (the deployment is made without build_app's check)."""
+    from dataclasses import asdict
+
+    from ray import serve
+
+    from nshot.serve.app import MethodServer, ServeOptions
+
+    url, _ = served
+    bad = _nan_weights_checkpoint(untrained_tail_checkpoint, tmp_path / "nan")
+    app = MethodServer.options(max_constructor_retry_count=1).bind(
+        "tail", str(bad), asdict(ServeOptions(token=TOKEN))
+    )
+    serve.run(app, name="tail-broken", route_prefix="/tail-broken")
+    try:
+        broken = url.rsplit("/", 1)[0] + "/tail-broken"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(broken + "/healthz", timeout=30)
+        assert err.value.code == 503
+        health = json.loads(err.value.read())
+        assert health["status"] == "error" and str(bad) in health["detail"]
+        status, ans = _post(broken, json.dumps(_episode(0)))
+        assert status == 503 and "failed to load" in ans["detail"]
+    finally:
+        serve.delete("tail-broken")
+
+
+# --------------------------------------------------------------- without Ray: models and answers
+
+
+def _request_models(model, seen=None) -> set:
+    """``model`` and every pydantic model nested in its fields."""
+    import typing
+
+    from pydantic import BaseModel
+
+    seen = set() if seen is None else seen
+    if model in seen:
+        return seen
+    seen.add(model)
+    stack = [f.annotation for f in model.model_fields.values()]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            _request_models(t, seen)
+        stack.extend(typing.get_args(t))
+    return seen
+
+
+def test_every_request_model_of_every_method_is_strict():
+    """Strings and booleans passed for numbers, unknown fields were silently accepted."""
+    import importlib
+    import importlib.util
+
+    from pydantic import BaseModel, ValidationError
+
+    from nshot.method import available
+
+    names = [m for m in available() if importlib.util.find_spec(f"nshot.methods.{m}.serve")]
+    assert len(names) >= 11, names
+    for name in names:
+        mod = importlib.import_module(f"nshot.methods.{name}.serve")
+        roots = [
+            v
+            for k, v in vars(mod).items()
+            if k.endswith("Request") and isinstance(v, type) and issubclass(v, BaseModel)
+        ]
+        assert roots, name
+        for root in roots:
+            for model in _request_models(root):
+                cfg = model.model_config
+                assert cfg.get("strict") is True and cfg.get("extra") == "forbid", (name, model)
+            with pytest.raises(ValidationError) as err:
+                root.model_validate({"n_drawz": 1})
+            assert any(e["type"] == "extra_forbidden" for e in err.value.errors()), name
+
+
+def test_conformal_request_is_strict_too(untrained_tail_checkpoint):
+    from pydantic import ValidationError
+
+    from nshot.serve.conformal import ConformalPredictor
+
+    pred = ConformalPredictor(get("tail").predictor(load_checkpoint(untrained_tail_checkpoint)))
+    ep = _episode(0)
+    pred.Request.model_validate({**ep, "conformal_alpha": 0.2})
+    for bad, field in [
+        ({"conformal_alpha": "0.2"}, "conformal_alpha"),
+        ({"conformal_alpha": True}, "conformal_alpha"),
+        ({"conformal_alhpa": 0.2}, "conformal_alhpa"),
+    ]:
+        with pytest.raises(ValidationError) as err:
+            pred.Request.model_validate({**ep, **bad})
+        assert err.value.errors()[0]["loc"][0] == field
+
+
+def test_an_answer_that_is_not_json_is_a_clean_500(untrained_tail_checkpoint, monkeypatch):
+    """A NaN/inf or an unpaired surrogate in an answer made the JSON encoder raise (a bare 500
+    'Internal Server Error', or a 200 whose body was not UTF-8); now a JSON 500 with an id."""
+    from fastapi.testclient import TestClient
+
+    from nshot.methods.tail.serve import TailPredictor, TailResponse
+    from nshot.serve.bare import make_app
+
+    client = TestClient(make_app("tail", str(untrained_tail_checkpoint)))
+    for answer in (
+        TailResponse(labels=["c0"], probs=[{"c0": float("nan")}], n_classes=1),
+        TailResponse(labels=["c0"], probs=[{"c0": float("inf")}], n_classes=1),
+        TailResponse(labels=["\ud800"], probs=[{"c0": 1.0}], n_classes=1),
+    ):
+        monkeypatch.setattr(TailPredictor, "__call__", lambda self, r, a=answer: a)
+        r = client.post("/tail/predict", json=_episode(0))
+        assert r.status_code == 500, r.text
+        body = json.loads(r.content.decode("utf-8"))
+        assert body["detail"].startswith("internal error") and body["request_id"]

@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 
@@ -24,7 +25,7 @@ def _finite(v: float) -> float:
     return v
 
 
-class ContextPoint(BaseModel):
+class ContextPoint(StrictRequest):
     x: list[float] | dict[str, Any] = Field(..., description="design (unit cube) or a config")
     f: float = Field(..., description="observed objective (higher is better)")
     h: list[list[float]] | None = Field(None, description="auxiliary frames [T][d_h]")
@@ -49,7 +50,7 @@ class ContextPoint(BaseModel):
         return v
 
 
-class AuxBORequest(BaseModel):
+class AuxBORequest(StrictRequest):
     context: list[ContextPoint] = Field(..., min_length=1, max_length=10_000)
     candidates: list[list[float] | dict[str, Any]] = Field(..., min_length=1, max_length=10_000)
     xi: float | None = Field(None, ge=0.0, le=10.0, description="PI margin in f's own units")

@@ -10,10 +10,11 @@ import math
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StrictInt, model_validator
 
 from nshot.conformal import CAOSBank, agg_k
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .data import patch_features
@@ -29,12 +30,15 @@ def _finite(name: str, rows: list) -> None:
             raise ValueError(f"{name}[{i}]: contains NaN or inf")
 
 
-class SupportItem(BaseModel):
+class SupportItem(StrictRequest):
     image: Image
-    landmark: tuple[int, int] = Field(..., description="(row, col) of the landmark")
+    # a JSON array of two integers (strict integers, lax only about list versus tuple)
+    landmark: tuple[StrictInt, StrictInt] = Field(
+        ..., strict=False, description="(row, col) of the landmark"
+    )
 
 
-class CAOSRequest(BaseModel):
+class CAOSRequest(StrictRequest):
     images: list[Image] | None = Field(
         None, max_length=MAX_IMAGES, description="query images, each canvas × canvas"
     )

@@ -12,12 +12,13 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 MAX_IMAGES = 1024
 
 
-class FrontRequest(BaseModel):
+class FrontRequest(StrictRequest):
     images: list[list[float]] = Field(
         ..., max_length=MAX_IMAGES,
         description="flattened square grey images (64 values for 8×8, 256 for 16×16)",

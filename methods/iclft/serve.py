@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import NshotError, Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import row_name
@@ -24,7 +25,7 @@ MAX_CONTEXT = 1000
 MAX_QUERIES = 10_000
 
 
-class ICLFTRequest(BaseModel):
+class ICLFTRequest(StrictRequest):
     context_x: list[list[float]] = Field(
         default_factory=list, description="demonstration inputs, n × d (n may be 0)"
     )

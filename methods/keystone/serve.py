@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
 from nshot.nn.lm import model_device
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import KeystoneConfig
@@ -22,7 +23,7 @@ from .neurons import DeltaRows, NeuronHooks, NeuronSpace
 from .probe import module_matched_set
 
 
-class Intervention(BaseModel):
+class Intervention(StrictRequest):
     mode: Literal["none", "zero_keystone", "zero_random", "scale_keystone"] = "none"
     scale: float | None = Field(
         None, ge=0.0, le=10.0, description="factor r for scale_keystone (0-10)"
@@ -38,7 +39,7 @@ class Intervention(BaseModel):
         return self
 
 
-class KeystoneRequest(BaseModel):
+class KeystoneRequest(StrictRequest):
     prompt: str = Field(..., min_length=1, description="text to continue")
     max_new_tokens: int = Field(32, ge=1, le=256)
     intervention: Intervention = Field(default_factory=Intervention)

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 MAX_SHOTS = 1000
@@ -30,14 +31,14 @@ def _finite(values: list[float]) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-class Shot(BaseModel):
+class Shot(StrictRequest):
     q: float
     p: float
     dq: float
     dp: float
 
 
-class Trajectory(BaseModel):
+class Trajectory(StrictRequest):
     states: list[list[float]] = Field(..., description="observed [q, p] states, in time order")
     dt: float | None = Field(None, description="uniform time step (or give times)")
     times: list[float] | None = Field(None, description="observation times (or give dt)")
@@ -67,7 +68,7 @@ def _check_trajectory(t: Trajectory, where: str) -> None:
             raise ValueError(f"{where}.times: must be finite and strictly increasing")
 
 
-class ModHNNRequest(BaseModel):
+class ModHNNRequest(StrictRequest):
     shots: list[Shot] | None = Field(None, description="(q, p, q̇, ṗ) samples (1–1000)")
     trajectory: Trajectory | None = Field(None, description="one observed trajectory")
     trajectories: list[Trajectory] | None = Field(None, description="several observed trajectories")

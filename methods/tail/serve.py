@@ -10,17 +10,29 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest, check_label_types
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import TailConfig
 from .episodes import draw_views, preprocess_episode
 from .model import TailModel
 
-Label = int | str
+Label = int | str  # one type per request: all integers or all strings
 MAX_QUERIES = 1000
+FLOAT32_MAX = 3.4028234663852886e38
+SAFE_MAGNITUDE = 1e30  # larger features are scaled down first (float32 sums would overflow)
 
 
-class TailRequest(BaseModel):
+def _safe_scale(x: np.ndarray) -> np.ndarray:
+    """``x`` divided by its largest magnitude when that exceeds ``SAFE_MAGNITUDE``: TAIL's
+    preprocessing (centre, then scale each row to norm sqrt(d)) does not change under a positive
+    scale, but its float32 means and norms of features near the float32 limit overflow to NaN.
+    Smaller inputs are returned unchanged (bit for bit)."""
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    return x / np.float32(top) if top > SAFE_MAGNITUDE else x
+
+
+class TailRequest(StrictRequest):
     support_x: list[list[float]] = Field(..., description="support features, n x d_T")
     support_y: list[Label] = Field(..., description="one label per support row")
     query_x: list[list[float]] = Field(..., min_length=1, max_length=MAX_QUERIES)
@@ -44,8 +56,9 @@ class TailRequest(BaseModel):
                     raise ValueError(
                         f"{name}[{i}]: has {len(row)} features, the support rows have {d}"
                     )
-                if not all(math.isfinite(v) for v in row):
-                    raise ValueError(f"{name}[{i}]: contains NaN or inf")
+                if not all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for v in row):
+                    raise ValueError(f"{name}[{i}]: contains NaN, inf or a value past float32")
+        check_label_types("support_y", self.support_y)
         if len(set(self.support_y)) < 2:
             raise ValueError("support_y: needs at least 2 distinct labels")
         return self
@@ -138,7 +151,7 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
         kind = kind or self.conformal_embedding
         classes = list(dict.fromkeys(request.support_y))
         index = {c: i for i, c in enumerate(classes)}
-        x = np.asarray(request.support_x + request.query_x, dtype=np.float32)
+        x = _safe_scale(np.asarray(request.support_x + request.query_x, dtype=np.float32))
         f = preprocess(x, x.mean(axis=0, keepdims=True))
         f = project(f, self.cfg.d_data, "none", np.random.default_rng(0))
         if kind == "encoder":
@@ -177,9 +190,12 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
                 )
             index = {c: k for k, c in enumerate(classes)}
             sy = np.array([index[c] for c in r.support_y], dtype=np.int64)
-            sf, qf = preprocess_episode(
-                np.asarray(r.support_x, dtype=np.float32), np.asarray(r.query_x, dtype=np.float32)
-            )
+            sx = np.asarray(r.support_x, dtype=np.float32)
+            qx = np.asarray(r.query_x, dtype=np.float32)
+            top = max(float(np.max(np.abs(sx))), float(np.max(np.abs(qx))))
+            if top > SAFE_MAGNITUDE:  # one scale for support and queries
+                sx, qx = sx / np.float32(top), qx / np.float32(top)
+            sf, qf = preprocess_episode(sx, qx)
             prepared.append((classes, sy, sf, qf))
             key = (sf.shape, qf.shape, len(classes), r.n_draws)
             groups.setdefault(key, []).append(i)

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 
 from . import estimators as E
 from .config import UnpairedIVConfig
@@ -28,12 +29,12 @@ MAX_ROWS = 2_000_000
 MAX_D = 2_000
 
 
-class XSample(BaseModel):
+class XSample(StrictRequest):
     env: list[Env] = Field(..., max_length=MAX_ROWS, description="environment of each X row")
     x: list[list[float]] = Field(..., max_length=MAX_ROWS, description="ñ × d covariates")
 
 
-class YSample(BaseModel):
+class YSample(StrictRequest):
     env: list[Env] = Field(..., max_length=MAX_ROWS, description="environment of each Y value")
     y: list[float] = Field(..., max_length=MAX_ROWS, description="n outcomes")
 
@@ -42,7 +43,7 @@ def _key(v: Env) -> tuple[str, Env]:
     return (type(v).__name__, v)  # 1 and "1" are different environments
 
 
-class UnpairedIVRequest(BaseModel):
+class UnpairedIVRequest(StrictRequest):
     x_sample: XSample
     y_sample: YSample
     sparse: bool = Field(False, description="ℓ1 fit with post-selection refit")

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .checker import check
@@ -29,7 +30,7 @@ from .representation import Instances, variant_name
 MAX_NODES = 1000
 
 
-class URSRequest(BaseModel):
+class URSRequest(StrictRequest):
     locations: list[list[float]] = Field(..., description="[[x, y]] per node, depots first")
     num_depots: int = Field(1, ge=1, le=100, description="the first num_depots nodes are depots")
     linehaul: list[float] | None = Field(None, description="delivery demand per node (depots 0)")

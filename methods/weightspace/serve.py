@@ -13,18 +13,19 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 MAX_POINTS = 65_536
 SHAPES = [((3, 1), (3,)), ((1, 3), (1,))]  # (W, b) per layer of the 1→3→1 INR
 
 
-class Layer(BaseModel):
+class Layer(StrictRequest):
     W: list[list[float]]
     b: list[float]
 
 
-class WeightspaceRequest(BaseModel):
+class WeightspaceRequest(StrictRequest):
     layers: list[Layer] = Field(..., description="the input INR: [{W, b}] per layer, 1→3→1")
     grid: list[list[float]] | None = Field(
         None, description=f"points to render (1-D: [[x], ...], x in [-1, 1]), ≤ {MAX_POINTS}"

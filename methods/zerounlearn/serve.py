@@ -16,13 +16,14 @@ from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
 from nshot.nn.lm import model_device
+from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
 from .config import ZeroUnlearnConfig
 from .edit import encode, load_edited_weights, model_fingerprint, neutral_id, pad_id
 
 
-class ZeroUnlearnRequest(BaseModel):
+class ZeroUnlearnRequest(StrictRequest):
     prompt: str = Field(..., description="text to continue")
     max_new_tokens: int = Field(8, ge=1, le=64)
     top_k: int = Field(5, ge=1, le=50, description="next-token alternatives returned")

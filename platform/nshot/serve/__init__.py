@@ -28,16 +28,20 @@ def start(
     blocking: bool = False,
 ) -> str:
     """Start Serve's HTTP proxy on ``host:port`` (loopback by default) and deploy ``method`` at
-    ``/<method>``; returns the application's base URL."""
+    ``/<method>``; returns the application's base URL.
+
+    The checkpoint is loaded and verified first: a bad one raises its one-line ``NshotError``
+    before Ray or Serve is started."""
     from ray import serve
 
     from nshot.serve.app import build_app
     from nshot.train import ensure_ray
 
+    app = build_app(method, checkpoint, options)
     ensure_ray()
     serve.start(http_options={"host": host, "port": port})
     serve.run(
-        build_app(method, checkpoint, options),
+        app,
         name=method,
         route_prefix=f"/{method}",
         blocking=blocking,

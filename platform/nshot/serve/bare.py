@@ -5,30 +5,48 @@ point of ``nshot bench serve``.
 """
 
 import argparse
+import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+logger = logging.getLogger("nshot.serve")
+
 
 def make_app(method: str, checkpoint: str) -> FastAPI:
-    from nshot.method import get
-    from nshot.serve.app import ServeOptions, parse_request
-    from nshot.train.checkpoint import load_checkpoint
+    from nshot.serve.app import (
+        _FIELD_PREFIX,
+        ServeOptions,
+        encode_answer,
+        load_predictor,
+        parse_request,
+    )
 
-    m = get(method)
-    predictor = m.predictor(load_checkpoint(checkpoint, method=m.name))
     opts = ServeOptions()
-    app = FastAPI(title=f"nshot bare {method}")
+    _, _, predictor = load_predictor(method, checkpoint, opts)
+    app = FastAPI(title=f"nshot bare {method}", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post(f"/{method}/predict")
     async def predict(request: Request) -> JSONResponse:
-        req = parse_request(predictor, await request.body(), opts)
+        req = parse_request(
+            predictor, await request.body(), opts, request.headers.get("content-type")
+        )
         if isinstance(req, JSONResponse):
             return req
+        request_id = uuid.uuid4().hex
         try:
-            return JSONResponse(predictor(req).model_dump(mode="json"))
+            answer = predictor(req)
         except ValueError as err:
-            return JSONResponse({"detail": [{"field": None, "msg": str(err)}]}, status_code=422)
+            msg = str(err).encode("utf-8", "backslashreplace").decode("utf-8")
+            field = m.group(1) if (m := _FIELD_PREFIX.match(msg)) else None
+            return JSONResponse({"detail": [{"field": field, "msg": msg}]}, status_code=422)
+        except Exception:
+            logger.exception("request %s failed", request_id)
+            return JSONResponse(
+                {"detail": "internal error", "request_id": request_id}, status_code=500
+            )
+        return encode_answer(answer, request_id)
 
     @app.get(f"/{method}/healthz")
     async def healthz() -> dict:
