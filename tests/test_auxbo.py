@@ -51,6 +51,19 @@ def test_train_evaluate_and_predict(smoke_checkpoint):
     # a candidate's prediction does not depend on the others scored with it
     alone = pred(pred.Request(context=req.context, candidates=[[0.5, 0.5, 0.5, 0.5]]))
     assert alone.mean[0] == pytest.approx(out.mean[0], abs=1e-5)
+    # so candidates are scored in chunks (bounded memory) with the same answers
+    from nshot.methods.auxbo import serve as auxbo_serve
+
+    many = pred.Request(
+        context=req.context, candidates=np.random.default_rng(0).random((7, 4)).tolist()
+    )
+    whole = pred(many)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(auxbo_serve, "CANDIDATE_CHUNK", 3)
+        chunked = pred(many)
+    assert chunked.mean == pytest.approx(whole.mean, abs=1e-5)
+    assert chunked.std == pytest.approx(whole.std, abs=1e-5)
+    assert chunked.best_index == whole.best_index
     with pytest.raises(ValueError, match="x has 3 coordinates"):
         pred(pred.Request(context=req.context, candidates=[[0.5, 0.5, 0.5]]))
     with pytest.raises(ValueError, match="h frames have width 2, expected 3"):

@@ -419,7 +419,7 @@ def test_auxbo_budget_follows_its_recorded_tnp():
     from nshot.train.limits import DEFAULT_MAX_ACTIVATION_BYTES, DEFAULT_MAX_PARAMS
 
     auxbo = get("auxbo")
-    for preset in ("smoke", "small"):
+    for preset in ("smoke", "small", "paper"):  # paper: with chunked candidates
         cfg = auxbo.config(preset)
         tnp = dict(x_dim=8, h_len=50, h_dim=3, d=cfg.d, heads=cfg.heads, layers_h=cfg.layers_h,
                    layers=cfg.layers, use_h=cfg.use_h)  # fmt: skip

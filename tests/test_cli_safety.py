@@ -451,3 +451,20 @@ def test_ctrl_c_during_training_says_how_to_resume(tmp_path):
     assert str(ckpts[-1]) in line
     resume = line.split("resume with: ", 1)[1]
     assert resume == "nshot " + " ".join(argv) + " --resume"
+
+
+def test_resume_refuses_a_newest_checkpoint_without_state(
+    untrained_tail_checkpoint, tmp_path, fake_trainer, capsys
+):
+    """--resume would silently continue from an earlier checkpoint; it says so first, and
+    --allow-earlier-checkpoint (in-process runs) continues from the earlier one."""
+    _run_with_broken_latest(untrained_tail_checkpoint, tmp_path / "tail-smoke")
+    base = ["train", "tail", "--preset", "smoke", "--storage", str(tmp_path), "--resume"]
+    assert main(base) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "checkpoint_00000002" in line and "state.json" in line
+    assert "fit" not in fake_trainer  # refused before training
+    with pytest.raises(TrainingStarted):
+        main([*base, "--allow-earlier-checkpoint"])
+    assert main([*base, "--workers", "2", "--allow-earlier-checkpoint"]) == 2
+    assert "in-process runs (--workers 0) only" in _one_error_line(capsys.readouterr().err)

@@ -391,8 +391,9 @@ class AuxBOMethod(Method):
     ) -> ModelBudget | None:
         """The TNP of the recorded ``extra["tnp"]`` sizes, counted on the meta device (its
         input widths come from the data, so a config alone gives ``None``); activations: one
-        request's context and candidates at the Request caps in one sequence, and every
-        context point's h sequence through the h-encoder."""
+        forward pass of the predictor at the Request caps (the whole context and one chunk of
+        candidates in one sequence), and every context point's h sequence through the
+        h-encoder."""
         from . import serve
 
         tnp = (extra or {}).get("tnp")
@@ -401,8 +402,7 @@ class AuxBOMethod(Method):
         bounded_ints(tnp, TNP_BOUNDS, "extra.tnp", required=False)
         tcfg = TNPConfig.from_dict(tnp)
         params, state = meta_counts(lambda: TNP(tcfg))
-        n = getattr(serve, "MAX_CONTEXT", 10_000)
-        m = getattr(serve, "MAX_CANDIDATES", 10_000)
+        n, m = serve.MAX_CONTEXT, serve.CANDIDATE_CHUNK  # one forward pass at the caps
         mlp = tcfg.mlp_ratio * tcfg.d
         act = transformer_activation_bytes(n + m, tcfg.d, tcfg.heads, mlp)
         if tcfg.use_h:

@@ -50,9 +50,18 @@ class ContextPoint(StrictRequest):
         return v
 
 
+MAX_CONTEXT = 2_000
+MAX_CANDIDATES = 10_000
+# candidates scored per forward pass: a target attends to the context and itself only (the
+# TNP-D mask), so splitting the candidates changes no answer and bounds the attention memory
+CANDIDATE_CHUNK = 1_000
+
+
 class AuxBORequest(StrictRequest):
-    context: list[ContextPoint] = Field(..., min_length=1, max_length=10_000)
-    candidates: list[list[float] | dict[str, Any]] = Field(..., min_length=1, max_length=10_000)
+    context: list[ContextPoint] = Field(..., min_length=1, max_length=MAX_CONTEXT)
+    candidates: list[list[float] | dict[str, Any]] = Field(
+        ..., min_length=1, max_length=MAX_CANDIDATES
+    )
     xi: float | None = Field(None, ge=0.0, le=10.0, description="PI margin in f's own units")
 
 
@@ -137,17 +146,19 @@ class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
             hc = torch.from_numpy(hn).unsqueeze(0)
             h_mask = torch.from_numpy(mask).unsqueeze(0)
         z = (f - self.stats["f_mean"]) / self.stats["f_std"]
+        xc = torch.as_tensor(X, dtype=torch.float32).unsqueeze(0)
+        zc = torch.as_tensor(z, dtype=torch.float32).unsqueeze(0)
+        xt = torch.as_tensor(cand, dtype=torch.float32).unsqueeze(0)
+        mus, sigmas = [], []
         with torch.no_grad():
-            mu, sigma = self.model(
-                torch.as_tensor(X, dtype=torch.float32).unsqueeze(0),
-                torch.as_tensor(z, dtype=torch.float32).unsqueeze(0),
-                hc,
-                torch.as_tensor(cand, dtype=torch.float32).unsqueeze(0),
-                None,
-                h_mask,
-            )
-        mu = mu[0].double() * self.stats["f_std"] + self.stats["f_mean"]  # raw f units
-        sigma = sigma[0].double() * self.stats["f_std"]
+            for start in range(0, xt.shape[1], CANDIDATE_CHUNK):
+                mu_c, sigma_c = self.model(
+                    xc, zc, hc, xt[:, start : start + CANDIDATE_CHUNK], None, h_mask
+                )
+                mus.append(mu_c[0])
+                sigmas.append(sigma_c[0])
+        mu = torch.cat(mus).double() * self.stats["f_std"] + self.stats["f_mean"]  # raw f units
+        sigma = torch.cat(sigmas).double() * self.stats["f_std"]
         xi = self.xi if request.xi is None else request.xi
         pi = torch.special.ndtr((mu - (float(f.max()) + xi)) / sigma)
         # argmax PI, ties (PI saturates at 0 or 1) broken by the mean

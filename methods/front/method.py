@@ -264,7 +264,7 @@ class FrontMethod(Method):
         seq = (sizes["img_size"] // sizes["patch"]) ** 2 + 1
         act = transformer_activation_bytes(
             seq, sizes["width"], sizes["heads"], int(sizes["width"] * ratio),
-            batch=getattr(serve, "MAX_IMAGES", 1024),
+            batch=serve.MAX_IMAGES,
         )  # fmt: skip
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 

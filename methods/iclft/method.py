@@ -338,7 +338,7 @@ class ICLFTMethod(Method):
         ):
             raise ValueError("extra.rows must be a list of 1 to 64 model names")
         params, state = meta_counts(lambda: ICLFTBundle(d, rows))
-        tokens = getattr(serve, "MAX_CONTEXT", 1000) + getattr(serve, "MAX_QUERIES", 10_000)
+        tokens = serve.MAX_CONTEXT + serve.MAX_QUERIES
         act = 4 * (8 * tokens * (d + 2) + len(rows) * 4 * (d + 2) ** 2)
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 

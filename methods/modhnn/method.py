@@ -145,7 +145,7 @@ class ModHNNMethod(Method):
         n = instances.get("train", 0) if isinstance(instances, dict) else 0
         n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
         params += n * max(sizes["d_z"], 1)
-        rows = getattr(serve, "MAX_SHOTS", 1000) + getattr(serve, "MAX_STATES", 10_000)
+        rows = serve.MAX_SHOTS + serve.MAX_STATES
         act = 4 * 16 * rows * (sizes["width"] + sizes["rank"]) * (sizes["depth"] + 2)
         return ModelBudget(params=params, activation_bytes=act)
 

@@ -55,13 +55,12 @@ class TailMethod(Method):
 
     def model_budget(self, cfg: TailConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
         """Υ's size (built on the meta device) and one episode's activations at the request
-        caps: ``MAX_SUPPORT`` support rows (1,000 when the Request sets no cap) and
-        ``MAX_QUERIES`` queries in one sequence; the checkpoint holds Υ's whole state dict."""
+        caps: ``MAX_SUPPORT`` support rows and ``MAX_QUERIES`` queries in one sequence; the checkpoint holds Υ's whole state dict."""
         from . import serve
         from .model import TailModel
 
         params, state = meta_counts(lambda: TailModel(cfg))
-        seq = getattr(serve, "MAX_SUPPORT", 1000) + getattr(serve, "MAX_QUERIES", 1000)
+        seq = serve.MAX_SUPPORT + serve.MAX_QUERIES
         act = transformer_activation_bytes(seq, cfg.width, cfg.heads, cfg.mlp_dim)
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 

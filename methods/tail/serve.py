@@ -18,6 +18,7 @@ from .episodes import draw_views, preprocess_episode
 from .model import TailModel
 
 Label = int | str  # one type per request: all integers or all strings
+MAX_SUPPORT = 1000
 MAX_QUERIES = 1000
 FLOAT32_MAX = 3.4028234663852886e38
 SAFE_MAGNITUDE = 1e30  # larger features are scaled down first (float32 sums would overflow)
@@ -33,8 +34,12 @@ def _safe_scale(x: np.ndarray) -> np.ndarray:
 
 
 class TailRequest(StrictRequest):
-    support_x: list[list[float]] = Field(..., description="support features, n x d_T")
-    support_y: list[Label] = Field(..., description="one label per support row")
+    support_x: list[list[float]] = Field(
+        ..., max_length=MAX_SUPPORT, description="support features, n x d_T"
+    )
+    support_y: list[Label] = Field(
+        ..., max_length=MAX_SUPPORT, description="one label per support row"
+    )
     query_x: list[list[float]] = Field(..., min_length=1, max_length=MAX_QUERIES)
     n_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged")
     seed: int = Field(0, ge=0)
@@ -93,6 +98,7 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             "dictionary_size": self.cfg.dictionary_size,
             "d_data": self.cfg.d_data,
             "label_mode": self.cfg.label_mode,
+            "max_support": MAX_SUPPORT,
             "max_queries": MAX_QUERIES,
         }
 

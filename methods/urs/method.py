@@ -151,7 +151,7 @@ class URSMethod(Method):
         from . import serve
 
         params, state = meta_counts(lambda: build_model(cfg))
-        v = getattr(serve, "MAX_NODES", 1000) + 100
+        v = serve.MAX_NODES + 100
         aug = 8
         enc = transformer_activation_bytes(v, cfg.d, 1, cfg.ff, batch=aug)
         enc += 4 * aug * v * v * 2

@@ -120,7 +120,7 @@ class WeightspaceMethod(Method):
         params, state = meta_counts(
             lambda: DeepSetsOCE(sizes["width"], sizes["res_layers"], sizes["k"], head_init)
         )
-        points = getattr(serve, "MAX_POINTS", 65_536)
+        points = serve.MAX_POINTS
         act = 4 * (64 * 8 * sizes["width"] * 4 + points * sizes["k"] * 3 * 4)
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             max_failures=args.max_failures,
+            allow_earlier=args.allow_earlier_checkpoint,
         )
     except KeyboardInterrupt:
         print(f"nshot: interrupted: {_interrupted_train(args, cfg)}", file=sys.stderr)
@@ -425,8 +427,8 @@ def _add_allow_earlier(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-earlier-checkpoint",
         action="store_true",
-        help="a run dir whose latest checkpoint is incomplete (no state.json): use the latest "
-        "complete one instead of failing",
+        help="a run dir whose latest checkpoint is incomplete (no state.json): use (train "
+        "--resume: continue from) the latest complete one instead of failing",
     )
 
 
@@ -471,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-failures", type=int, default=0, help="worker-group restarts allowed (>= 0)"
     )
+    _add_allow_earlier(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_train)
 
@@ -599,12 +602,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split("\n"))
+    print(f"nshot: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # train: the command an interrupted run is resumed with
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            # nshot's own warnings (e.g. an earlier checkpoint taken) as one line each
+            warnings.showwarning = _one_line_warning
+            return int(args.func(args) or 0)
     except NshotError as err:
         text = " ".join(str(err).split("\n"))  # one line, whatever the message holds
         print(f"nshot: error: {text}", file=sys.stderr)

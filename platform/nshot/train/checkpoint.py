@@ -273,6 +273,13 @@ def _candidates(root: Path) -> list[Path]:
     return [p for p in out if not any(a in found for a in p.parents)]
 
 
+def has_checkpoints(root: str | os.PathLike) -> bool:
+    """Whether ``root`` is, or holds up to three levels down, a checkpoint-looking directory
+    (complete or not)."""
+    root = Path(root)
+    return root.is_dir() and (_looks_like_checkpoint(root) or bool(_candidates(root)))
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime

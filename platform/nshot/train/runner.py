@@ -22,6 +22,7 @@ an empty or unwritable storage, a negative ``max_failures``) fail before Ray sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import os
@@ -285,7 +286,35 @@ def ensure_ray(**init_kwargs: Any) -> None:
     # polls; it binds to loopback only.
     kwargs: dict[str, Any] = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
     kwargs.update(init_kwargs)
-    ray.init(**kwargs)
+    with _loopback_only():
+        ray.init(**kwargs)
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """Start the embedded single-node Ray on 127.0.0.1 only.
+
+    By default Ray binds its node to the host's address, and its metrics exporters (the
+    dashboard's, the agent's, the autoscaler monitor's) listen on 0.0.0.0 without
+    authentication. With ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's switch for a
+    single-node cluster) the node address is the loopback address and those servers bind it.
+    The processes ``ray.init`` starts inherit the variable; it is restored afterwards so that
+    a multi-node cluster this process starts later (``ray start``) is not refused. A user who
+    sets the variable decides for themselves.
+    """
+    from ray._private import ray_constants
+
+    if ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR in os.environ:
+        yield
+        return
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _worker_entry(loop_config: dict[str, Any]) -> None:
@@ -336,12 +365,15 @@ def fit(
     overwrite: bool = False,
     max_failures: int = 0,
     keep_checkpoints: int = 2,
+    allow_earlier: bool = False,
 ) -> TrainResult:
     """Train ``method_name`` with ``cfg`` through Ray Train and return the final checkpoint.
 
     Every argument is checked before Ray starts (:class:`ConfigError`/:class:`NshotError`):
     ``name`` is one path component, ``storage`` is not empty and, when local, a directory nshot
-    can write in, ``max_failures >= 0``; ``overwrite`` replaces only an nshot run.
+    can write in, ``max_failures >= 0``; ``overwrite`` replaces only an nshot run. ``resume``
+    refuses a run whose newest checkpoint has lost its ``state.json`` unless ``allow_earlier``
+    (in-process runs only) lets it continue from the newest complete one.
     """
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -386,6 +418,8 @@ def fit(
             f"--overwrite: {run_dir} is not an nshot run (it has no {RUN_MARKER} marker), so "
             "nshot does not delete it; choose another --name (or --storage)"
         )
+    if exists and resume and run.local:
+        _check_resumable(Path(run_dir), local=local, allow_earlier=allow_earlier)
 
     ensure_ray()
     if not local:
@@ -442,6 +476,22 @@ def fit(
     return TrainResult(
         run_dir=run_dir, checkpoint=ckpt, metrics=dict(result.metrics or {}), wall_s=wall
     )
+
+
+def _check_resumable(run_dir: Path, *, local: bool, allow_earlier: bool) -> None:
+    """Before a resume: the checkpoint it would continue from is complete, or the user chose
+    the newest complete one (``allow_earlier``, in-process runs, where nshot picks it)."""
+    from nshot.train.checkpoint import has_checkpoints, resolve_checkpoint
+
+    if not has_checkpoints(run_dir):
+        return  # nothing saved yet: the run starts again from step 0
+    if allow_earlier and not local:
+        raise NshotError(
+            "--allow-earlier-checkpoint resumes in-process runs (--workers 0) only: a worker "
+            "group continues from the newest checkpoint Ray Train recorded. Move the damaged "
+            f"checkpoint out of {run_dir} to continue from the one before it"
+        )
+    resolve_checkpoint(run_dir, allow_earlier=allow_earlier)
 
 
 def _final_checkpoint(result: Any, run_dir: Path) -> Path | None:
