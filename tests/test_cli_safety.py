@@ -394,6 +394,7 @@ def test_allow_earlier_checkpoint_flag(
     assert "state.json" in _one_error_line(capsys.readouterr().err)
     with pytest.raises(Evaluated):
         main(["eval", "tail", "--checkpoint", run, "--allow-earlier-checkpoint"])
+    assert "nshot: warning: " in capsys.readouterr().err  # the earlier one, said in one line
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -466,5 +467,6 @@ def test_resume_refuses_a_newest_checkpoint_without_state(
     assert "fit" not in fake_trainer  # refused before training
     with pytest.raises(TrainingStarted):
         main([*base, "--allow-earlier-checkpoint"])
+    assert "using the earlier checkpoint" in capsys.readouterr().err
     assert main([*base, "--workers", "2", "--allow-earlier-checkpoint"]) == 2
     assert "in-process runs (--workers 0) only" in _one_error_line(capsys.readouterr().err)
