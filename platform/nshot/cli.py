@@ -232,6 +232,34 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         data,
         reproduce.to_markdown(data) + f"\nwrote {out}/results.json, results.md, results.png",
     )
+    from nshot.claims import summary_line
+
+    print(summary_line(data["claims"]), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_claims(args: argparse.Namespace) -> int:
+    """Re-evaluate a method's claims on an existing results.json (no rerun)."""
+    from nshot import reproduce
+    from nshot.claims import summary_line, to_markdown
+
+    path = Path(args.results).expanduser()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise NshotError(f"{path}: cannot read results JSON: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("method"), str):
+        raise NshotError(f"{path}: not an nshot results.json (no 'method')")
+    data = reproduce.with_claims(data)
+    if args.write:
+        path.write_text(json.dumps(data, indent=1))
+        md = path.with_suffix(".md")
+        md.write_text(reproduce.to_markdown(data))
+    if args.json:
+        _emit(args, data["claims"])
+    else:
+        _console().print(to_markdown(data["claims"]), markup=False)
+    print(summary_line(data["claims"]))
     return 0
 
 
@@ -555,6 +583,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_reproduce)
+
+    s = sub.add_parser(
+        "claims", help="evaluate a method's paper claims on an existing results.json (no rerun)"
+    )
+    s.add_argument("results", help="a results.json written by nshot reproduce")
+    s.add_argument(
+        "--write",
+        action="store_true",
+        help="write the claims into that results.json and its results.md",
+    )
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_claims)
 
     s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
     s.add_argument("what", choices=["train", "serve", "tail", "deepspeed"])

@@ -10,6 +10,7 @@ Every paper is one :class:`Method` subclass living in ``methods/<name>/`` (impor
 * ``evaluate(checkpoint, cfg)``: the paper's metrics as a flat ``dict[str, float]``.
 * ``predictor(checkpoint)``: a :class:`Predictor` with typed Request/Response schemas.
 * ``experiments(cfg, workdir)``: the paper's comparison as a :class:`ResultsTable`.
+* ``claims``: the paper's claims (:class:`nshot.claims.Claim`) over that table's rows.
 * ``model_budget(cfg)`` (optional): the size of the model a config builds, checked against
   the limits of :mod:`nshot.train.limits` before a checkpoint's model is built.
 
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from nshot.claims import Claim
     from nshot.train.checkpoint import LoadedCheckpoint
     from nshot.train.limits import ModelBudget
 
@@ -174,6 +176,9 @@ class ResultsTable:
     runtime_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # per-seed (or per-episode) values behind a mean, for the claims' paired tests:
+    # samples[system][metric] = [v_seed0, v_seed1, ...], paired by position across systems
+    samples: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         rows: dict[str, dict[str, float | None]] = {}
@@ -192,6 +197,16 @@ class ResultsTable:
             "runtime_s": float(self.runtime_s),
             "notes": list(self.notes),
             "extra": self.extra,
+            **(
+                {
+                    "samples": {
+                        system: {m: [_clean(v) for v in vals] for m, vals in per.items()}
+                        for system, per in self.samples.items()
+                    }
+                }
+                if self.samples
+                else {}
+            ),
         }
 
 
@@ -212,6 +227,9 @@ class Method(ABC):
     area: ClassVar[str]
     version: ClassVar[str] = "1"
     Config: ClassVar[type[MethodConfig]]
+    # the paper's claims as data (nshot.claims.Claim), evaluated over the results of
+    # ``experiments()`` by ``nshot reproduce`` and ``nshot claims``; a claim that fails stays
+    claims: ClassVar[tuple[Claim, ...]] = ()
 
     def config(self, preset: str = "small", **overrides: Any) -> MethodConfig:
         return self.Config.from_preset(preset, **overrides)

@@ -5,7 +5,10 @@ results.json has the same schema for every method::
     {"method": str, "preset": str, "seeds": int,
      "metrics": {name: {"higher_is_better": bool}},
      "rows": {system: {metric: float | null, "<metric>_std": float | null}},
-     "runtime_s": float, "notes": [str], "extra": {...}}
+     "runtime_s": float, "notes": [str], "extra": {...},
+     "samples": {system: {metric: [float | null, ...]}},      # when the method keeps them
+     "claims": [{"id", "statement", "source", "expr", "holds": bool | null,
+                 "lhs", "rhs", "p"}]}
 
 ``null`` marks a system that cannot be evaluated on a metric (for example a fixed-slot
 model asked for more classes than it has slots).
@@ -33,10 +36,19 @@ def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
 
 
 def write(table: ResultsTable, out: Path) -> dict[str, Any]:
-    data = table.to_json()
+    data = with_claims(table.to_json())
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(to_markdown(data))
     plot(data, out / "results.png")
+    return data
+
+
+def with_claims(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with its method's claims evaluated into ``data["claims"]`` (replacing any)."""
+    from nshot.claims import evaluate
+
+    data = dict(data)
+    data["claims"] = evaluate(get(data["method"]).claims, data)
     return data
 
 
@@ -66,6 +78,10 @@ def to_markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     if data.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
+    if data.get("claims"):
+        from nshot.claims import to_markdown as claims_markdown
+
+        lines += ["", claims_markdown(data["claims"]).rstrip("\n")]
     extra_md = data.get("extra", {}).get("markdown")
     if extra_md:
         lines += ["", extra_md]
