@@ -101,6 +101,13 @@ def test_paired_test_needs_samples_and_a_small_p():
         _claim("tail.acc > base.acc", test="ttest")
 
 
+def test_a_claim_stated_for_some_presets_is_not_evaluated_on_others():
+    c = _claim("tail.acc > base.acc", presets=("small", "paper"))
+    assert c.evaluate({**RESULTS, "preset": "small"})["holds"] is True
+    smoke = c.evaluate({**RESULTS, "preset": "smoke"})
+    assert smoke["holds"] is None and "small/paper" in smoke["note"]
+
+
 def test_summary_table_and_line():
     claims = [_claim("tail.acc > base.acc"), _claim("tail.acc < base.acc"), _claim("x.y > 0")]
     evaluated = evaluate(claims, RESULTS)

@@ -23,7 +23,8 @@ A claim may ask for a paired test (``test="paired_t"`` or ``"wilcoxon"``) of a c
 results hold in ``samples[system][metric]``, one-sided in the comparison's direction.
 
 A claim that cannot be evaluated (a row or metric that was not run, a value that is ``null``,
-samples missing for its test) is ``None``, never ``True``.
+samples missing for its test, results of a preset the claim is not stated for) is ``None``,
+never ``True``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Claim:
     expr: str
     test: str | None = None
     alpha: float = 0.05
+    # the presets whose results the claim speaks of (None: every preset); on the results of
+    # another preset (e.g. ``smoke``, too small to show the effect) the claim is not evaluated
+    presets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.statement or not self.source:
@@ -278,6 +282,9 @@ def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
     if claim.test is not None:
         out["test"] = claim.test
         out["alpha"] = claim.alpha
+    if claim.presets is not None and results.get("preset") not in claim.presets:
+        out["note"] = f"stated for the {'/'.join(claim.presets)} preset(s)"
+        return out
     body = tree.body
     parts = body.values if isinstance(body, ast.BoolOp) else [body]
     try:
