@@ -257,7 +257,7 @@ def test_unwritable_cache_still_returns_the_table(
     def fail(path: Path, data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cache, "_atomic_write", fail)
+    monkeypatch.setattr(cache, "atomic_write", fail)
     build = Builder()
     with pytest.warns(UserWarning, match="could not write"):
         table = nd.cached_table("toy", build)

@@ -18,7 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nshot.method import NshotError, parse_overrides
+from nshot.errors import NshotError
+from nshot.method import parse_overrides
 
 
 def _console():
@@ -180,7 +181,7 @@ def _earlier(args: argparse.Namespace) -> dict[str, Any]:
 def _eval_config(method, ckpt, overrides: dict[str, Any]):
     """The checkpoint's config with ``overrides``; a field outside ``EVAL_FIELDS`` may only be
     set to the checkpoint's own value (it shapes the model the weights belong to)."""
-    from nshot.method import ConfigError
+    from nshot.errors import ConfigError
 
     base = method.config_from_dict(ckpt.config)
     if not overrides:

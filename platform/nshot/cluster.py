@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nshot.method import NshotError
+from nshot.errors import NshotError
 
 HOST = "127.0.0.1"
 STATE_FILE = "cluster.json"

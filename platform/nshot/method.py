@@ -32,6 +32,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+# the error classes live in nshot.errors; methods may keep importing them from here
+from nshot.errors import ConfigError as ConfigError
+from nshot.errors import NshotError as NshotError
+from nshot.errors import UnknownMethodError as UnknownMethodError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -41,19 +46,6 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "nshot.methods"
 PRESETS = ("smoke", "small", "paper")
-
-
-class NshotError(Exception):
-    """Base class of the errors nshot reports to users (printed without a traceback)."""
-
-
-class ConfigError(NshotError, ValueError):
-    """A configuration is invalid; the message names the offending field."""
-
-
-class UnknownMethodError(NshotError, KeyError):
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
 
 
 def _format_validation_error(model: str, err: ValidationError) -> str:

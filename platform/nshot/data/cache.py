@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nshot.method import NshotError
+from nshot.errors import NshotError
+from nshot.fileio import atomic_write
 
 if TYPE_CHECKING:
     import ray.data
@@ -120,21 +120,6 @@ def file_lock(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager
     return _locked(Path(path), exclusive=True)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache should stay readable
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _schema_string(schema: pa.Schema) -> str:
     return schema.to_string(show_field_metadata=False, show_schema_metadata=False)
 
@@ -211,8 +196,8 @@ def _write(key: str, version: str, table: pa.Table) -> pa.Table:
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     try:
-        _atomic_write(table_path, data)
-        _atomic_write(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+        atomic_write(table_path, data)
+        atomic_write(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
     except OSError as e:  # read-only or full cache: the data are still good, just not kept
         warnings.warn(
             f"nshot cache: could not write {table_path} ({e}); using the table uncached",

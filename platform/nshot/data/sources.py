@@ -33,8 +33,8 @@ from nshot.data.cache import (
     features_table,
     table_to_numpy,
 )
+from nshot.errors import NshotError
 from nshot.hashing import sha256_file
-from nshot.method import NshotError
 
 __all__ = [
     "MINILM_SHA256",

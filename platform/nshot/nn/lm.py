@@ -39,8 +39,8 @@ from pydantic import AfterValidator
 
 from nshot.data.cache import MissingExtraError, cache_dir
 from nshot.data.sources import hf_offline
+from nshot.errors import ConfigError, NshotError
 from nshot.hashing import sha256_file
-from nshot.method import ConfigError, NshotError
 
 if TYPE_CHECKING:
     import torch

@@ -272,7 +272,8 @@ def load_predictor(method: str, checkpoint: str | os.PathLike, opts: ServeOption
     """Load and verify ``method``'s checkpoint and build its (wrapped) predictor: every failure
     is one line, an ``NshotError`` (a ``CheckpointError`` for a checkpoint that cannot be
     served), the error ``nshot eval`` gives for the same checkpoint."""
-    from nshot.method import NshotError, get
+    from nshot.errors import NshotError
+    from nshot.method import get
     from nshot.serve.conformal import wrap
     from nshot.train.checkpoint import CheckpointError, load_checkpoint
 

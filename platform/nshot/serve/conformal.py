@@ -28,7 +28,8 @@ import numpy as np
 from pydantic import BaseModel, Field, create_model
 
 from nshot.conformal import classification_sets
-from nshot.method import NshotError, Predictor
+from nshot.errors import NshotError
+from nshot.method import Predictor
 
 CONFORMAL_METHODS = ("caos",)
 

@@ -50,8 +50,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from nshot.errors import CheckpointError as CheckpointError
+from nshot.errors import ConfigError
 from nshot.hashing import sha256_file
-from nshot.method import ConfigError, NshotError
 from nshot.train.limits import ENV_MAX_ACTIVATION_BYTES, ENV_MAX_PARAMS, resolve_limits
 
 FORMAT = "nshot-checkpoint/1"
@@ -62,10 +63,6 @@ OPTIM_FILE = "optimizer.safetensors"
 KNOWN_FILES = (MODEL_FILE, OPTIM_FILE)
 MAX_STATE_BYTES = 64 * 2**20
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on a header
-
-
-class CheckpointError(NshotError):
-    """A checkpoint is missing, corrupt or belongs to another method."""
 
 
 def _plain_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

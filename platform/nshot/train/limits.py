@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nshot.errors import CheckpointError
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -59,8 +61,6 @@ class ModelBudget:
 
 
 def _limit(value: int | float | None, env: str, default: int) -> int:
-    from nshot.train.checkpoint import CheckpointError
-
     source = "keyword argument"
     if value is None:
         raw = os.environ.get(env)

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nshot.method import ConfigError, MethodConfig, NshotError, get
+from nshot.errors import ConfigError, NshotError
+from nshot.fileio import atomic_write
+from nshot.method import MethodConfig, get
 from nshot.train.checkpoint import find_checkpoints
 
 RUN_MARKER = "nshot_run.json"
@@ -260,10 +262,7 @@ class _RunDir:
 
     def write(self, name: str, text: str) -> None:
         if self.local:
-            Path(self.path).mkdir(parents=True, exist_ok=True)
-            tmp = Path(self.path) / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, Path(self.path) / name)
+            atomic_write(Path(self.path) / name, text)
             return
         self._fs.create_dir(self._fs_path, recursive=True)
         with self._fs.open_output_stream(f"{self._fs_path}/{name}") as f:

@@ -14,7 +14,8 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from nshot.method import NshotError
+from nshot.errors import NshotError
+from nshot.fileio import atomic_write
 from nshot.tune.space import Choice, Float, SearchSpace
 
 
@@ -89,9 +90,7 @@ class AxClientSearcher(Searcher):
         self._client.save_to_json_file(tmp)
         state = {"ax": json.loads(open(tmp).read()), "trials": self._trials}
         os.remove(tmp)
-        with open(checkpoint_path + ".tmp", "w") as fh:
-            json.dump(state, fh)
-        os.replace(checkpoint_path + ".tmp", checkpoint_path)
+        atomic_write(checkpoint_path, json.dumps(state))
 
     def restore(self, checkpoint_path: str) -> None:
         from ax.api.client import Client

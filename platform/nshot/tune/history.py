@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from nshot.method import NshotError
+from nshot.errors import NshotError
+from nshot.fileio import atomic_path
 
 COLUMNS = (
     "task_id",
@@ -182,9 +183,8 @@ def save_task(
     out_dir = history_dir(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{task_id}.parquet"
-    tmp = out_dir / f".{task_id}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 

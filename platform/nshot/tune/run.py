@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nshot.method import MethodConfig, NshotError, get
+from nshot.errors import NshotError
+from nshot.method import MethodConfig, get
 from nshot.train.runner import Scaling, check_run_name, default_storage, ensure_ray, is_uri
 from nshot.tune.searchers import SearchContext, build_searcher
 from nshot.tune.space import SearchSpace, TuneSpec

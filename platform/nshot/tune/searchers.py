@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nshot.method import ConfigError, NshotError
+from nshot.errors import ConfigError, NshotError
 from nshot.tune.space import SearchSpace
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from nshot.method import ConfigError, MethodConfig
+from nshot.errors import ConfigError
+from nshot.method import MethodConfig
 
 
 class SearchSpaceError(ConfigError):

@@ -1,0 +1,188 @@
+"""The import graph of nshot (platform and methods) has no loops, except the ones listed here,
+which are known debts: the list must shrink, never grow.
+
+The graph is read from the source with :mod:`ast` (nothing is imported): every ``import`` and
+``from ... import`` counts, at module level or inside a function (a lazy import is still a
+dependency), except those under ``if TYPE_CHECKING:``. ``from pkg import name`` depends on the
+submodule ``pkg.name`` when there is one, else on the package ``pkg`` (its ``__init__``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ((ROOT / "platform" / "nshot", "nshot"), (ROOT / "methods", "nshot.methods"))
+
+# Known loops, each a set of modules that import each other; fixing one means removing it here.
+KNOWN_CYCLES = [
+    # nn.lm's loader builds a tiny LM on first use ("tiny-*"), which trains it with nshot.train
+    {"nshot.nn.lm", "nshot.nn.tinylm", "nshot.train.deepspeed", "nshot.train.runner",
+     "nshot.train.session"},
+    # methods whose serve/experiments import a model loader back from method.py
+    {"nshot.methods.auxbo.backends", "nshot.methods.auxbo.experiments",
+     "nshot.methods.auxbo.method", "nshot.methods.auxbo.searcher", "nshot.methods.auxbo.serve"},
+    {"nshot.methods.front.experiments", "nshot.methods.front.method",
+     "nshot.methods.front.serve"},
+    {"nshot.methods.iclft.experiments", "nshot.methods.iclft.method",
+     "nshot.methods.iclft.serve"},
+    {"nshot.methods.modhnn.method", "nshot.methods.modhnn.serve"},
+    {"nshot.methods.urs.bench", "nshot.methods.urs.experiments", "nshot.methods.urs.method",
+     "nshot.methods.urs.serve"},
+    {"nshot.methods.weightspace.method", "nshot.methods.weightspace.serve"},
+]  # fmt: skip
+
+# Known debts: platform modules that reach into a method's internals instead of the contract.
+KNOWN_PLATFORM_REACH = {
+    "nshot.quickstart": {"nshot.methods.tail.evaluation", "nshot.methods.tail.serve"},
+    "nshot.bench": {"nshot.methods.tail.episodes", "nshot.methods.tail.model"},
+}
+
+# Known debts: modules inside a method that import its method.py (only the package's
+# __init__ should: method.py is the face that imports the rest).
+KNOWN_METHOD_PY_IMPORTERS = {
+    "nshot.methods.auxbo.backends", "nshot.methods.auxbo.experiments",
+    "nshot.methods.auxbo.serve", "nshot.methods.front.experiments", "nshot.methods.front.serve",
+    "nshot.methods.front.tool", "nshot.methods.iclft.experiments", "nshot.methods.iclft.serve",
+    "nshot.methods.modhnn.serve", "nshot.methods.urs.bench", "nshot.methods.urs.experiments",
+    "nshot.methods.urs.serve", "nshot.methods.weightspace.serve",
+}  # fmt: skip
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for base, pkg in PACKAGES:
+        for f in base.rglob("*.py"):
+            parts = list(f.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([pkg, *parts])] = f
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If)
+            and isinstance(block.test, ast.Name)
+            and block.test.id == "TYPE_CHECKING"
+            for n in ast.walk(block)
+        }
+        package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                targets = [f"{src}.{a.name}" for a in node.names] + [src]
+            else:
+                continue
+            for target in targets:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                # a submodule importing its own package's __init__ is not a loop of modules
+                if target and target != mod and not mod.startswith(target + "."):
+                    graph[mod].add(target)
+                    break  # the most specific module named by this import
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = set()
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.add(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(comp)
+    return found
+
+
+def test_the_cycle_finder_finds_a_loop_and_nothing_else():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [{"a", "b", "c"}]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loop_beyond_the_known_ones():
+    found = cycles(import_graph())
+    new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
+    gone = [sorted(c) for c in KNOWN_CYCLES if c not in found]
+    assert new == [], f"new import loops: {new}"
+    assert gone == [], f"fixed (or changed) loops: update KNOWN_CYCLES: {gone}"
+
+
+def test_no_method_imports_another_and_the_platform_reaches_none_beyond_the_known():
+    graph = import_graph()
+    for mod, deps in graph.items():
+        if not mod.startswith("nshot.methods."):
+            continue
+        own = ".".join(mod.split(".")[:3])
+        for dep in deps:
+            if dep.startswith("nshot.methods.") and dep != "nshot.methods":
+                assert dep.startswith(own), f"{mod} imports another method: {dep}"
+    platform = [m for m in graph if not m.startswith("nshot.methods")]
+    reach = {
+        mod: {d for d in graph[mod] if d.startswith("nshot.methods.")}
+        for mod in platform
+        if any(d.startswith("nshot.methods.") for d in graph[mod])
+    }
+    assert reach == KNOWN_PLATFORM_REACH, "the platform reaches a method only through the contract"
+
+
+def test_inside_a_method_only_its_package_imports_method_py():
+    graph = import_graph()
+    importers = {
+        mod
+        for mod, deps in graph.items()
+        if mod.count(".") >= 3  # a module inside a method package, not the package itself
+        for dep in deps
+        if dep.startswith("nshot.methods.") and dep.endswith(".method")
+    }
+    assert importers == KNOWN_METHOD_PY_IMPORTERS
