@@ -316,18 +316,46 @@ def _loopback_only():
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+def run_loop(
+    method_name: str,
+    config: dict[str, Any],
+    *,
+    local_dir: str | None = None,
+    tune: dict[str, Any] | None = None,
+    in_tune: bool = False,
+) -> None:
+    """Run ``method_name``'s train loop in this process with the session set up: the config
+    validated, torch's threads set, :class:`~nshot.train.session.RunInfo` installed.
+
+    It is what every Ray Train worker runs (through :func:`build_trainer`), what Ray Train's
+    local mode runs in-process (``local_dir``: where checkpoints go), and what an in-process
+    Tune trial runs (``tune``: the trial's objective and curve, ``in_tune=True``)."""
+    import torch
+
+    from nshot.train.session import RunInfo, install_run
+
+    method = get(method_name)
+    cfg = method.config_from_dict(config)
+    torch.set_num_threads(cfg.torch_threads)
+    install_run(
+        RunInfo(
+            method=method.name,
+            method_version=method.version,
+            config=cfg.model_dump(),
+            local_dir=local_dir,
+            tune=tune,
+            in_tune=in_tune,
+        )
+    )
+    method.train_loop(cfg)
+
+
 def _worker_entry(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (or in-process in local mode)."""
     import logging
 
-    import torch
-
-    from nshot.method import get as get_method
-    from nshot.train.session import RunInfo, _set_run
-
     # local mode logs every report at INFO; nshot prints its own progress line
     logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
-    method = get_method(loop_config["method"])
     if loop_config.get("local_dir") is None:  # a worker group: say where each rank runs
         import ray
         import ray.train
@@ -335,22 +363,61 @@ def _worker_entry(loop_config: dict[str, Any]) -> None:
         ctx = ray.train.get_context()
         rt = ray.get_runtime_context()
         print(
-            f"[nshot {method.name}] rank {ctx.get_world_rank()}/{ctx.get_world_size()} "
-            f"on node {rt.get_node_id()}",
+            f"[nshot {loop_config['method']}] rank {ctx.get_world_rank()}/"
+            f"{ctx.get_world_size()} on node {rt.get_node_id()}",
             file=sys.stderr,
             flush=True,
         )
-    cfg = method.config_from_dict(loop_config["config"])
-    torch.set_num_threads(cfg.torch_threads)
-    _set_run(
-        RunInfo(
-            method=method.name,
-            method_version=method.version,
-            config=cfg.model_dump(),
-            local_dir=loop_config.get("local_dir"),
+    run_loop(loop_config["method"], loop_config["config"], local_dir=loop_config.get("local_dir"))
+
+
+def build_trainer(
+    method_name: str,
+    cfg: MethodConfig,
+    scaling: Scaling,
+    *,
+    name: str,
+    storage_path: str,
+    local_dir: str | None = None,
+    keep_checkpoints: int | None = None,
+    max_failures: int = 0,
+    callbacks: list[Any] | None = None,
+):
+    """The ``TorchTrainer`` that runs ``method_name``'s loop with ``cfg`` under ``scaling``
+    (``scaling.workers == 0``: Ray Train's local mode, checkpoints written to ``local_dir``),
+    its run stored in ``<storage_path>/<name>``. ``nshot train`` and every multi-worker Tune
+    trial build their trainers here."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    loop_config: dict[str, Any] = {"method": method_name, "config": cfg.model_dump()}
+    if scaling.workers == 0:
+        loop_config["local_dir"] = local_dir
+        scaling_config = ray.train.ScalingConfig(num_workers=0)
+    else:
+        resources = {"CPU": scaling.cpus_per_worker}
+        if scaling.gpus_per_worker:
+            resources["GPU"] = scaling.gpus_per_worker
+        scaling_config = ray.train.ScalingConfig(
+            num_workers=scaling.workers,
+            use_gpu=scaling.gpus_per_worker > 0,
+            resources_per_worker=resources,
         )
+    run_config = ray.train.RunConfig(
+        name=name,
+        storage_path=storage_path,
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep_checkpoints),
+        failure_config=ray.train.FailureConfig(max_failures=max_failures),
+        callbacks=callbacks,
+        # workers on other nodes do not inherit the driver's environment: one progress line each
+        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
     )
-    method.train_loop(cfg)
+    return TorchTrainer(
+        _worker_entry,
+        train_loop_config=loop_config,
+        scaling_config=scaling_config,
+        run_config=run_config,
+    )
 
 
 def fit(
@@ -374,9 +441,6 @@ def fit(
     refuses a run whose newest checkpoint has lost its ``state.json`` unless ``allow_earlier``
     (in-process runs only) lets it continue from the newest complete one.
     """
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
     method = get(method_name)
     if not isinstance(cfg, method.Config):
         raise ConfigError(f"config for {method_name!r} must be a {method.Config.__name__}")
@@ -438,32 +502,15 @@ def fit(
         ),
     )
 
-    loop_config: dict[str, Any] = {"method": method_name, "config": cfg.model_dump()}
-    if local:
-        loop_config["local_dir"] = str(run_dir)
-        scaling_config = ray.train.ScalingConfig(num_workers=0)
-    else:
-        resources = {"CPU": scaling.cpus_per_worker}
-        if scaling.gpus_per_worker:
-            resources["GPU"] = scaling.gpus_per_worker
-        scaling_config = ray.train.ScalingConfig(
-            num_workers=scaling.workers,
-            use_gpu=scaling.gpus_per_worker > 0,
-            resources_per_worker=resources,
-        )
-    run_config = ray.train.RunConfig(
+    trainer = build_trainer(
+        method_name,
+        cfg,
+        scaling,
         name=name,
         storage_path=str(storage_path),
-        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep_checkpoints),
-        failure_config=ray.train.FailureConfig(max_failures=max_failures),
-        # workers on other nodes do not inherit the driver's environment: one progress line each
-        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
-    )
-    trainer = TorchTrainer(
-        _worker_entry,
-        train_loop_config=loop_config,
-        scaling_config=scaling_config,
-        run_config=run_config,
+        local_dir=str(run_dir) if local else None,
+        keep_checkpoints=keep_checkpoints,
+        max_failures=max_failures,
     )
     t0 = time.time()
     result = trainer.fit()

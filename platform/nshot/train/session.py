@@ -58,7 +58,8 @@ class RunInfo:
 _RUN: RunInfo | None = None
 
 
-def _set_run(info: RunInfo) -> None:
+def install_run(info: RunInfo) -> None:
+    """Install ``info`` as the run this process trains (done by ``nshot.train.run_loop``)."""
     global _RUN
     _RUN = info
 

@@ -84,49 +84,30 @@ def _trial(
 ) -> None:
     """The Tune function trainable: one training run of the method with ``config`` applied."""
     import ray.tune
-    import torch
 
-    from nshot.train.session import RunInfo, _set_run
+    from nshot.train.runner import Scaling, build_trainer, run_loop
 
     method = get(method_name)
     cfg = method.config_from_dict({**base, **config})
     trial_dir = Path(ray.tune.get_context().get_trial_dir())
     if scaling["workers"] == 0:
-        torch.set_num_threads(cfg.torch_threads)
-        _set_run(
-            RunInfo(
-                method=method.name,
-                method_version=method.version,
-                config=cfg.model_dump(),
-                local_dir=str(trial_dir / "train"),
-                tune=report,
-                in_tune=True,
-            )
+        run_loop(
+            method.name,
+            cfg.model_dump(),
+            local_dir=str(trial_dir / "train"),
+            tune=report,
+            in_tune=True,
         )
-        method.train_loop(cfg)
         return
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from nshot.train.runner import _worker_entry
     from nshot.tune.report import NshotTuneCallback
 
-    resources = {"CPU": scaling["cpus_per_worker"]}
-    if scaling["gpus_per_worker"]:
-        resources["GPU"] = scaling["gpus_per_worker"]
-    trainer = TorchTrainer(
-        _worker_entry,
-        train_loop_config={"method": method.name, "config": cfg.model_dump()},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling["workers"],
-            use_gpu=scaling["gpus_per_worker"] > 0,
-            resources_per_worker=resources,
-        ),
-        run_config=ray.train.RunConfig(
-            name="train",
-            storage_path=str(trial_dir),
-            callbacks=[NshotTuneCallback(**report)],
-        ),
+    trainer = build_trainer(
+        method.name,
+        cfg,
+        Scaling(**scaling),
+        name="train",
+        storage_path=str(trial_dir),
+        callbacks=[NshotTuneCallback(**report)],
     )
     trainer.fit()
 
