@@ -264,6 +264,24 @@ def cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from nshot import report
+
+    entries = report.gather(preset=args.preset, results=args.results)
+    if args.readme:
+        changed = report.update_readme(args.readme, entries)
+        print(f"{'updated' if changed else 'unchanged'}: the method table of {args.readme}")
+    index = report.write(entries, args.out)
+    with_results = [e for e in entries if e.data is not None]
+    held = sum(e.counts["held"] for e in with_results)
+    total = sum(e.counts["total"] for e in with_results)
+    print(
+        f"wrote {index} and {index.parent / 'report.md'}: {len(with_results)} methods with "
+        f"results, claims: {held} of {total} hold"
+    )
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from nshot import bench
 
@@ -596,6 +614,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_claims)
+
+    s = sub.add_parser(
+        "report", help="one reproducibility report (HTML + Markdown) over every method's results"
+    )
+    s.add_argument("--out", default="nshot-report", help="output directory (index.html, ...)")
+    s.add_argument("--preset", default="small", help="which committed results (default small)")
+    s.add_argument(
+        "--results",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="fresh `nshot reproduce --out DIR` folders instead of the committed results",
+    )
+    s.add_argument(
+        "--readme", default=None, help="also regenerate the method table of this README.md"
+    )
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("bench", help="benchmarks that write JSON ratios")
     s.add_argument("what", choices=["train", "serve", "tail", "deepspeed"])

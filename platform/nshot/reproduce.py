@@ -8,7 +8,8 @@ results.json has the same schema for every method::
      "runtime_s": float, "notes": [str], "extra": {...},
      "samples": {system: {metric: [float | null, ...]}},      # when the method keeps them
      "claims": [{"id", "statement", "source", "expr", "holds": bool | null,
-                 "lhs", "rhs", "p"}]}
+                 "lhs", "rhs", "p"}],
+     "run": {"date", "commit", "nshot_version"}}
 
 ``null`` marks a system that cannot be evaluated on a metric (for example a fixed-slot
 model asked for more classes than it has slots).
@@ -37,10 +38,43 @@ def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
 
 def write(table: ResultsTable, out: Path) -> dict[str, Any]:
     data = with_claims(table.to_json())
+    data["run"] = run_info()
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(to_markdown(data))
     plot(data, out / "results.png")
     return data
+
+
+def run_info() -> dict[str, Any]:
+    """When and from what code a reproduction ran: UTC date, nshot's version, and the git
+    commit of the source tree when nshot runs from a checkout (``+dirty`` with local edits)."""
+    import datetime
+    import subprocess
+
+    from nshot import __version__
+
+    here = Path(__file__).resolve().parent
+    commit = None
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+            timeout=10, check=False,
+        )  # fmt: skip
+        if head.returncode == 0 and head.stdout.strip():
+            commit = head.stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                capture_output=True, text=True, timeout=10, check=False,
+            )  # fmt: skip
+            if dirty.stdout.strip():
+                commit += "+dirty"
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "nshot_version": __version__,
+    }
 
 
 def with_claims(data: dict[str, Any]) -> dict[str, Any]:
