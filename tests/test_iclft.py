@@ -268,3 +268,31 @@ def test_resume_continues_from_its_checkpoint(tiny_run):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_committed_small_results_carry_their_claims():
+    """The claims recorded in the committed small results are what the claims give on them and
+    all hold; the experiments no longer grade themselves; and a claim can fail: a V-only
+    fine-tuning whose 20-shot error doubles breaks 'V-only preserves ICL'."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from nshot.reproduce import with_claims
+
+    path = Path(__file__).parents[1] / "methods" / "iclft" / "results" / "small.json"
+    data = json.loads(path.read_text())
+    assert "checks" not in data["extra"]
+    fresh = with_claims(data)["claims"]
+    assert fresh == data["claims"]
+    assert all(c["holds"] is True for c in fresh), fresh
+    worse = copy.deepcopy(data)
+    worse["rows"]["zs_v"]["err_target_n20"] *= 2
+    worse["rows"]["zsfs_v"]["err_unseen_n20"] = worse["rows"]["zs_v"]["err_unseen_n20"]
+    bad = {c["id"]: c["holds"] for c in with_claims(worse)["claims"]}
+    assert bad["zs_v_preserves_icl_target"] is False and bad["fs_loss_v_hurts_unseen"] is False
+    smoke = {c["id"]: c["holds"] for c in with_claims({**data, "preset": "smoke"})["claims"]}
+    assert set(smoke.values()) == {None}  # stated for small/paper only

@@ -26,6 +26,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, meta_counts
 
 from . import data as D
+from .claims import CLAIMS
 from .config import ICLFTConfig, parse_variant, row_name
 from .model import ICLFTBundle, LinearAttention, effective_params, mse, set_trainable
 
@@ -218,6 +219,7 @@ class ICLFTMethod(Method):
     area = "in-context (few-shot) learning / fine-tuning"
     version = "1"
     Config = ICLFTConfig
+    claims = CLAIMS
 
     def data(self, cfg: ICLFTConfig) -> dict[str, pa.Table]:
         return D.tables(cfg)

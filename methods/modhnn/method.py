@@ -14,6 +14,7 @@ from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, bounded_ints, meta_counts
 
+from .claims import CLAIMS
 from .config import ModHNNConfig
 from .model import Dynamics, DynSpec
 from .train import MetaState, MetaTrainer, make_spec
@@ -29,6 +30,7 @@ class ModHNNMethod(Method):
     area = "few-shot system identification / structure-preserving dynamics"
     version = "1"
     Config = ModHNNConfig
+    claims = CLAIMS
 
     def data(self, cfg: ModHNNConfig) -> dict[str, pa.Table]:
         from .data import split_table

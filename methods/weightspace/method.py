@@ -13,6 +13,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, bounded_ints, meta_counts
 
 from .backbones import count_params
+from .claims import CLAIMS
 from .config import WeightspaceConfig
 from .model import DeepSetsOCE
 
@@ -40,6 +41,7 @@ class WeightspaceMethod(Method):
     area = "weight-space learning"
     version = "1"
     Config = WeightspaceConfig
+    claims = CLAIMS
 
     def data(self, cfg: WeightspaceConfig) -> dict[str, pa.Table]:
         from .data import data_tables

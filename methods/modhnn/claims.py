@@ -1,0 +1,129 @@
+"""The paper's claims about modulation-based meta-learning of Hamiltonian dynamics, as data.
+
+The rows of ``experiments()`` are the modulated Hamiltonian networks (``svd``, ``mr``,
+``full_weight``, ``shift``, ``film``), adapted to each unseen pendulum by fitting only their
+latent code on 10 shots, the two HNN baselines without modulation (``hnn_per_instance``: trained
+from scratch on the shots; ``hnn_pooled``: one HNN for all instances) and the non-structured
+control (``mlp_modulated``: the SVD modulation on an MLP vector field). Metrics: relative squared
+errors of the vector field on a grid (``field_mse``) and of RK4 trajectories (``traj_mse``), and
+the true energy's drift over a long implicit-midpoint rollout (``energy_drift``). The learned
+energy's drift and the two ablations of the SVD model live in ``extra``.
+
+The paper names SVD(r) its best modulation, so the claims speak of ``svd`` (not of whichever
+modulation happens to be best in a run). The thresholds hold at the ``small`` scale and above;
+the ``smoke`` preset trains for 50 steps and is not evaluated.
+"""
+
+from __future__ import annotations
+
+from nshot.claims import Claim
+
+_AT_SCALE = ("small", "paper")
+_MODULATIONS = ("svd", "mr", "full_weight", "shift", "film")
+
+
+def _max(metric: str) -> str:
+    return "max(" + ", ".join(f"{m}.{metric}" for m in _MODULATIONS) + ")"
+
+
+def _min_others(metric: str) -> str:
+    return "min(" + ", ".join(f"{m}.{metric}" for m in _MODULATIONS if m != "svd") + ")"
+
+
+CLAIMS: tuple[Claim, ...] = (
+    # accuracy of few-shot adaptation
+    Claim(
+        id="svd_beats_scratch",
+        statement="The adapted SVD-modulated HNN has a lower vector-field and trajectory error on "
+        "unseen pendulums than an HNN trained from scratch on the same 10 shots.",
+        source="Pendulum results table (SVD(r) against Scratch)",
+        expr="svd.field_mse < hnn_per_instance.field_mse and "
+        "svd.traj_mse < hnn_per_instance.traj_mse",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_beats_pooled_hnn",
+        statement="The adapted SVD-modulated HNN has a lower vector-field and trajectory error on "
+        "unseen pendulums than one HNN trained on all training instances without modulation.",
+        source="Abstract and introduction (one unmodulated model per configuration does not "
+        "generalise across parameters)",
+        expr="svd.field_mse < hnn_pooled.field_mse and svd.traj_mse < hnn_pooled.traj_mse",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="every_modulation_beats_both_hnn_baselines",
+        statement="Every modulated HNN (SVD, MR, full-weight, shift, FiLM) has a lower "
+        "vector-field and trajectory error than both HNN baselines.",
+        source="Pendulum results table (modulation-based rows against Scratch)",
+        expr=f"{_max('field_mse')} < min(hnn_per_instance.field_mse, hnn_pooled.field_mse) and "
+        f"{_max('traj_mse')} < min(hnn_per_instance.traj_mse, hnn_pooled.traj_mse)",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_at_most_shift",
+        statement="The SVD modulation's vector-field error is at most the shift modulation's.",
+        source="Pendulum results table (SVD(5) 4.62 against Shift 9.76, ε_field × 10⁻²)",
+        expr="svd.field_mse <= shift.field_mse",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_best_modulation",
+        statement="The SVD modulation has the lowest vector-field and trajectory error of all "
+        "modulations (MR, full-weight, shift, FiLM).",
+        source="Pendulum results table (SVD(r) best of the modulations)",
+        expr=f"svd.field_mse <= {_min_others('field_mse')} and "
+        f"svd.traj_mse <= {_min_others('traj_mse')}",
+        presets=_AT_SCALE,
+    ),
+    # structure: conservation of energy
+    Claim(
+        id="svd_true_energy_drift",
+        statement="Over a 1000-step implicit-midpoint rollout, the adapted SVD model drifts from "
+        "the true energy by at most 1e-2 (relative).",
+        source="Abstract (conservation of the invariants kept under adaptation)",
+        expr="svd.energy_drift <= 1e-2",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_learned_energy_drift",
+        statement="Over the same rollout, the adapted SVD model conserves its own learned energy "
+        "to 1e-4 (the symplectic integrator's tolerance).",
+        source="Hamiltonian learning framework (structure kept exactly: only the energy is "
+        "modulated)",
+        expr="extra('detail', 'svd', 'learned_drift') <= 1e-4",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_drift_5x_below_unstructured",
+        statement="The SVD-modulated HNN's true-energy drift is at least 5 times smaller than "
+        "that of the same modulation on a plain MLP vector field.",
+        source="Abstract (structure-preserving inductive bias against a non-structured model)",
+        expr="mlp_modulated.energy_drift >= 5 * svd.energy_drift",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="svd_drift_10x_below_unstructured",
+        statement="The SVD-modulated HNN's true-energy drift is at least 10 times smaller than "
+        "that of the same modulation on a plain MLP vector field.",
+        source="Abstract (structure-preserving inductive bias against a non-structured model)",
+        expr="mlp_modulated.energy_drift >= 10 * svd.energy_drift",
+        presets=_AT_SCALE,
+    ),
+    # protocol ablations
+    Claim(
+        id="zavg_init_beats_zero_init",
+        statement="Starting test-time adaptation from the mean training latent gives a lower "
+        "vector-field error than starting from zero.",
+        source="Ablation on the latent initialisation at test time (z_avg against zero)",
+        expr="svd.field_mse < extra('ablations', 'zero_init', 'field_mse')",
+        presets=_AT_SCALE,
+    ),
+    Claim(
+        id="persistent_latents_beat_reset",
+        statement="Keeping the training latents across epochs gives a lower vector-field error "
+        "than resetting them every epoch.",
+        source="Meta-training protocol (persistent latents, alternating auto-decoding)",
+        expr="svd.field_mse < extra('ablations', 'reset_latents', 'field_mse')",
+        presets=_AT_SCALE,
+    ),
+)
