@@ -433,3 +433,75 @@ def test_diagnose_example_reports_an_unavailable_model_cleanly(monkeypatch):
     mod = _diagnose_example()
     with pytest.raises(SystemExit, match="error: cannot load model"):
         mod.main(["--preset", "paper", "--set", "model=nshot-test/no-such-model"])
+
+
+# --------------------------------------------------------------------------- claims
+
+ZEROUNLEARN_COMMITTED = {
+    "base_knows_facts": True,
+    "forgets": True,
+    "keeps_retained_facts": False,  # Spe 9.6 of 100
+    "keeps_perplexity": False,  # PPL +23 %
+    "gradient_ascent_costs_utility": True,
+    "gradient_ascent_breaks_model": False,  # PPL x1.75
+    "projection_helps_forgetting": False,  # Eff 0 with and without P
+    "utility_term_keeps_perplexity": True,
+}
+
+
+def test_claims_on_the_committed_small_results():
+    """The committed SmolLM2 results re-evaluated without a rerun: forgetting holds, the
+    utility claims fail; the claims written into the committed file are the current ones."""
+    import json
+    from pathlib import Path
+
+    from nshot.reproduce import with_claims
+
+    path = Path(__file__).parents[1] / "methods" / "zerounlearn" / "results" / "small.json"
+    data = json.loads(path.read_text())
+    claims = with_claims(data)["claims"]
+    assert {c["id"]: c["holds"] for c in claims} == ZEROUNLEARN_COMMITTED
+    assert data["claims"] == claims
+
+
+def test_results_table_keeps_per_seed_samples_and_leaves_pass_fail_to_the_claims():
+    """Means over seeds, the per-seed values as samples (paired by seed), no extra['checks']
+    and no check line in the notes; the claims judge the table (and can fail), and are null on
+    the smoke preset."""
+    from nshot.method import get
+    from nshot.methods.zerounlearn.method import METRICS, results_table
+    from nshot.methods.zerounlearn.pipeline import SYSTEMS
+    from nshot.reproduce import with_claims
+
+    def out(seed: int, shift: float) -> dict:
+        m = {s: {k: 50.0 for k in METRICS} for s in SYSTEMS}
+        m["base"].update(eff=100.0, gen=40.0, spe=100.0, ppl=90.0)
+        m["zerounlearn"].update(eff=shift, gen=2.0, spe=95.0 - shift, ppl=95.0)
+        m["gradient_ascent"].update(eff=0.0, spe=10.0, ppl=200.0)  # < 5 x base: fails
+        m["wo_op"].update(eff=20.0)
+        m["wo_ut"].update(ppl=120.0)
+        setup = {
+            "known": 40, "candidates": 50, "retain_pool": 20, "ppl_tokens": 100,
+            "stats_positions": 1000, "neutral_target": "<eos>",
+        }  # fmt: skip
+        return {
+            "seed": seed, "metrics": m, "timings": {"total": 1.0}, "diagnostics": {},
+            "setup": setup, "checkpoint": f"runs/zerounlearn-seed{seed}",
+        }  # fmt: skip
+
+    cfg = get("zerounlearn").config("small", experiment_seeds=2)
+    table = results_table(cfg, [out(0, 0.0), out(1, 2.0)], runtime_s=1.0, method="zerounlearn")
+    assert table.samples["zerounlearn"]["spe"] == [95.0, 93.0]
+    assert table.samples["base"]["ppl"] == [90.0, 90.0]
+    assert table.rows["zerounlearn"]["eff"] == 1.0 and table.stds["zerounlearn"]["eff"] > 0
+    assert "checks" not in table.extra and len(table.extra["per_seed"]) == 2
+    assert not [n for n in table.notes if n.startswith("checks")]
+    data = table.to_json()
+    assert data["samples"]["zerounlearn"]["spe"] == [95.0, 93.0]
+    holds = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    assert holds == {
+        **dict.fromkeys(ZEROUNLEARN_COMMITTED, True),
+        "gradient_ascent_breaks_model": False,
+    }
+    smoke = with_claims({**data, "preset": "smoke"})["claims"]
+    assert all(c["holds"] is None for c in smoke)

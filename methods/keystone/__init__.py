@@ -1,4 +1,4 @@
-"""Keystone neurons: probing and keystone-only fine-tuning (spec: shared/methods/keystone.md)."""
+"""Keystone neurons: probing and keystone-only fine-tuning."""
 
 from .method import KeystoneMethod
 

@@ -1,4 +1,4 @@
-"""Keystone configuration and presets (spec: shared/methods/keystone.md, section 3).
+"""Keystone configuration and presets (the paper's settings scaled to a 2-core CPU).
 
 Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (checks 1–3) and runs the
 keystone SFT comparison (check 4) on the same model (25 steps of batch 8, one seed: what 2 CPU

@@ -1,4 +1,4 @@
-"""Capability evaluation: exact match on four capabilities plus held-out perplexity (spec §4, §6).
+"""Capability evaluation: exact match on four capabilities plus held-out perplexity.
 
 Two suites, both offline:
 
@@ -23,14 +23,21 @@ Every sequence starts with the tokenizer's BOS token.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .config import KeystoneConfig
 
 CAPABILITIES = ("facts", "math", "code", "multilingual")
 
@@ -366,3 +373,51 @@ def mean_over(values: Sequence[dict[str, float]]) -> tuple[dict[str, float], dic
         k: float(np.std([v[k] for v in values], ddof=1)) if len(values) > 1 else 0.0 for k in keys
     }
     return mean, std
+
+
+# --------------------------------------------------------------------------- a model's evaluator
+
+
+def _items_cache_path(source: str, cands: dict) -> Path:
+    from nshot.data.cache import cache_dir
+
+    h = hashlib.sha256(json.dumps([source, cands], sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "keystone" / f"items-{h}.json"
+
+
+def build_evaluator(model, tok, source: str, cfg: KeystoneConfig) -> tuple[Evaluator, dict]:
+    """The capability evaluator of ``source`` (natural suite: filtered by the base model, the
+    filtered items cached under ``NSHOT_CACHE/keystone``)."""
+    ppl = ppl_texts(cfg.ppl_texts)
+
+    def factory(items: dict) -> Evaluator:
+        return Evaluator(tok, items, ppl, ppl_tokens=cfg.ppl_tokens, batch_size=cfg.eval_batch)
+
+    if cfg.suite(source) == "tiny":
+        items = tiny_items(cfg.eval_items)
+        info = {k: {"items": float(len(v))} for k, v in items.items()}
+        return factory(items), info
+    cands = natural_candidates(cfg.eval_candidates, seed=0)
+    path = _items_cache_path(source, cands)
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        kept = {k: [tuple(x) for x in v] for k, v in stored["kept"].items()}
+        info = stored["info"]
+    else:
+        kept, info = filter_items(
+            lambda it: Evaluator(tok, it, batch_size=cfg.eval_batch), model, cands, 10_000
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"kept": kept, "info": info}))
+    kept = {k: v[: cfg.eval_items] for k, v in kept.items()}
+    for k in info:
+        info[k]["kept"] = float(len(kept[k]))
+    empty = [k for k, v in kept.items() if not v]
+    if empty:
+        from nshot.method import NshotError
+
+        raise NshotError(
+            f"model {source!r} answers none of the {', '.join(empty)} candidates: nothing to "
+            "measure a collapse on"
+        )
+    return factory(kept), info

@@ -1,4 +1,4 @@
-"""Neurons of a decoder LM and the forward hooks that read or change them (spec §2, §9).
+"""Neurons of a decoder LM and the forward hooks that read or change them.
 
 A *neuron* is output channel ``j`` of a linear module ``m`` of decoder layer ``ℓ``; its activation
 on a token is ``(W_{ℓ,m} h + b)_j``. The modules are named ``q, k, v, o`` (attention projections,

@@ -1,5 +1,5 @@
 """Keystone probing: Stage 1 (multi-prompt activation probe), Stage 2 (masking frontier), the
-masking controls, the calibration probe and the stability probe (spec §2).
+masking controls, the calibration probe and the stability probe.
 
 Stage 1 greedy-generates ``probe_tokens`` tokens for each of the K = 4 prompts of a prompt group
 (one per capability) in one left-padded batch, with :class:`~.neurons.NeuronHooks` recording
@@ -437,3 +437,20 @@ def run_probe(
     timings["total_s"] = time.time() - t0
     res.timings = timings
     return res
+
+
+def probe_model(source: str, cfg, log: Callable[[str], None] | None = None, **kwargs: Any):
+    """Load ``source``, build its evaluator and run :func:`run_probe`:
+    ``(model, tok, space, evaluator, result)``."""
+    from .evaluation import build_evaluator
+    from .model import load_model
+    from .model import log as default_log
+
+    log = log or default_log
+    model, tok = load_model(source, cfg)
+    space = NeuronSpace(model, cfg.modules)
+    log(f"{source}: {space.describe()}")
+    ev, info = build_evaluator(model, tok, source, cfg)
+    res = run_probe(model, tok, space, ev, cfg, log=log, **kwargs)
+    res.items = info
+    return model, tok, space, ev, res

@@ -1,5 +1,5 @@
 """Keystone predictor: greedy generation from the base or keystone-SFT model, with optional
-interventions on the keystone neurons (spec §8).
+interventions on the keystone neurons.
 
 The model is loaded on the checkpoint config's ``device`` (default ``auto``) unless
 ``from_checkpoint`` is given another; the Δ rows, masks and token ids follow the model's device.

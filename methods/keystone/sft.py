@@ -1,9 +1,9 @@
-"""Keystone-only SFT and its baselines: full fine-tuning and random-rows SFT (spec §2, §5).
+"""Keystone-only SFT and its baselines: full fine-tuning and random-rows SFT.
 
 Keystone SFT trains only the incoming rows ``W[j, :]`` of the keystone neurons, as a row-sparse
 :class:`~.neurons.DeltaRows` added by forward hooks (``out[..., idx] += x @ Δᵀ``); the base
 weights are frozen and only Δ is handed to the optimiser, so weight decay, Adam state and ZeRO
-partitioning touch nothing else. (The ``row+col`` variant of the spec is not implemented.)
+partitioning touch nothing else. (The ``row+col`` variant, which also trains the consuming columns, is not implemented.)
 Every variant trains through the platform's DeepSpeed helper
 (:func:`nshot.train.deepspeed.build_engine`), fp32 on CPU. The loss is token cross-entropy on
 the response tokens only (answer + EOS); the vocabulary projection is applied to those positions

@@ -1,4 +1,4 @@
-"""ZeroUnlearn: few-shot LLM unlearning as knowledge re-mapping (spec: shared/methods/zerounlearn.md)."""
+"""ZeroUnlearn: few-shot LLM unlearning as knowledge re-mapping."""
 
 from .method import ZeroUnlearnMethod
 

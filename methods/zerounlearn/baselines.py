@@ -1,8 +1,8 @@
-"""Baselines of spec §5 on the same model and facts: gradient ascent and fine-tuning to neutral.
+"""Baselines on the same model and facts: gradient ascent and fine-tuning to neutral.
 
-Step counts and learning rates are the spec's reconstruction: GA 10 Adam steps at lr 1e-4 on all
-weights; FT 25 Adam steps at lr 1e-4 on all weights of the edited layers (the spec leaves FT's lr
-open; 1e-4 is GA's). Both modify the model in place; the caller restores it.
+Step counts and learning rates are reconstructions (the paper does not state them): GA 10 Adam steps at lr 1e-4 on all
+weights; FT 25 Adam steps at lr 1e-4 on all weights of the edited layers (FT's lr is not
+stated; 1e-4 is GA's). Both modify the model in place; the caller restores it.
 """
 
 from __future__ import annotations

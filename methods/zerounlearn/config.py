@@ -1,6 +1,6 @@
-"""ZeroUnlearn configuration and presets (spec: shared/methods/zerounlearn.md, section 3).
+"""ZeroUnlearn configuration and presets (the paper's settings scaled to a small model).
 
-``small`` runs on the real SmolLM2-135M-Instruct (the spec's preset decision); ``smoke`` on the
+``small`` runs on the real SmolLM2-135M-Instruct (a real pretrained model that knows real facts); ``smoke`` on the
 tiny Llama nshot trains itself (``tiny-smoke``); ``paper`` on a Hugging Face model given by path
 or hub name (with ``allow_download``).
 """

@@ -1,4 +1,4 @@
-"""ZeroUnlearn's edit (spec: shared/methods/zerounlearn.md, section 2), model-agnostic.
+"""ZeroUnlearn's edit (the paper's closed-form re-mapping and its GD variant), model-agnostic.
 
 Works on any Hugging Face decoder whose blocks expose ``mlp.down_proj`` (Llama, Qwen, Mistral,
 ...). The pieces, in the order the edit uses them:
@@ -107,7 +107,7 @@ def answer_ids(tok: Any, prompt: str, answer: str) -> list[int]:
 
 
 def neutral_id(tok: Any) -> int:
-    """The neutral target: the tokenizer's EOS token (spec §9)."""
+    """The neutral target: the tokenizer's EOS token (a literal ``<|endoftext|>`` is several pieces on some tokenizers)."""
     if tok.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token to use as the neutral target")
     return int(tok.eos_token_id)
@@ -466,12 +466,12 @@ class KeyStats:
 
     @property
     def kkt(self) -> torch.Tensor:
-        """E[k kᵀ] (uncentred): the spec's KKT_w."""
+        """E[k kᵀ] (uncentred): the paper's KKT_w."""
         return self.kk_sum / self.n
 
     def vkt(self, W: torch.Tensor, consistent: bool = False) -> torch.Tensor:
         """VKT_w for down_proj weight ``W`` (d×m): the centred cross-covariance with 1/(n−1)
-        as in the authors' code, or ``W · KKT_w`` when ``consistent`` (spec §9)."""
+        as in the authors' code, or ``W · KKT_w`` when ``consistent`` (since v = W k)."""
         W = W.double()
         if consistent:
             return W @ self.kkt

@@ -1,4 +1,4 @@
-"""ZeroUnlearn's metrics (spec §6): Eff, Gen, Spe, PPL and the neutral rate.
+"""ZeroUnlearn's metrics: Eff, Gen, Spe, PPL and the neutral rate.
 
 Every metric is teacher-forced and batched: a prompt counts as "known" when its answer's tokens
 are the argmax at every answer position. The LM head runs only at the positions that are scored.

@@ -13,6 +13,7 @@ import torch
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
+from .claims import CLAIMS
 from .config import ZeroUnlearnConfig
 from .serve import ZeroUnlearnPredictor
 
@@ -55,6 +56,7 @@ class ZeroUnlearnMethod(Method):
     area = "few-shot LLM unlearning (model editing)"
     version = "1"
     Config = ZeroUnlearnConfig
+    claims = CLAIMS
 
     def data(self, cfg: ZeroUnlearnConfig) -> dict[str, pa.Table]:
         """Candidate facts (before the per-model filter) and the general text splits."""
@@ -108,7 +110,7 @@ class ZeroUnlearnMethod(Method):
         return ZeroUnlearnPredictor.from_checkpoint(checkpoint)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: ZeroUnlearnConfig) -> dict[str, float]:
-        """The metrics of spec §6 for the checkpoint's edited model on its own facts."""
+        """Eff, Gen, Spe, PPL and the neutral rate of the checkpoint's edited model on its own facts."""
         from nshot.data.lmtext import general_text
 
         from .edit import EditRequest, load_edited_weights, model_fingerprint
@@ -152,36 +154,45 @@ class ZeroUnlearnMethod(Method):
             outs = ray.get([task.remote(cfg, s, str(workdir)) for s in seeds])
         else:
             outs = [_run_seed(cfg, s, str(workdir)) for s in seeds]
-        from .pipeline import SYSTEMS
+        return results_table(cfg, outs, runtime_s=time.time() - t0, method=self.name)
 
-        rows: dict[str, dict[str, float | None]] = {}
-        stds: dict[str, dict[str, float | None]] = {}
-        for system in SYSTEMS:
-            rows[system], stds[system] = {}, {}
-            for metric in METRICS:
-                vals = np.array([o["metrics"][system][metric] for o in outs], dtype=float)
-                rows[system][metric] = float(vals.mean())
-                stds[system][metric] = float(vals.std(ddof=1)) if len(vals) > 1 else None
-        return ResultsTable(
-            method=self.name,
-            preset=cfg.preset,
-            seeds=len(seeds),
-            metrics=METRICS,
-            rows=rows,
-            stds=stds,
-            runtime_s=time.time() - t0,
-            notes=_notes(cfg, rows, outs),
-            extra={
-                "per_seed": [
-                    {"seed": o["seed"], "metrics": o["metrics"], "timings": o["timings"]}
-                    for o in outs
-                ],
-                "diagnostics": [_jsonable(o["diagnostics"]) for o in outs],
-                "setup": [o["setup"] for o in outs],
-                "checkpoints": {f"zerounlearn-seed{o['seed']}": o["checkpoint"] for o in outs},
-                "checks": _checks(rows),
-            },
-        )
+
+def results_table(
+    cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]], *, runtime_s: float, method: str
+) -> ResultsTable:
+    """Means and stds over seeds of every system's metrics; the per-seed values are kept as the
+    claims' paired samples (``samples[system][metric]``, in seed order) and in ``per_seed``."""
+    from .pipeline import SYSTEMS
+
+    rows: dict[str, dict[str, float | None]] = {}
+    stds: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, dict[str, list[float | None]]] = {}
+    for system in SYSTEMS:
+        rows[system], stds[system], samples[system] = {}, {}, {}
+        for metric in METRICS:
+            vals = np.array([o["metrics"][system][metric] for o in outs], dtype=float)
+            rows[system][metric] = float(vals.mean())
+            stds[system][metric] = float(vals.std(ddof=1)) if len(vals) > 1 else None
+            samples[system][metric] = [float(v) for v in vals]
+    return ResultsTable(
+        method=method,
+        preset=cfg.preset,
+        seeds=len(outs),
+        metrics=METRICS,
+        rows=rows,
+        stds=stds,
+        runtime_s=runtime_s,
+        notes=_notes(cfg, outs),
+        extra={
+            "per_seed": [
+                {"seed": o["seed"], "metrics": o["metrics"], "timings": o["timings"]} for o in outs
+            ],
+            "diagnostics": [_jsonable(o["diagnostics"]) for o in outs],
+            "setup": [o["setup"] for o in outs],
+            "checkpoints": {f"zerounlearn-seed{o['seed']}": o["checkpoint"] for o in outs},
+        },
+        samples=samples,
+    )
 
 
 def _seed_task_resources(cfg: ZeroUnlearnConfig) -> dict[str, float]:
@@ -238,23 +249,7 @@ def _run_seed(cfg: ZeroUnlearnConfig, seed: int, workdir: str) -> dict[str, Any]
     }
 
 
-def _checks(rows: dict[str, dict[str, float | None]]) -> dict[str, bool]:
-    """The issue's done-when, evaluated on the means (reported, never enforced)."""
-    b, z, ga, wo = rows["base"], rows["zerounlearn"], rows["gradient_ascent"], rows["wo_op"]
-    return {
-        "base_eff_ge_90": b["eff"] >= 90,
-        "zerounlearn_eff_le_10": z["eff"] <= 10,
-        "zerounlearn_spe_within_10_points": z["spe"] >= b["spe"] - 10,
-        "zerounlearn_ppl_rise_le_20pct": z["ppl"] <= 1.2 * b["ppl"],
-        "ga_worse_spe_or_ppl_when_eff_comparable": (
-            ga["eff"] > z["eff"] + 10 or ga["spe"] < z["spe"] or ga["ppl"] > z["ppl"]
-        ),
-        "wo_op_forgets_less": wo["eff"] > z["eff"],
-        "wo_ut_ppl_ge_zerounlearn": rows["wo_ut"]["ppl"] >= z["ppl"],
-    }
-
-
-def _notes(cfg: ZeroUnlearnConfig, rows: dict, outs: list[dict[str, Any]]) -> list[str]:
+def _notes(cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]]) -> list[str]:
     s0 = outs[0]["setup"]
     notes = [
         f"model {cfg.model}; edited layers {cfg.edit_layers}, v_loss_layer {cfg.v_loss_layer}; "
@@ -271,6 +266,4 @@ def _notes(cfg: ZeroUnlearnConfig, rows: dict, outs: list[dict[str, Any]]) -> li
         f"{cfg.context_templates} sampled context templates + the bare one; neutral target "
         f"{s0['neutral_target']!r}.",
     ]
-    checks = _checks(rows)
-    notes.append("checks: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in checks.items()))
     return notes

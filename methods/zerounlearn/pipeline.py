@@ -81,7 +81,7 @@ def load_model(cfg: ZeroUnlearnConfig, device: str | None = None) -> tuple[Any, 
     if cfg.n_forget > d // 4:
         raise ConfigError(
             f"ZeroUnlearnConfig: field 'n_forget': {cfg.n_forget} facts exceed d/4 = {d // 4} "
-            f"(hidden size {d}): the soft projector would shrink most of the space (spec §9)"
+            f"(hidden size {d}): the soft projector would shrink most of the space"
         )
     return model, tok
 

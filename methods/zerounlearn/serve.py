@@ -1,4 +1,4 @@
-"""ZeroUnlearn's predictor: greedy generation from the edited model (spec §8).
+"""ZeroUnlearn's predictor: greedy generation from the edited model.
 
 The checkpoint holds only the edited down_proj weights; the base model is loaded from the
 recorded source and checked against the recorded fingerprint before the weights are applied.

@@ -1,0 +1,72 @@
+"""``nshot train keystone``: probe a model for K* and, optionally, fine-tune its keystone rows."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .config import KeystoneConfig
+from .evaluation import Evaluator
+from .model import checkpoint_state, log
+from .probe import probe_model
+
+
+def train_loop(cfg: KeystoneConfig) -> None:
+    """Probe ``cfg.model`` (Stages 1–2) and checkpoint K*; with ``train_sft`` also fine-tune the
+    keystone rows on the new task and checkpoint the Δ rows (safetensors) with K* (JSON)."""
+    from nshot.train import session
+
+    t0 = time.time()
+    model, tok, space, ev, res = probe_model(
+        cfg.model, cfg, controls=False, calibration=False, stability=False
+    )
+    gids = [space.gid(k["layer"], k["module"], k["index"]) for k in res.keystones]
+    metrics = {
+        "n_keystones": float(len(gids)),
+        "collapsed": float(res.collapsed),
+        "acc_base": res.base["acc"],
+        "ppl_base": res.base["ppl"],
+        "acc_keystone_off": res.curve[-1]["acc"] if res.curve else res.base["acc"],
+        "ppl_keystone_off": res.curve[-1]["ppl"] if res.curve else res.base["ppl"],
+    }
+    delta = None
+    extra: dict[str, Any] = {
+        "model_source": cfg.model,
+        "space": space.describe(),
+        "keystones": res.keystones,
+        "collapsed": res.collapsed,
+        "curve": res.curve,
+        "base": res.base,
+    }
+    if cfg.train_sft and gids:
+        from nshot.data.lmtext import tiny_sft_task
+
+        from .sft import DeltaModel, train
+
+        dm = DeltaModel(model, space, gids)
+        hist = train(
+            dm,
+            list(dm.delta.parameters()),
+            tok,
+            tiny_sft_task("train"),
+            steps=cfg.sft_steps,
+            batch=cfg.sft_batch,
+            lr=cfg.sft_lr_keystone,
+            seed=cfg.seed,
+            deepspeed_opts=cfg.deepspeed,
+            log=log,
+        )
+        target = Evaluator(tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
+        metrics["acc_target"] = target(model, ppl=False)["acc"]
+        metrics["trainable_params"] = float(dm.delta.n_params)
+        extra["sft"] = hist["history"]
+        delta = dm.delta
+        dm.remove_hooks()
+    metrics["wall_s"] = time.time() - t0
+    session.report(
+        metrics,
+        step=1,
+        model=checkpoint_state(space, gids, delta),
+        extra=extra,
+        checkpoint=True,
+    )
