@@ -1,0 +1,189 @@
+"""One experiment runner for every method's ``experiments()``.
+
+A reproduction is a grid of jobs — (system, seed), or (system, seed, setting) — each a plain
+function run as a Ray task with the resources it declares. :func:`run_jobs` submits them to the
+local Ray (or the cluster at ``RAY_ADDRESS``), shows one progress bar, and gathers the results
+by key; :func:`aggregate` turns per-job metric dicts into the mean ± spread per system that a
+:class:`~nshot.method.ResultsTable` holds, keeping the per-seed values for the claims' paired
+tests::
+
+    jobs = [Job((system, seed), run_one, (cfg.model_dump(), system, seed))
+            for system, seed in grid(SYSTEMS, range(cfg.seeds))]
+    results = run_jobs(jobs, description="caos small")
+    rows, stds, samples = aggregate(results)
+    return ResultsTable(method="caos", preset=cfg.preset, seeds=cfg.seeds, metrics=METRICS,
+                        rows=rows, stds=stds, samples=samples)
+
+A job that fails stops the run with an :class:`~nshot.errors.NshotError` naming its key and the
+error (the other jobs are cancelled).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nshot.errors import NshotError
+
+Key = tuple[Hashable, ...]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One task of the grid: ``fn(*args, **kwargs)`` under ``key`` with its resources."""
+
+    key: Key
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    memory: int | None = None  # bytes of RAM Ray reserves for the task
+
+
+def grid(*axes: Iterable[Hashable]) -> list[Key]:
+    """Every combination of the axes, in order: ``grid(systems, seeds[, settings])``."""
+    return [tuple(k) for k in itertools.product(*axes)]
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    *,
+    description: str = "experiments",
+    progress: bool = True,
+    max_retries: int = 0,
+) -> dict[Key, Any]:
+    """Run ``jobs`` as Ray tasks and return ``{key: result}`` in the jobs' order.
+
+    One progress bar (on stderr) counts finished jobs; ``progress=False`` turns it off."""
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    keys = [j.key for j in jobs]
+    if len(set(keys)) != len(keys):
+        raise NshotError(f"{description}: two jobs share a key")
+    if not jobs:
+        return {}
+    ensure_ray()
+    remotes: dict[Callable[..., Any], Any] = {}
+    refs: dict[Any, Key] = {}
+    for job in jobs:
+        remote = remotes.setdefault(job.fn, ray.remote(job.fn))
+        options: dict[str, Any] = {
+            "num_cpus": job.num_cpus,
+            "num_gpus": job.num_gpus,
+            "max_retries": max_retries,
+        }
+        if job.memory is not None:
+            options["memory"] = job.memory
+        refs[remote.options(**options).remote(*job.args, **job.kwargs)] = job.key
+    done: dict[Key, Any] = {}
+    pending = list(refs)
+    bar = _Progress(description, len(jobs)) if progress else None
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ref = ready[0]
+            try:
+                done[refs[ref]] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - name the job, then stop the rest
+                for other in pending:
+                    ray.cancel(other, force=True)
+                cause = getattr(err, "cause", None) or err
+                raise NshotError(
+                    f"{description}: job {refs[ref]} failed: {type(cause).__name__}: {cause}"
+                ) from None
+            if bar is not None:
+                bar.advance(refs[ref])
+    finally:
+        if bar is not None:
+            bar.close()
+    return {k: done[k] for k in keys}
+
+
+class _Progress:
+    """One rich progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, description: str, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = Console(file=sys.stderr)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[last]}"),
+            console=self.console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total, last="")
+        self.progress.start()
+
+    def advance(self, key: Key) -> None:
+        self.progress.update(self.task, advance=1, last=f"done: {'/'.join(map(str, key))}")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def aggregate(
+    results: dict[Key, dict[str, float | None]],
+    *,
+    spread: str = "std",
+) -> tuple[
+    dict[str, dict[str, float | None]],
+    dict[str, dict[str, float | None]],
+    dict[str, dict[str, list[float | None]]],
+]:
+    """``(rows, stds, samples)`` from per-job metric dicts keyed ``(system, seed, ...)``.
+
+    ``rows[system][metric]`` is the mean over the system's jobs (``None`` when any job gave no
+    value), ``stds`` the spread: ``"std"`` (population standard deviation, as numpy's
+    default) or ``"ci95"`` (1.96 standard errors, for per-episode results), and
+    ``samples[system][metric]`` the values in key order (seeds paired by position across
+    systems)."""
+    if spread not in ("std", "ci95"):
+        raise ValueError("spread must be 'std' or 'ci95'")
+    per: dict[str, dict[str, list[float | None]]] = {}
+    for key in results:  # job order: for a grid, every system's seeds in the same order
+        system = str(key[0])
+        for metric, value in results[key].items():
+            per.setdefault(system, {}).setdefault(metric, []).append(
+                None if value is None else float(value)
+            )
+    rows: dict[str, dict[str, float | None]] = {}
+    stds: dict[str, dict[str, float | None]] = {}
+    order = list(dict.fromkeys(str(k[0]) for k in results))
+    for system in order:
+        rows[system], stds[system] = {}, {}
+        for metric, vals in per[system].items():
+            if any(v is None or math.isnan(v) for v in vals):
+                rows[system][metric] = stds[system][metric] = None
+                continue
+            n = len(vals)
+            mean = sum(vals) / n  # type: ignore[arg-type]
+            var = sum((v - mean) ** 2 for v in vals) / n  # type: ignore[operator]
+            sd = math.sqrt(var)
+            rows[system][metric] = mean
+            if spread == "std":
+                stds[system][metric] = sd
+            else:
+                sample_sd = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
+                stds[system][metric] = 1.96 * sample_sd / math.sqrt(n)
+    samples = {s: per[s] for s in order}
+    return rows, stds, samples

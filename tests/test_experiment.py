@@ -1,0 +1,74 @@
+"""The one experiment runner: a grid of Ray tasks, gathered and aggregated."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nshot.errors import NshotError
+from nshot.experiment import Job, aggregate, grid, run_jobs
+from nshot.method import ResultsTable
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(autouse=True)
+def _by_value():
+    """Ray pickles a function by reference to its module; this test module is not importable
+    on the workers, so its functions travel by value (a method's live in its package)."""
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _score(system: str, seed: int, offset: float = 0.0) -> dict[str, float]:
+    import os
+
+    base = {"a": 1.0, "b": 2.0}[system]
+    return {"acc": base + seed + offset, "pid": float(os.getpid())}
+
+
+def _boom(system: str, seed: int) -> dict[str, float]:
+    if seed == 1:
+        raise ValueError("diverged")
+    return {"acc": 1.0}
+
+
+def test_grid_runs_as_ray_tasks_and_aggregates_per_system(ray_session, capsys):
+    keys = grid(["a", "b"], [0, 1, 2])
+    assert keys[:2] == [("a", 0), ("a", 1)] and len(keys) == 6
+    jobs = [Job(k, _score, k, {"offset": 0.5}, num_cpus=0.5) for k in keys]
+    results = run_jobs(jobs, description="toy")
+    assert list(results) == keys
+    assert results[("b", 2)]["acc"] == 4.5
+    assert all(r["pid"] != float(__import__("os").getpid()) for r in results.values())  # tasks
+    assert "toy" in capsys.readouterr().err  # the progress bar
+    rows, stds, samples = aggregate({k: {"acc": v["acc"]} for k, v in results.items()})
+    assert rows["a"]["acc"] == pytest.approx(2.5) and rows["b"]["acc"] == pytest.approx(3.5)
+    assert stds["a"]["acc"] == pytest.approx(math.sqrt(2 / 3))
+    assert samples["a"]["acc"] == [1.5, 2.5, 3.5]  # seed order, paired across systems
+    table = ResultsTable("toy", "smoke", 3, {"acc": True}, rows, stds, samples=samples)
+    assert table.to_json()["samples"]["b"]["acc"] == [2.5, 3.5, 4.5]
+
+
+def test_a_failed_job_is_named(ray_session):
+    with pytest.raises(NshotError, match=r"job \('a', 1\) failed: ValueError: diverged"):
+        run_jobs([Job(k, _boom, k) for k in grid(["a"], [0, 1, 2])], progress=False)
+    with pytest.raises(NshotError, match="share a key"):
+        run_jobs([Job(("a", 0), _boom), Job(("a", 0), _boom)], progress=False)
+
+
+def test_aggregate_ci95_and_missing_values():
+    res = {("s", 0): {"m": 1.0, "x": None}, ("s", 1): {"m": 3.0, "x": 1.0}}
+    rows, stds, samples = aggregate(res, spread="ci95")
+    assert rows["s"]["m"] == 2.0
+    assert stds["s"]["m"] == pytest.approx(1.96 * math.sqrt(2.0) / math.sqrt(2))
+    assert rows["s"]["x"] is None and stds["s"]["x"] is None  # a job without a value: no mean
+    assert samples["s"]["x"] == [None, 1.0]
+    with pytest.raises(ValueError):
+        aggregate(res, spread="iqr")
