@@ -128,11 +128,19 @@ def test_classification_coverage_is_valid_with_a_fixed_seed_budget():
 def test_wrapper_refuses_a_predictor_without_embeddings(untrained_tail_checkpoint):
     from nshot.serve.conformal import ConformalPredictor
 
-    class Plain:
-        Request = Response = object
+    from pydantic import BaseModel
 
+    from nshot.method import Predictor
+
+    class Plain(Predictor):  # a predictor that is not a few-shot classifier
+        Request = Response = BaseModel
+
+        def __call__(self, request):
+            return request
+
+    assert not Plain.has_one_shot_embeddings()
     with pytest.raises(NshotError, match="one-shot embeddings"):
-        ConformalPredictor(Plain(), "caos", 0.1)  # type: ignore[arg-type]
+        ConformalPredictor(Plain(), "caos", 0.1)
     from nshot.methods.tail.serve import TailPredictor
     from nshot.train.checkpoint import load_checkpoint
 

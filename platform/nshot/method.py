@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from nshot.claims import Claim
+    from nshot.serve.conformal import OneShotEpisode
     from nshot.train.checkpoint import LoadedCheckpoint
     from nshot.train.limits import ModelBudget
+    from nshot.tune.space import TuneSpec
 
 ENTRY_POINT_GROUP = "nshot.methods"
 PRESETS = ("smoke", "small", "paper")
@@ -70,6 +72,9 @@ class MethodConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    # the fields `nshot tune` sweeps by default, with the objective and curve metrics
+    # (nshot.tune.TuneSpec); None: the method declares no search space (pass --space)
+    TUNE: ClassVar[TuneSpec | None] = None
     # Fields an evaluation may override (``nshot eval --set``); every other field is fixed by
     # the checkpoint, since it shapes the model's weights. Subclasses add their evaluation
     # knobs by union: ``EVAL_FIELDS = MethodConfig.EVAL_FIELDS | {"eval_episodes"}``.
@@ -147,6 +152,21 @@ class Predictor(ABC, Generic[RequestT, ResponseT]):
 
     def metadata(self) -> dict[str, Any]:
         return {}
+
+    def example_request(self) -> dict[str, Any] | None:
+        """A JSON body this predictor answers, as a user would send it to ``/predict``: the
+        example of the docs and of the conformance test. None: the method publishes none."""
+        return None
+
+    def one_shot_embeddings(self, request: RequestT, kind: str | None = None) -> OneShotEpisode:
+        """Frozen per-row features of a few-shot classification request, for prediction sets
+        around the classifier (``nshot serve --conformal caos``; see
+        :mod:`nshot.serve.conformal`). Only few-shot classifiers implement it."""
+        raise NotImplementedError(f"{type(self).__name__} gives no one-shot embeddings")
+
+    @classmethod
+    def has_one_shot_embeddings(cls) -> bool:
+        return cls.one_shot_embeddings is not Predictor.one_shot_embeddings
 
 
 @dataclass

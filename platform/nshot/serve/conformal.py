@@ -54,7 +54,7 @@ class ConformalPredictor(Predictor):
             raise NshotError(f"--alpha: must lie in (0, 1), got {alpha}")
         if k < 1:
             raise NshotError(f"--conformal-k: must be at least 1, got {k}")
-        if not callable(getattr(inner, "one_shot_embeddings", None)):
+        if not inner.has_one_shot_embeddings():
             raise NshotError(
                 f"--conformal {method}: {type(inner).__name__} does not expose one-shot "
                 "embeddings (one_shot_embeddings); conformal sets need a few-shot classifier "
@@ -89,7 +89,7 @@ class ConformalPredictor(Predictor):
         }
 
     def _sets(self, request: BaseModel) -> dict[str, Any]:
-        ep: OneShotEpisode = self.inner.one_shot_embeddings(request)  # type: ignore[attr-defined]
+        ep: OneShotEpisode = self.inner.one_shot_embeddings(request)
         alpha = getattr(request, "conformal_alpha", None) or self.alpha
         n = len(ep.support_labels)
         if n < self.k + 1:

@@ -66,7 +66,7 @@ class TuneResult:
 
 
 def tune_spec(cfg: MethodConfig, method_name: str) -> TuneSpec:
-    spec = getattr(type(cfg), "TUNE", None)
+    spec = type(cfg).TUNE
     if spec is None:
         raise NshotError(
             f"method {method_name!r} declares no search space (TuneSpec); pass one with --space"
@@ -138,7 +138,7 @@ def tune(
     method = get(method_name)
     if not isinstance(cfg, method.Config):
         raise NshotError(f"config for {method_name!r} must be a {method.Config.__name__}")
-    spec = getattr(type(cfg), "TUNE", None)
+    spec = type(cfg).TUNE
     if space is None:
         space = tune_spec(cfg, method_name).search_space()
         metric, mode, curve = spec.metric, spec.mode, spec.curve
