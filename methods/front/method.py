@@ -22,6 +22,7 @@ from nshot.train.limits import (
     transformer_activation_bytes,
 )
 
+from .claims import CLAIMS
 from .config import FrontConfig
 from .data import load_split
 from .train import (
@@ -150,6 +151,7 @@ class FrontMethod(Method):
     area = "weight transfer / model initialisation"
     version = VERSION
     Config = FrontConfig
+    claims = CLAIMS
 
     def data(self, cfg: FrontConfig) -> dict[str, pa.Table]:
         from .data import data_tables
