@@ -205,6 +205,59 @@ def test_reference_solvers_express_the_variants():
         assert rep.cost <= nn + 1e-9
 
 
+# --------------------------------------------------------------------------- claims
+
+
+def _cell(variant, n, split, **costs):
+    return {"variant": variant, "n": n, "split": split, "reference": "pyvrp",
+            **{s: None if c is None else {"cost": c, "gap_pct": 100 * (c - 10) / 10,
+                                           "feasible_pct": 100.0}
+               for s, c in costs.items()}}  # fmt: skip
+
+
+def test_claim_numbers_from_the_per_variant_table():
+    from nshot.methods.urs.experiments import cells_lost, gap_by_size
+
+    pv = [
+        _cell("CVRP", 20, "seen", urs=11.0, nearest_neighbour=12.0, savings=10.5),
+        _cell("CVRP", 50, "seen", urs=12.0, nearest_neighbour=12.0, savings=None),
+        _cell("OVRPTW", 20, "unseen", urs=11.5, nearest_neighbour=13.0, savings=12.0),
+    ]
+    by = gap_by_size(pv, "urs", [20, 50, 100])
+    assert by == {"seen": {"20": pytest.approx(10.0), "50": pytest.approx(20.0)},
+                  "unseen": {"20": pytest.approx(15.0)}}  # fmt: skip
+    assert cells_lost(pv, "urs", ["nearest_neighbour", "savings"]) == {
+        "nearest_neighbour": 1,  # a tie is not a win
+        "savings": 1,  # the multi-depot-style cell without savings is not counted
+    }
+
+
+def test_claims_on_the_committed_small_results():
+    """The claims read the committed small results; those that need numbers the small run did
+    not record (the seen gap at the training size, per-cell wins) are n/a, never true."""
+    import json
+    from pathlib import Path
+
+    from nshot.reproduce import with_claims
+
+    path = Path(__file__).parents[1] / "methods" / "urs" / "results" / "small.json"
+    data = json.loads(path.read_text())
+    holds = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    assert list(holds) == [c.id for c in get("urs").claims]
+    assert holds["feasible_everywhere"] and holds["zero_shot_gap"]
+    assert holds["seen_gap_le_8pct_at_train_size"] is None
+    assert holds["beats_nearest_neighbour_everywhere"] is None
+    data["rows"]["urs_no_mbm"]["gap_pct_unseen"] = data["rows"]["urs"]["gap_pct_unseen"] + 0.4
+    data["extra"]["cells_lost_by_urs"] = {"nearest_neighbour": 2}
+    data["extra"]["gap_pct_by_size"] = {"seen": {"20": 7.5}}
+    again = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    assert again["ablation_mbm"] is False
+    assert again["beats_nearest_neighbour_everywhere"] is False
+    assert again["seen_gap_le_8pct_at_train_size"] is True
+    smoke = {c["id"]: c["holds"] for c in with_claims({**data, "preset": "smoke"})["claims"]}
+    assert smoke["feasible_everywhere"] is True and smoke["zero_shot_gap"] is None
+
+
 # --------------------------------------------------------------------------- Ray Train + serving
 
 

@@ -13,6 +13,7 @@ from nshot.method import Method, NshotError, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, meta_counts, transformer_activation_bytes
 
+from .claims import CLAIMS
 from .config import URSConfig
 from .model import URSNet
 from .representation import Instances, test_set
@@ -68,6 +69,7 @@ class URSMethod(Method):
     area = "zero-shot neural combinatorial optimisation (vehicle routing)"
     version = "1"
     Config = URSConfig
+    claims = CLAIMS
 
     def data(self, cfg: URSConfig) -> dict[str, pa.Table]:
         """Test splits: ``seen`` (training variants) and ``unseen`` (zero-shot), all sizes.
