@@ -20,6 +20,7 @@ from nshot.train.limits import (
     transformer_activation_bytes,
 )
 
+from .claims import CLAIMS
 from .config import AuxBOConfig
 from .model import (
     TNP,
@@ -264,6 +265,7 @@ class AuxBOMethod(Method):
     area = "few-shot Bayesian optimisation / hyperparameter tuning"
     version = "1"
     Config = AuxBOConfig
+    claims = CLAIMS
 
     def data(self, cfg: AuxBOConfig) -> dict[str, pa.Table]:
         from .tasks import tasks_to_table
