@@ -1,4 +1,4 @@
-"""The caos method: data, trial protocol, experiments (smoke gates), bank checkpoint, predictor."""
+"""The caos method: data, trial protocol, experiments (smoke claims), bank checkpoint, predictor."""
 
 from __future__ import annotations
 
@@ -38,12 +38,14 @@ def test_digits_landmark_substitute():
     assert np.allclose(F[0, landmarks[0]], center, atol=1e-6)
 
 
-def test_smoke_trials_keep_the_gated_checks():
-    """(e) smoke keeps checks 1 (margin 0.05), 3 and 4, computed in-process on its trials."""
+def test_smoke_trials_keep_the_smoke_claims():
+    """On smoke's trials the smoke claims hold: validity with margin 0.05, split conformal
+    trivial at alpha = 0.05 beside small CAOS sets, and the negative control."""
+    from nshot.claims import evaluate
     from nshot.methods.caos.core import SYSTEMS, run_trials
-    from nshot.methods.caos.experiments import gate
 
-    cfg = get("caos").config("smoke")
+    caos = get("caos")
+    cfg = caos.config("smoke")
     res = run_trials(cfg.model_dump(), list(range(cfg.trials)), cfg.n)
     rows = {
         name: {
@@ -53,16 +55,27 @@ def test_smoke_trials_keep_the_gated_checks():
         }
         for s, name in enumerate(SYSTEMS)
     }
-    checks = gate(rows, cfg)
+    claims = {c["id"]: c for c in evaluate(caos.claims, {"preset": "smoke", "rows": rows})}
     for name in (
-        "validity_caos_a05",
-        "validity_caos_a10",
-        "validity_caos_a20",
+        "validity_caos_smoke",
         "split_trivial_a05",
         "caos_small_a05",
         "negative_control_a10",
     ):
-        assert checks[name], (name, rows)
+        assert claims[name]["holds"] is True, (name, claims[name], rows)
+    # the thresholds set on the small protocol are not evaluated on smoke's trials
+    assert claims["efficiency_vs_agg_a10"]["holds"] is None
+    assert claims["validity_caos_a10"]["holds"] is None
+    # and on results that break them, the smoke claims fail
+    broken = {
+        **rows,
+        "caos": {**rows["caos"], "coverage_a10": 0.8},
+        "no_loo_control": {**rows["no_loo_control"], "coverage_a10": 0.9},
+    }
+    failed = {
+        c["id"]: c["holds"] for c in evaluate(caos.claims, {"preset": "smoke", "rows": broken})
+    }
+    assert failed["validity_caos_smoke"] is False and failed["negative_control_a10"] is False
     assert rows["caos"]["size_a10"] < rows["split_conformal_agg"]["size_a10"]
     assert rows["full_conformal"]["size_a10"] <= rows["caos"]["size_a10"]
 
@@ -82,6 +95,13 @@ def test_experiments_run_as_ray_tasks(ray_session, tmp_path):
     assert table.extra["classification"]["mapie_split_agreement"] == 1.0
     assert table.extra["n_sweep"]["10"]["split_conformal_agg"]["size"] == 256.0
     assert (tmp_path / "smoke-sizes.png").is_file()
+    # pass/fail is the claims' business: evaluated from the results, none kept in extra
+    assert "checks" not in table.extra
+    from nshot.reproduce import with_claims
+
+    claims = with_claims(table.to_json())["claims"]
+    assert [c["id"] for c in claims] == [c.id for c in get("caos").claims]
+    assert all(c["holds"] in (True, False, None) for c in claims)
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +182,25 @@ def test_predictor_rejects_bad_requests(bank_checkpoint):
     few = [{"image": img, "landmark": [3, 3]}] * 3
     with pytest.raises(ValueError, match=r"support: needs at least k \+ 1 = 4"):
         pred(pred.Request(images=[img], support=few))
+
+
+def test_claims_on_the_committed_small_results():
+    """Every claim stated for `small` is evaluated on the committed small results (none is
+    left null), and a claim fails when its numbers say so."""
+    import json
+    from pathlib import Path
+
+    from nshot.reproduce import with_claims
+
+    path = Path(__file__).parents[1] / "methods" / "caos" / "results" / "small.json"
+    data = json.loads(path.read_text())
+    claims = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    small = [c.id for c in get("caos").claims if "small" in (c.presets or ("small",))]
+    assert all(claims[i] is not None for i in small), claims
+    assert {i for i, v in claims.items() if v is None} == {
+        "validity_caos_smoke",
+        "validity_split_smoke",
+    }
+    data["rows"]["caos"]["size_a10"] = data["rows"]["split_conformal_agg"]["size_a10"]
+    again = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    assert again["efficiency_vs_agg_a10"] is False

@@ -1,4 +1,8 @@
-"""`nshot reproduce caos`: the trial protocol of spec §7, split across Ray tasks by trial id."""
+"""`nshot reproduce caos`: the trial protocol, split across Ray tasks by trial id.
+
+The paper's claims over these rows are declared in ``claims.py``; nothing here decides pass or
+fail.
+"""
 
 from __future__ import annotations
 
@@ -131,8 +135,6 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
             "mapie_split_agreement": float(agree.mean()) if len(agree) else None,
         }
 
-    checks = gate(rows, cfg)
-    extra["checks"] = checks
     notes = [
         f"{cfg.trials} trials × {cfg.n_test} test images on the {_pool_name(cfg)} substitute; "
         f"n = {cfg.n} labelled examples per trial, k = {cfg.k}; ± is the standard error of the "
@@ -144,7 +146,6 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
         "score; CAOS's threshold is never below it.",
         "no_loo_control keeps each row's own predictor (self-score 0) in its calibration score: "
         "a negative control for the leave-one-out indexing.",
-        "checks: " + ", ".join(f"{k}={'pass' if v else 'FAIL'}" for k, v in checks.items()),
     ]
     plot(rows, sweep, cfg, workdir / f"{cfg.preset}-sizes.png")
     return ResultsTable(
@@ -162,38 +163,6 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
 
 def _pool_name(cfg: CAOSConfig) -> str:
     return f"features file {cfg.features_path}" if cfg.features_path else "digits-landmark"
-
-
-def gate(rows: dict[str, dict[str, float | None]], cfg: CAOSConfig) -> dict[str, bool]:
-    """The spec's checks 1–4 that apply to the configured alphas (smoke: margin 0.05)."""
-    margin = 0.02 if cfg.preset != "smoke" else 0.05
-    out: dict[str, bool] = {}
-    c = rows["caos"]
-    for alpha in cfg.alphas:
-        sfx = _suffix(alpha)
-        out[f"validity_caos_{sfx}"] = c[f"coverage_{sfx}"] >= 1 - alpha - margin
-        for split in ("split_conformal_best", "split_conformal_agg"):
-            out[f"validity_{split}_{sfx}"] = rows[split][f"coverage_{sfx}"] >= 1 - alpha - margin
-    if 0.1 in cfg.alphas:
-        out["not_trivially_conservative_a10"] = c["coverage_a10"] <= 0.96
-        out["efficiency_vs_agg_a10"] = (
-            c["size_a10"] <= 0.75 * rows["split_conformal_agg"]["size_a10"]
-        )
-        out["efficiency_vs_best_a10"] = (
-            c["size_a10"] <= 0.25 * rows["split_conformal_best"]["size_a10"]
-        )
-        out["negative_control_a10"] = rows["no_loo_control"]["coverage_a10"] < 0.5
-    if 0.2 in cfg.alphas:
-        out["efficiency_vs_agg_a20"] = (
-            c["size_a20"] <= 0.8 * rows["split_conformal_agg"]["size_a20"]
-        )
-    if 0.05 in cfg.alphas and cfg.n - cfg.n // 2 == 10:
-        out["split_trivial_a05"] = all(
-            rows[s]["size_a05"] == 256 and rows[s]["coverage_a05"] == 1.0
-            for s in ("split_conformal_best", "split_conformal_agg")
-        )
-        out["caos_small_a05"] = c["size_a05"] <= 20
-    return {k: bool(v) for k, v in out.items()}
 
 
 def plot(rows: dict, sweep: dict, cfg: CAOSConfig, path: Path) -> None:

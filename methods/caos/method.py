@@ -12,6 +12,7 @@ from nshot.conformal import CAOSBank, agg_k
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 
+from .claims import CLAIMS
 from .config import CAOSConfig
 from .data import DigitsLandmarkPool, data_tables, make_pool, trial_rng
 
@@ -37,6 +38,7 @@ class CAOSMethod(Method):
     area = "one-shot conformal prediction"
     version = "1"
     Config = CAOSConfig
+    claims = CLAIMS
 
     def data(self, cfg: CAOSConfig) -> dict[str, pa.Table]:
         return data_tables(cfg)
