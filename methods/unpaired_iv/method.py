@@ -3,7 +3,7 @@
 Nothing trains: ``train_loop`` (one Ray Train worker, or in-process with ``--workers 0``)
 computes the sufficient statistics of one data set, fits SplitUP, its ℓ1 version and the
 baselines, reports the errors and the condition number of C_XX, and checkpoints β̂, Ŝ, the
-standard errors and the statistics (safetensors + JSON). ``experiments()`` runs the spec's
+standard errors and the statistics (safetensors + JSON). ``experiments()`` runs the paper's
 comparison with its replications as Ray tasks.
 """
 
@@ -19,6 +19,7 @@ import pyarrow as pa
 from nshot.method import Method, NshotError, ResultsTable, register
 
 from . import estimators as E
+from .claims import CLAIMS
 from .config import UnpairedIVConfig
 from .data import Replication, card_split, generate, load_path
 from .serve import UnpairedIVPredictor
@@ -165,6 +166,7 @@ class UnpairedIVMethod(Method):
     area = "causal inference / instrumental variables"
     version = "1"
     Config = UnpairedIVConfig
+    claims = CLAIMS
 
     def data(self, cfg: UnpairedIVConfig) -> dict[str, pa.Table]:
         """The data set ``train_loop`` fits: the X-sample, the Y-sample, and (generated or Card
