@@ -161,6 +161,9 @@ def test_nshot_claims_reevaluates_a_results_file_without_rerunning(tmp_path, cap
     assert out.strip().splitlines()[-1] == "claims: 1 of 2 hold (1 fail, 0 not evaluable)"
     assert "claims" not in json.loads(path.read_text())  # not written without --write
     assert main(["claims", str(path), "--write", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [c["holds"] for c in json.loads(captured.out)] == [True, False]  # stdout: JSON only
+    assert "claims: 1 of 2 hold" in captured.err
     written = json.loads(path.read_text())["claims"]
     assert [c["holds"] for c in written] == [True, False]
     assert "## Claims" in (tmp_path / "results.md").read_text()

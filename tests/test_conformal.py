@@ -126,11 +126,10 @@ def test_classification_coverage_is_valid_with_a_fixed_seed_budget():
 
 
 def test_wrapper_refuses_a_predictor_without_embeddings(untrained_tail_checkpoint):
-    from nshot.serve.conformal import ConformalPredictor
-
     from pydantic import BaseModel
 
     from nshot.method import Predictor
+    from nshot.serve.conformal import ConformalPredictor
 
     class Plain(Predictor):  # a predictor that is not a few-shot classifier
         Request = Response = BaseModel

@@ -260,7 +260,8 @@ def cmd_claims(args: argparse.Namespace) -> int:
         _emit(args, data["claims"])
     else:
         _console().print(to_markdown(data["claims"]), markup=False)
-    print(summary_line(data["claims"]))
+    # with --json, stdout carries only the JSON
+    print(summary_line(data["claims"]), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -1,0 +1,117 @@
+"""Conformance: every registered method keeps the Method contract.
+
+Parametrised by ``nshot.method.available()``, so a new method (built in or registered by a
+third-party package) gets these checks without writing them:
+
+* its presets validate, and its declared parts (claims, Tune spec, eval fields) are well formed;
+* ``smoke`` trains in-process, with a fault injected after the first checkpoint
+  (``fail_at_step``): the run fails, ``--resume`` continues from the last checkpoint, and the
+  final checkpoint is safetensors + JSON that reloads;
+* its predictor answers its own example request; the answer survives a JSON round trip, equals
+  the batched answer, and the HTTP app gives the same JSON.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nshot.method import PRESETS, MethodConfig, Predictor, available, get
+
+pytestmark = pytest.mark.ray
+
+METHODS = available()
+LLM = {"keystone", "zerounlearn"}  # their smoke preset reads the tiny LM nshot trains once
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_presets_and_declared_parts(name):
+    from nshot.claims import Claim
+
+    method = get(name)
+    assert set(PRESETS) <= set(method.Config.PRESETS), f"{name}: presets {PRESETS}"
+    for preset in PRESETS:
+        cfg = method.config(preset)
+        assert isinstance(cfg, MethodConfig) and cfg.preset == preset
+        assert method.Config.validated(cfg.model_dump()) == cfg  # a config round-trips
+    assert method.Config.EVAL_FIELDS <= set(method.Config.model_fields)
+    ids = [c.id for c in method.claims]
+    assert all(isinstance(c, Claim) for c in method.claims) and len(ids) == len(set(ids))
+    if method.Config.TUNE is not None:
+        assert set(method.Config.TUNE.space) <= set(method.Config.model_fields)
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, tmp_path_factory, request):
+    """name -> (first attempt's error, checkpoints after it, final checkpoint path)."""
+    return {}
+
+
+def _train_with_a_fault(name, storage, trained):
+    from nshot.train import fit
+    from nshot.train.checkpoint import find_checkpoints
+
+    if name in trained:
+        return trained[name]
+    method = get(name)
+    cfg = method.config("smoke")
+    at = cfg.checkpoint_every + 1 if cfg.checkpoint_every < cfg.steps else 1
+    faulty = cfg.replace(fail_at_step=at)
+    with pytest.raises(Exception) as err:  # noqa: PT011 - any failure of the first attempt
+        fit(name, faulty, storage=storage, name=name)
+    run = storage / name
+    before = [json.loads((c / "state.json").read_text())["step"] for c in find_checkpoints(run)]
+    # the fault fires on a first attempt only; with no checkpoint before it, the resume is one
+    res = fit(name, faulty if before else cfg, storage=storage, name=name, resume=True)
+    trained[name] = (err.value, at, before, res)
+    return trained[name]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_smoke_trains_fails_at_the_injected_step_and_resumes(
+    name, trained, tmp_path_factory, request
+):
+    from nshot.train.checkpoint import load_checkpoint
+
+    if name in LLM:
+        request.getfixturevalue("tiny_smoke_lm")
+    storage = tmp_path_factory.mktemp(f"conf-{name}")
+    err, at, before, res = _train_with_a_fault(name, storage, trained)
+    assert "injected fault" in str(err) or "fail_at_step" in str(err), f"{name}: {err!r}"
+    assert res.checkpoint is not None, f"{name}: no final checkpoint"
+    ckpt = load_checkpoint(res.checkpoint, method=name)
+    assert (ckpt.path / "model.safetensors").is_file() and (ckpt.path / "state.json").is_file()
+    if at > 1:  # a checkpoint was committed before the fault, and the resume went past it
+        assert before and max(before) < at, f"{name}: checkpoints before the fault {before}"
+        assert ckpt.step > max(before), f"{name}: resumed to step {ckpt.step} from {before}"
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_predictor_answers_its_example_over_json_batch_and_http(
+    name, trained, tmp_path_factory, request
+):
+    from fastapi.testclient import TestClient
+
+    from nshot.serve.bare import make_app
+    from nshot.train.checkpoint import load_checkpoint
+
+    if name in LLM:
+        request.getfixturevalue("tiny_smoke_lm")
+    storage = tmp_path_factory.mktemp(f"conf-{name}")
+    *_, res = _train_with_a_fault(name, storage, trained)
+    method = get(name)
+    pred = method.predictor(load_checkpoint(res.checkpoint, method=name))
+    assert isinstance(pred, Predictor)
+    example = pred.example_request()
+    assert example is not None, f"{name}: its predictor publishes no example_request()"
+    json.dumps(example)  # plain JSON, as a user sends it
+    req = pred.Request.model_validate(example)
+    answer = pred(req)
+    assert isinstance(answer, pred.Response)
+    assert type(answer).model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+    with TestClient(make_app(name, str(res.checkpoint))) as client:
+        got = client.post(f"/{name}/predict", json=example)
+    assert got.status_code == 200, got.text
+    assert got.json() == json.loads(answer.model_dump_json())
