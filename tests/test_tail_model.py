@@ -230,3 +230,27 @@ def test_views_share_pi_between_support_and_queries():
         assert len(cols) == 48 and np.array_equal(cols, np.flatnonzero(qx[i, 0]))
         # the multiset of placed values equals the input values, row by row
         assert np.array_equal(np.sort(sx[i][:, cols], axis=1), np.sort(sf[i], axis=1))
+
+
+def test_claims_read_the_comparison_and_can_fail():
+    """TAIL's claims are evaluated on the comparison's rows: each holds or fails with its
+    numbers, and none is evaluated on smoke results (50 training steps)."""
+    from nshot.claims import evaluate
+    from nshot.method import get
+
+    metrics = ("acc_seen_5w5s", "acc_unseen_modality_5w5s", "acc_20way")
+    rows = {
+        "tail": dict(zip(metrics, (0.99, 0.92, 0.90))),
+        "protohead": dict(zip(metrics, (0.98, 0.93, 0.95))),
+        "linear_probe": dict(zip(metrics, (0.98, 0.94, 0.96))),
+        "no_projection": dict(zip(metrics, (0.99, 0.80, 0.95))),
+        "fixed_label_slots": dict(zip(metrics, (0.98, 0.92, None))),
+    }
+    claims = get("tail").claims
+    held = {c["id"]: c["holds"] for c in evaluate(claims, {"preset": "small", "rows": rows})}
+    assert all(v is True for v in held.values()), held
+    rows["tail"] = dict(zip(metrics, (0.97, 0.84, 0.15)))
+    failed = {c["id"]: c["holds"] for c in evaluate(claims, {"preset": "small", "rows": rows})}
+    assert all(v is False for v in failed.values()), failed
+    smoke = evaluate(claims, {"preset": "smoke", "rows": rows})
+    assert all(c["holds"] is None for c in smoke)

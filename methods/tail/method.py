@@ -13,6 +13,7 @@ from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, meta_counts, transformer_activation_bytes
 
+from .claims import CLAIMS
 from .config import TailConfig
 from .evaluation import default_settings, evaluate_systems, tail_system
 from .serve import TailPredictor
@@ -31,6 +32,7 @@ class TailMethod(Method):
     area = "few-shot classification"
     version = "1"
     Config = TailConfig
+    claims = CLAIMS
 
     def data(self, cfg: TailConfig) -> dict[str, pa.Table]:
         """The real evaluation data as Arrow tables (training episodes are generated per step)."""
