@@ -74,3 +74,16 @@ def test_bad_scaling_is_rejected(tmp_path):
         fit("tail", get("tail").config("smoke"), scaling=Scaling(workers=-1), storage=tmp_path)
     with pytest.raises(ConfigError, match="unknown preset"):
         Scaling.preset("huge")
+
+
+def test_progress_line_says_step_of_total_and_eta():
+    from nshot.train.session import RunInfo, _progress_line
+
+    info = RunInfo(method="tail", method_version="1", config={"steps": 200})
+    info.started -= 10
+    first = _progress_line(info, 50, {"loss": 0.5, "step": 50.0})
+    assert first.startswith("[nshot tail] step 50/200 (25%) loss=0.5 | 10s")
+    assert "ETA" not in first  # no pace yet
+    info._progress_start = (50, info._progress_start[1] - 20)  # 20 s for 50 steps: 100 left
+    later = _progress_line(info, 100, {"loss": 0.4})
+    assert "step 100/200 (50%)" in later and "ETA 40s" in later

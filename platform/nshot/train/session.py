@@ -52,6 +52,7 @@ class RunInfo:
     # throughput bookkeeping (samples since the first report, which excludes warm-up)
     _t_first: float | None = None
     _samples_since_first: int = 0
+    _progress_start: tuple[int, float] | None = None  # (step, time) of the first report
     _tracker: Any = None
 
 
@@ -189,6 +190,34 @@ def maybe_inject_fault(step: int, restored: Restored | None) -> None:
     os._exit(17)
 
 
+def _progress_line(info: RunInfo, step: int, metrics: dict[str, float]) -> str:
+    """``[nshot tail] step 120/500 (24%) loss=0.81 samples_per_s=950 | 36s, ETA 1m54s``: the
+    ETA extrapolates the pace since this process's first report."""
+    now = time.time()
+    total = info.config.get("steps")
+    if info._progress_start is None:
+        info._progress_start = (step, now)
+    first_step, t_first = info._progress_start
+    shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step")
+    where = f"step {step}"
+    eta = ""
+    if isinstance(total, int) and total > 0 and step <= total:
+        where += f"/{total} ({100 * step / total:.0f}%)"
+        if step > first_step and now > t_first:
+            left = (now - t_first) / (step - first_step) * (total - step)
+            eta = f", ETA {_duration(left)}"
+    return f"[nshot {info.method}] {where} {shown} | {_duration(now - info.started)}{eta}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def report(
     metrics: dict[str, float],
     *,
@@ -224,13 +253,7 @@ def report(
                 rate = info._samples_since_first * ctx.world_size / (now - info._t_first)
                 metrics["samples_per_s"] = rate
     if ctx.rank == 0:
-        elapsed = time.time() - info.started
-        shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step")
-        print(
-            f"[nshot {info.method}] step {step} {shown} ({elapsed:.0f}s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(_progress_line(info, step, metrics), file=sys.stderr, flush=True)
     reported = metrics
     if info.tune is not None and ctx.rank == 0 and info.in_tune:
         reported = {**metrics, **_tune_payload(info, metrics)}  # f and the curve h (a list)
