@@ -105,7 +105,7 @@ def test_train_ancestry_then_descendant_resume_and_evaluate(front_runs):
 
 
 def test_descendant_without_ancestry_path_trains_and_caches_one(ray_session, tmp_path):
-    from nshot.methods.front.method import ancestry_key, cached_ancestry
+    from nshot.methods.front.train import ancestry_key, cached_ancestry
 
     cfg = get("front").config("smoke", seed=5)
     first = cached_ancestry(cfg)

@@ -10,9 +10,10 @@ import torch
 from nshot.method import ConfigError, get
 from nshot.methods.iclft import closed_form as cf
 from nshot.methods.iclft import data as D
-from nshot.methods.iclft import method as M
 from nshot.methods.iclft.config import ICLFTConfig
-from nshot.methods.iclft.model import LinearAttention, set_trainable, tokens
+from nshot.methods.iclft.evaluation import summary, task_errors
+from nshot.methods.iclft.model import LinearAttention, load_model, new_model, set_trainable, tokens
+from nshot.methods.iclft.train import train_in_process
 
 D5, S2 = 5, 0.1
 
@@ -115,8 +116,8 @@ def pretrained():
     not leave the saddle at the 0.05 init)."""
     torch.set_num_threads(1)
     cfg = ICLFTConfig.from_preset("smoke", steps=400, batch=512, log_every=100)
-    net = M.new_model(cfg, 0)
-    M.train_in_process(net, cfg, 0, "pretrain")
+    net = new_model(cfg, 0)
+    train_in_process(net, cfg, 0, "pretrain")
     return cfg, net
 
 
@@ -124,12 +125,12 @@ def test_pretraining_learns_the_closed_form_optimum(pretrained):
     cfg, net = pretrained
     theta0 = D.target_task(cfg, 0)
     c = cf.pretrained_coef(cfg.d, cfg.n_pt, cfg.sigma2)
-    s = M.summary(net, theta0)
+    s = summary(net, theta0)
     assert s["w"] == pytest.approx(c, abs=0.05)  # v_y·QᵀK_xx ≈ c*·I
     assert s["offdiag_share"] < 0.12 and abs(s["M00"]) < 0.05
     # predictions: close to the closed-form optimum's on fresh prompts
     Zt, yq = D.eval_batch(theta0, 20, 4000, cfg.sigma2, D.generator(7))
-    learned = M.task_errors(net, theta0, [0, 1, 20], 8000, cfg.sigma2, 0, 0)
+    learned = task_errors(net, theta0, [0, 1, 20], 8000, cfg.sigma2, 0, 0)
     ref = cf.predict(*cf.pretrained_params(cfg.d, c), Zt.numpy())
     with torch.no_grad():
         got = net.double()(Zt).numpy()
@@ -148,17 +149,17 @@ def test_value_only_finetuning_freezes_qk_and_reaches_the_zs_floor(pretrained):
     for variant, frozen in (("zs/v", ("Q", "K")), ("zs/qk", ("V",))):
         net = LinearAttention(cfg.d)
         net.load_state_dict(before)
-        M.train_in_process(net, cfg, 0, variant)
+        train_in_process(net, cfg, 0, variant)
         after = net.state_dict()
         for name in ("Q", "K", "V"):
             same = torch.equal(after[name], before[name])
             assert same == (name in frozen), (variant, name)
         if variant == "zs/v":
-            errs = M.task_errors(net, theta0, [0, 20], 8000, cfg.sigma2, 0, 0)
-            pre_errs = M.task_errors(pre, theta0, [0, 20], 8000, cfg.sigma2, 0, 0)
+            errs = task_errors(net, theta0, [0, 20], 8000, cfg.sigma2, 0, 0)
+            pre_errs = task_errors(pre, theta0, [0, 20], 8000, cfg.sigma2, 0, 0)
             assert 0.25 <= errs[0] <= 0.40  # closed form 0.322
             assert errs[20] == pytest.approx(pre_errs[20], rel=0.25)  # ICL preserved
-            assert M.summary(net, theta0)["w"] == pytest.approx(M.summary(pre, theta0)["w"])
+            assert summary(net, theta0)["w"] == pytest.approx(summary(pre, theta0)["w"])
     assert set_trainable(LinearAttention(3), "qk")[0].shape == (5, 5)
 
 
@@ -198,7 +199,7 @@ def test_fit_checkpoint_evaluate_and_predictor_round_trip(tiny_run):
     meta = pred.metadata()
     assert meta["variants"] == ["pretrained", "zs/v"] and meta["default_variant"] == "zs/v"
     # the predictor equals the trained model's forward on the same prompt
-    bundle, _ = M.load_bundle(ck)
+    bundle, _ = load_model(ck)
     rng = np.random.default_rng(3)
     theta0 = np.array(ck.extra["theta0"])
     for n in (0, 4):
@@ -217,6 +218,25 @@ def test_fit_checkpoint_evaluate_and_predictor_round_trip(tiny_run):
         other = pred(pred.Request(**{**req.model_dump(), "variant": None}))
         assert other.variant == "zs/v" and not np.allclose(other.y_hat, out.y_hat)
         assert pred(pred.Request(**{**req.model_dump(), "variant": "zs_v"})).y_hat == other.y_hat
+
+
+def test_predictor_answers_its_example_request(tiny_run):
+    """The predictor's own example body (shapes from the checkpoint: d features) is answered,
+    the answer survives a JSON round trip and equals the batched answer."""
+    import json
+
+    from nshot.train import load_checkpoint
+
+    _, _, res = tiny_run
+    pred = get("iclft").predictor(load_checkpoint(res.checkpoint, method="iclft"))
+    body = pred.example_request()
+    assert json.loads(json.dumps(body)) == body
+    assert all(len(row) == D5 for row in body["context_x"] + body["query_x"])
+    req = pred.Request.model_validate(body)
+    answer = pred(req)
+    assert len(answer.y_hat) == len(body["query_x"]) and answer.n_context == 4
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
 
 
 def test_predictor_rejects_bad_requests(tiny_run):

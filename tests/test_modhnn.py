@@ -290,6 +290,24 @@ def test_predictor_round_trip(smoke_run):
     assert len(out3.trajectory) == 4
 
 
+def test_predictor_answers_its_example_request(smoke_run):
+    """The predictor's own example body (the checkpoint's system and shots) is answered, the
+    answer survives a JSON round trip and equals the batched answer."""
+    import json
+
+    from nshot.train import load_checkpoint
+
+    cfg, _, res = smoke_run
+    pred = get("modhnn").predictor(load_checkpoint(res.checkpoint, method="modhnn"))
+    body = pred.example_request()
+    assert json.loads(json.dumps(body)) == body and len(body["shots"]) == cfg.shots
+    req = pred.Request.model_validate(body)
+    answer = pred(req)
+    assert len(answer.trajectory) == body["horizon"] + 1 and math.isfinite(answer.fit_loss)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+
+
 @pytest.mark.parametrize(
     "change, field",
     [

@@ -1,4 +1,4 @@
-"""TAIL unit tests (spec: shared/methods/tail.md, section 7, check 3): fast, no Ray."""
+"""TAIL unit tests (support-order invariance, inline = per-query, claims): fast, no Ray."""
 
 from __future__ import annotations
 

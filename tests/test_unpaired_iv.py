@@ -1,4 +1,4 @@
-"""unpaired_iv: estimators (spec §7.6), recovery of a known effect, sparse support, standard
+"""unpaired_iv: estimators (unit checks), recovery of a known effect, sparse support, standard
 errors, the smoke gate (§7.7), train_loop → checkpoint → predictor, and request validation."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_presets() -> None:
     assert UnpairedIVConfig.from_preset("smoke", data_path="x.csv").data_source == "path"
 
 
-# --------------------------------------------------------------------------- spec §7.6
+# --------------------------------------------------------------------------- estimator unit checks
 
 
 def test_scatter_add_sums_match_one_hot() -> None:

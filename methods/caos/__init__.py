@@ -1,4 +1,4 @@
-"""caos: conformal aggregation of one-shot predictors (spec: shared/methods/caos.md)."""
+"""caos: conformal aggregation of one-shot predictors (arXiv 2601.05219)."""
 
 from .method import CAOSMethod
 

@@ -1,4 +1,4 @@
-"""CAOS configuration and presets (spec: shared/methods/caos.md, section 3)."""
+"""CAOS configuration and presets."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class CAOSConfig(MethodConfig):
     alphas: list[float] = Field([0.05, 0.1, 0.2], min_length=1, description="miscoverage levels")
     n_sweep: list[int] = Field([], description="extra n values reported at alpha = 0.1 (JSON only)")
     trials_per_task: int = Field(100, ge=1, description="trials per Ray task")
-    # digits-landmark substitute (spec section 4)
+    # digits-landmark substitute for the paper's landmarking data
     canvas: int = Field(
         16, ge=9, le=64, description="side of the canvas the 8x8 digit is pasted in"
     )

@@ -1,4 +1,4 @@
-"""One CAOS trial and its baselines, vectorised (spec §2 and §5).
+"""One CAOS trial and its baselines, vectorised (the algorithm and the split-conformal rows).
 
 A trial draws ``n + n_test`` images; the first ``n`` are labelled. With unit-norm per-candidate
 features ``F [m, L, D]`` and landmarks ``Y``:
@@ -107,7 +107,7 @@ def run_trials(
 
 
 def classification_trials(cfg_dict: dict, trial_ids: list[int]) -> dict[str, np.ndarray]:
-    """The digits classification analogue (spec §4): 64-d pixel vectors, constant-2 score for
+    """The digits classification analogue: 64-d pixel vectors, constant-2 score for
     other classes, ``n = cls_n``, ``k = cls_k``. Systems: caos, split_conformal_agg.
 
     Also cross-checks our split-conformal sets against MAPIE's ``SplitConformalClassifier``

@@ -1,4 +1,4 @@
-"""Offline data for CAOS: the digits-landmark substitute and user-supplied features (spec §4).
+"""Offline data for CAOS: the digits-landmark substitute and user-supplied features.
 
 digits-landmark: every 8×8 scikit-learn digit (values /16) is scaled by U(0.7, 1.3), pasted at a
 random offset into a zero ``canvas × canvas`` image and noised with N(0, 0.15²); its landmark is

@@ -1,4 +1,4 @@
-"""CAOS predictor: landmark prediction sets for images (spec §8).
+"""CAOS predictor: landmark prediction sets for images.
 
 The bank (reference vectors and sorted leave-one-out scores) comes from the checkpoint unless
 the request brings its own labelled ``support``; any ``alpha`` is served from the sorted scores.

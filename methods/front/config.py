@@ -1,4 +1,4 @@
-"""FRONT configuration and presets (spec: shared/methods/front.md, section 3)."""
+"""FRONT configuration and presets (the paper's section 3 settings, at CPU scale)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
+
+VERSION = "1"  # of the checkpoint format
 
 Init = Literal["front", "random", "truncation", "uniform", "weight_selection"]
 Fill = Literal["zero", "random", "consistence", "repeat"]
@@ -49,7 +51,7 @@ class FrontConfig(MethodConfig):
     epochs: int = Field(15, ge=1, description="descendant training epochs")
     warmup: int = Field(1, ge=0, description="descendant linear warm-up epochs")
     init: Init = Field("front", description="descendant initialisation")
-    # FRONT knobs (spec section 2)
+    # FRONT knobs (the paper's section 2)
     keep_ratio: float = Field(1.0, gt=0.0, le=1.0, description="share of DCT frequencies kept")
     fill: Fill = Field("zero", description="depth fill mode when the descendant is deeper")
     mlp_dct_dim: Literal["2d", "1d"] = Field("2d", description="DCT of the MLP matrices")
@@ -58,7 +60,7 @@ class FrontConfig(MethodConfig):
     dct_skip: list[Literal["qkv", "o", "mlp", "norm"]] = Field(
         [], description="parameter kinds left at random init"
     )
-    # optional refinement of the ancestry (spec section 2, reconstruction)
+    # optional refinement of the ancestry (the paper's section 2, as reconstructed here)
     refine: bool = Field(False, description="refine the ancestry with the spectral regulariser")
     refine_lambda: float = Field(1e-3, ge=0.0, description="lambda, per regularised parameter")
     refine_frac: float = Field(0.2, gt=0.0, le=1.0, description="refinement steps / ancestry's")
@@ -77,14 +79,18 @@ class FrontConfig(MethodConfig):
     exp_parity: bool = Field(True, description="also the parity descendant task")
     exp_16px: bool = Field(True, description="also the 16x16 descendant (pos_embed by DCT)")
 
+    # A step of the train loop is an epoch: each preset's ``steps`` is its descendant ``epochs``
+    # and ``checkpoint_every`` counts epochs (fault injection, ``fail_at_step``, too).
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
             "anc_width": 32, "anc_depth": 4, "anc_heads": 2, "anc_epochs": 1,
             "width": 32, "depth": 2, "heads": 2, "epochs": 1, "seeds": 1,
+            "steps": 1, "checkpoint_every": 1,
             "exp_depths": [2], "exp_width32": False, "exp_parity": False, "exp_16px": False,
         },
-        "small": {},
-        "paper": {"seeds": 3, "anc_epochs": 300, "epochs": 100},
+        "small": {"steps": 15, "checkpoint_every": 5},
+        "paper": {"seeds": 3, "anc_epochs": 300, "epochs": 100, "steps": 100,
+                  "checkpoint_every": 25},
     }  # fmt: skip
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nshot.experiment import Job, grid, run_jobs
 from nshot.method import ResultsTable
 
 from .config import FrontConfig
@@ -63,8 +64,7 @@ def settings(cfg: FrontConfig) -> dict[str, dict[str, Any]]:
 
 
 def _ancestry_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
-    from .method import fit_ancestry
-    from .train import refine_ancestry
+    from .train import fit_ancestry, refine_ancestry
 
     torch.set_num_threads(1)
     cfg = FrontConfig.validated({**cfg_dict, "refine": False})
@@ -82,10 +82,9 @@ def _ancestry_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     }
 
 
-def _descendant_job(
-    cfg_dict: dict[str, Any], seed: int, ancestry: dict[str, Any], source: str
-) -> dict[str, Any]:
-    """One descendant from the ancestry weights ``source`` (state, refined or more)."""
+def _descendant_job(cfg_dict: dict[str, Any], seed: int, source: dict[str, Any]) -> dict[str, Any]:
+    """One descendant from an ancestry's weights: ``source`` holds its ``shape`` and one
+    state dict (the plain, refined or λ = 0 one)."""
     from nshot.nn.vit import ViT
 
     from .data import load_split
@@ -93,8 +92,8 @@ def _descendant_job(
 
     torch.set_num_threads(1)
     cfg = FrontConfig.validated(cfg_dict)
-    source_model = ViT(**ancestry["shape"])
-    source_model.load_state_dict(ancestry[source])
+    source_model = ViT(**source["shape"])
+    source_model.load_state_dict(next(v for k, v in source.items() if k != "shape"))
     torch.manual_seed(seed * 1000 + 17)  # the same random init for every system of a seed
     model = descendant_vit(cfg)
     report = initialise(model, source_model, cfg, seed=seed)
@@ -107,23 +106,6 @@ def _descendant_job(
     return {**hist.to_dict(), "transferred": len(report.get("transferred", []))}
 
 
-def _gather(refs: dict[Any, Any]) -> dict[Any, Any]:
-    """Wait for every job, printing a progress line at every tenth of them."""
-    import ray
-
-    keys = {ref: key for key, ref in refs.items()}
-    pending, out, t0, shown = list(refs.values()), {}, time.time(), 0
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            out[keys[ref]] = ray.get(ref)
-        if len(out) * 10 // len(refs) > shown or not pending:
-            shown = len(out) * 10 // len(refs)
-            print(f"[nshot front] {len(out)}/{len(refs)} descendants ({time.time() - t0:.0f}s)",
-                  flush=True)  # fmt: skip
-    return {k: out[k] for k in refs}
-
-
 def epochs_to(acc: list[float], target: float) -> float:
     """First epoch (1-based) whose accuracy reaches ``target``; NaN if none does."""
     for e, a in enumerate(acc, start=1):
@@ -133,8 +115,8 @@ def epochs_to(acc: list[float], target: float) -> float:
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per system: means and stds over seeds of the spec's metrics. The target of a seed is
-    the random-init descendant's final accuracy of that seed."""
+    """Per system: means, stds and per-seed values of the table's metrics. The target of a
+    seed is the random-init descendant's final accuracy of that seed."""
     targets = [r["acc"][-1] for r in runs["random"]]
     out: dict[str, dict[str, Any]] = {}
     ett_random = [epochs_to(r["acc"], t) for r, t in zip(runs["random"], targets, strict=True)]
@@ -156,7 +138,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         else:
             mean["speedup"] = mean["flops_reduction"] = math.nan
         mean["curve"] = [float(x) for x in np.mean([r["acc"] for r in rs], axis=0)]
-        out[name] = {"mean": mean, "std": std}
+        samples = {k: [float(x) for x in v] for k, v in vals.items()}
+        out[name] = {"mean": mean, "std": std, "samples": samples}
     return out
 
 
@@ -196,44 +179,49 @@ def stack_amplitude_ratio(source: int, target: int, *, depth_fix: bool, seed: in
     return float(out.pow(2).mean(dim=(1, 2)).sqrt().mean() / rms_src)
 
 
+SOURCES = {"front_refined": "refined", "front_more": "more"}  # else the plain ancestry
+
+
+def _descendant_jobs(cfg: FrontConfig, seeds: list[int], sources: dict) -> list[Job]:
+    """One job per (setting, system, seed): a descendant from its seed's ancestry weights."""
+    base, sets = cfg.model_dump(), settings(cfg)
+    jobs = []
+    for sname, system, s in grid(sets, SYSTEMS, seeds):
+        d = FrontConfig.validated({**base, **sets[sname], **SYSTEMS[system]}).model_dump()
+        src = sources[(s, SOURCES.get(system, "state"))]
+        jobs.append(Job((sname, system, s), _descendant_job, (d, s, src), num_cpus=1))
+    return jobs
+
+
+def _mean_of(records: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.mean([r[k] for r in records])) for k in records[0]}
+
+
 def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
     import ray
 
-    from nshot.train.runner import ensure_ray
-
     t0 = time.time()
-    ensure_ray()
     workdir.mkdir(parents=True, exist_ok=True)
-    base = cfg.model_dump()
-    anc_remote = ray.remote(num_cpus=1)(_ancestry_job)
-    desc_remote = ray.remote(num_cpus=1)(_descendant_job)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    print(f"[nshot front] training {len(seeds)} ancestries (and refined copies)", flush=True)
-    anc = dict(zip(seeds, ray.get([anc_remote.remote(base, s) for s in seeds]), strict=True))
+    anc_jobs = [Job((s,), _ancestry_job, (cfg.model_dump(), s), num_cpus=1) for s in seeds]
+    anc = {k[0]: a for k, a in run_jobs(anc_jobs, description="front: ancestries").items()}
+    sources = {  # each seed's three ancestries, stored once for all its descendants
+        (s, src): ray.put({"shape": a["shape"], src: a[src]})
+        for s, a in anc.items()
+        for src in ("state", "refined", "more")
+    }
+    done = run_jobs(_descendant_jobs(cfg, seeds, sources), description="front: descendants")
     sets = settings(cfg)
-    refs: dict[tuple[str, str, int], Any] = {}
-    anc_refs = {s: ray.put(a) for s, a in anc.items()}
-    for sname, over in sets.items():
-        for system, sover in SYSTEMS.items():
-            d = FrontConfig.validated({**base, **over, **sover})
-            for s in seeds:
-                src = {"front_refined": "refined", "front_more": "more"}.get(system, "state")
-                refs[(sname, system, s)] = desc_remote.remote(d.model_dump(), s, anc_refs[s], src)
-    print(f"[nshot front] training {len(refs)} descendants", flush=True)
-    done = _gather(refs)
-    tables: dict[str, dict[str, dict[str, Any]]] = {}
-    for sname in sets:
-        runs = {sys: [done[(sname, sys, s)] for s in seeds] for sys in SYSTEMS}
-        tables[sname] = summarise(runs)
+    tables = {
+        n: summarise({sys: [done[(n, sys, s)] for s in seeds] for sys in SYSTEMS}) for n in sets
+    }
     main_name = main_setting(cfg)
     main = tables[main_name]
-    refine = {k: float(np.mean([a["refine"][k] for a in anc.values()])) for k in
-              next(iter(anc.values()))["refine"]}  # fmt: skip
-    more = {k: float(np.mean([a["more_info"][k] for a in anc.values()])) for k in
-            next(iter(anc.values()))["more_info"]}  # fmt: skip
-    unit = unit_measurements()
+    refine = _mean_of([a["refine"] for a in anc.values()])
+    more = _mean_of([a["more_info"] for a in anc.values()])
     rows = {s: {m: main[s]["mean"].get(m) for m in METRICS} for s in SYSTEMS}
     stds = {s: {m: main[s]["std"].get(m) for m in METRICS} for s in SYSTEMS}
+    samples = {s: main[s]["samples"] for s in SYSTEMS}
     anc_acc = [a["history"]["acc"][-1] for a in anc.values()]
     extra = {
         "settings": {
@@ -250,8 +238,17 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         },
         "refine": refine,
         "refine_lambda0": more,
-        "unit": unit,
+        "unit": unit_measurements(),
     }
+    plot_curves(extra["curves"], workdir / "acc_curves.png")
+    return ResultsTable(
+        method="front", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0,
+        notes=_notes(cfg, seeds, anc_acc, refine, more, tables, sets), extra=extra,
+    )  # fmt: skip
+
+
+def _notes(cfg, seeds, anc_acc, refine, more, tables, sets) -> list[str]:
     notes = [
         f"{len(seeds)} seeds; ancestry ViT depth {cfg.anc_depth} width {cfg.anc_width} trained "
         f"{cfg.anc_epochs} epochs on ancestry_train (test acc {np.mean(anc_acc):.3f}); rows: "
@@ -268,7 +265,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         f"{more['acc_after']:.3f}).",
     ]
     for n, t in tables.items():
-        if n == main_name:
+        if n == main_setting(cfg):
             continue
         f, r, tr = (t[s]["mean"] for s in ("front", "random", "truncation"))
         notes.append(
@@ -277,11 +274,7 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
             f"{f['acc_final']:.3f} / {r['acc_final']:.3f} / {tr['acc_final']:.3f}; "
             f"speedup front {f['speedup']:.2f}, truncation {tr['speedup']:.2f}"
         )
-    plot_curves(extra["curves"], workdir / "acc_curves.png")
-    return ResultsTable(
-        method="front", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
-        stds=stds, runtime_s=time.time() - t0, notes=notes, extra=extra,
-    )  # fmt: skip
+    return notes
 
 
 def plot_curves(curves: dict[str, dict[str, list[float]]], path: Path) -> None:

@@ -1,4 +1,4 @@
-"""FRONT predictor: a trained descendant (or ancestry) ViT classifies digit images (spec §8).
+"""FRONT predictor: a trained descendant (or ancestry) ViT classifies digit images.
 
 FRONT's product is an initialisation; what is served is the classifier trained from it.
 """
@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field, model_validator
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
+
+from .model import load_model
 
 MAX_IMAGES = 1024
 
@@ -57,9 +59,7 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
     Response = FrontResponse
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
-        from .method import vit_from_checkpoint
-
-        self.model = vit_from_checkpoint(checkpoint)
+        self.model = load_model(checkpoint)
         ex = checkpoint.extra
         self.info = {
             "depth": self.model.depth,
@@ -81,6 +81,13 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return self.meta
+
+    def example_request(self) -> dict[str, Any]:
+        """Two images of this model's size on the unit scale: a blank one and a diagonal
+        stroke."""
+        side = self.model.img_size
+        stroke = [1.0 if r == c else 0.0 for r in range(side) for c in range(side)]
+        return {"images": [[0.0] * (side * side), stroke], "scale": "unit"}
 
     def _logits(self, images: list[list[float]], scale: str) -> torch.Tensor:
         side = self.model.img_size

@@ -21,18 +21,18 @@ from pathlib import Path
 
 import torch
 
-from nshot.method import NshotError
+from nshot.errors import NshotError
 from nshot.nn.vit import ViT
 from nshot.train.checkpoint import load_checkpoint, save_checkpoint
 
+from .config import VERSION
 from .learngene import Learngene, TransferError, extract, front_init
+from .model import load_model
 
 
 def extract_learngene(checkpoint: str, out: str, keep_ratio: float, mlp_dct_dim: str) -> Path:
-    from .method import vit_from_checkpoint
-
     ckpt = load_checkpoint(checkpoint, method="front")
-    model = vit_from_checkpoint(ckpt)
+    model = load_model(ckpt)
     source = {**model.shape(), "ancestry_id": ckpt.extra.get("ancestry_id", str(ckpt.path))}
     gene = extract(model, keep_ratio=keep_ratio, mlp_dct_dim=mlp_dct_dim, source=source)
     return gene.save(out)
@@ -98,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
             img_size=args.img_size, classes=args.classes, fill=args.fill,
             use_ratio=args.use_ratio, depth_fix=args.depth_fix, seed=args.seed,
         )  # fmt: skip
-        from .method import VERSION
-
         save_checkpoint(
             args.out, method="front", method_version=VERSION, config={}, step=0,
             model_state=model.state_dict(),

@@ -1,12 +1,13 @@
 """iclft's comparison: the pretrained model against every fine-tuning variant.
 
-Per seed, one Ray task pretrains the model (and evaluates it); the fine-tuning variants then
-fan out as one Ray task each, all starting from that seed's pretrained weights (passed as an
-object reference, so Ray starts them as soon as their pretraining finishes). Every task uses
-one CPU and one torch thread. Evaluation: test MSE (float64) at each n of ``eval_n`` on the
-target task θ0 and the unseen task −θ0, ``eval_batch`` fresh prompts per (n, task), the same
-prompts for every row of a seed. Rows report the mean and the standard deviation over seeds.
-The paper's claims over these rows are data (``claims.py``), evaluated by ``nshot reproduce``.
+Two grids of jobs on :func:`nshot.experiment.run_jobs`: first one Ray task per seed pretrains the
+model (and evaluates it); then the fine-tuning variants fan out as one Ray task per (variant,
+seed), each starting from its seed's pretrained weights. Every task declares one CPU and uses one
+torch thread. Evaluation: test MSE (float64) at each n of ``eval_n`` on the target task θ0 and
+the unseen task −θ0, ``eval_batch`` fresh prompts per (n, task), the same prompts for every row
+of a seed. Rows report the mean and the standard deviation over seeds (Bessel-corrected), and
+``samples`` the per-seed values. The paper's claims over these rows are data (``claims.py``),
+evaluated by ``nshot reproduce``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, aggregate, grid, run_jobs
 from nshot.method import ResultsTable
 
 from . import closed_form as cf
+from . import data as D
 from .config import ICLFTConfig, row_name
+from .evaluation import evaluate_model, summary
+from .model import LinearAttention, new_model
+from .train import train_in_process
 
 
 def _log(msg: str) -> None:
@@ -35,9 +41,6 @@ def _state(net) -> dict[str, np.ndarray]:
 def pretrain_task(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     """Pretrain one seed's model; evaluate it. Returns its weights (NumPy) and metrics."""
     import torch
-
-    from . import data as D
-    from .method import evaluate_model, new_model, summary, train_in_process
 
     torch.set_num_threads(1)
     cfg = ICLFTConfig.validated(cfg_dict)
@@ -60,10 +63,6 @@ def finetune_task(
     """Fine-tune a copy of ``pre`` with ``variant``; evaluate it."""
     import torch
 
-    from . import data as D
-    from .method import evaluate_model, summary, train_in_process
-    from .model import LinearAttention
-
     torch.set_num_threads(1)
     cfg = ICLFTConfig.validated(cfg_dict)
     t0 = time.time()
@@ -83,55 +82,80 @@ def finetune_task(
 
 
 def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
     t0 = time.time()
-    ensure_ray()
     cfg_dict = cfg.model_dump()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    pre_remote = ray.remote(num_cpus=1)(pretrain_task)
-    ft_remote = ray.remote(num_cpus=1)(finetune_task)
     _log(f"{len(seeds)} seeds × (pretraining + {len(cfg.variants)} fine-tunings) as Ray tasks")
-    pre_refs = {s: pre_remote.remote(cfg_dict, s) for s in seeds}
-    ft_refs = {(s, v): ft_remote.remote(cfg_dict, s, v, pre_refs[s]) for s in seeds
-               for v in cfg.variants}  # fmt: skip
-    results: dict[str, dict[int, dict[str, Any]]] = {"pretrained": {}}
-    for s in seeds:
-        results["pretrained"][s] = ray.get(pre_refs[s])
-    for (s, v), ref in ft_refs.items():
-        results.setdefault(row_name(v), {})[s] = ray.get(ref)
+    pre = run_jobs(
+        [Job(("pretrained", s), pretrain_task, (cfg_dict, s), num_cpus=1) for s in seeds],
+        description=f"iclft {cfg.preset}: pretraining",
+    )
+    ft = run_jobs(
+        [
+            Job(
+                (row_name(v), s),
+                finetune_task,
+                (cfg_dict, s, v, pre[("pretrained", s)]),
+                num_cpus=1,
+            )
+            for v, s in grid(cfg.variants, seeds)
+        ],
+        description=f"iclft {cfg.preset}: fine-tuning",
+    )
+    results = {**pre, **ft}  # keys (row, seed): every row's seeds in order
     _log(f"all runs done in {time.time() - t0:.0f}s")
-
     metrics = {f"err_{task}_n{n}": False for task in ("target", "unseen") for n in cfg.eval_n}
-    rows: dict[str, dict[str, float | None]] = {}
-    stds: dict[str, dict[str, float | None]] = {}
-    per_seed: dict[str, dict[str, list[float]]] = {}
-    random_tasks: dict[str, dict[str, float]] = {}
-    summaries: dict[str, dict[str, float]] = {}
-    for row, by_seed in results.items():
-        runs = [by_seed[s] for s in seeds]
-        rows[row], stds[row], per_seed[row] = {}, {}, {}
-        for m in metrics:
-            vals = np.array([r["metrics"][m] for r in runs], dtype=np.float64)
-            rows[row][m] = float(vals.mean())
-            stds[row][m] = float(vals.std(ddof=1)) if len(vals) > 1 else None
-            per_seed[row][m] = vals.tolist()
-        random_tasks[row] = {
-            f"n{n}": float(np.mean([r["metrics"][f"err_random_n{n}"] for r in runs]))
-            for n in cfg.eval_n
-            if f"err_random_n{n}" in runs[0]["metrics"]
-        }
-        summaries[row] = {
-            k: float(np.mean([r["summary"][k] for r in runs])) for k in runs[0]["summary"]
-        }
-    derived = _derived(rows, cfg.eval_n)
-    c_star = cf.pretrained_coef(cfg.d, cfg.n_pt, cfg.sigma2)
+    rows, _, samples = aggregate(
+        {k: {m: r["metrics"][m] for m in metrics} for k, r in results.items()}
+    )
+    stds = sample_stds(samples)
+    by_row = {row: [results[(row, s)] for s in seeds] for row in rows}
+    random_tasks = {
+        row: {f"n{n}": float(np.mean([r["metrics"][f"err_random_n{n}"] for r in runs]))
+              for n in cfg.eval_n if f"err_random_n{n}" in runs[0]["metrics"]}
+        for row, runs in by_row.items()
+    }  # fmt: skip
+    summaries = {
+        row: {k: float(np.mean([r["summary"][k] for r in runs])) for k in runs[0]["summary"]}
+        for row, runs in by_row.items()
+    }
+    seconds = {row: float(np.mean([r["seconds"] for r in runs])) for row, runs in by_row.items()}
+    closed, refs = _closed_forms(cfg)
+    png = workdir / "error_vs_n.png"
+    _plot(rows, stds, refs, cfg, png)
+    return ResultsTable(
+        method="iclft", preset=cfg.preset, seeds=len(seeds), metrics=metrics, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0,
+        notes=_notes(cfg, seeds, closed, refs, summaries, seconds),
+        extra={
+            "closed_form": closed, "derived": _derived(rows, cfg.eval_n), "per_seed": samples,
+            "random_tasks": random_tasks, "effective_params": summaries, "seconds": seconds,
+            "plot": png.name,
+        },
+    )  # fmt: skip
+
+
+def sample_stds(
+    samples: dict[str, dict[str, list[float | None]]],
+) -> dict[str, dict[str, float | None]]:
+    """The standard deviation over seeds with Bessel's correction (None for one seed), as the
+    committed results report it."""
+    out: dict[str, dict[str, float | None]] = {}
+    for row, per in samples.items():
+        out[row] = {}
+        for m, vals in per.items():
+            ok = len(vals) > 1 and all(v is not None for v in vals)
+            out[row][m] = float(np.std(np.array(vals, dtype=np.float64), ddof=1)) if ok else None
+    return out
+
+
+def _closed_forms(cfg: ICLFTConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The closed-form references of the paper's analysis at this configuration, and the
+    reference error curves."""
     refs = cf.reference_curves(cfg.d, cfg.n_pt, cfg.sigma2, cfg.eval_n)
-    closed = {
+    closed: dict[str, Any] = {
         "a_spec": cf.spec_a(cfg.d, cfg.n_pt),
-        "c_star": c_star,
+        "c_star": cf.pretrained_coef(cfg.d, cfg.n_pt, cfg.sigma2),
         "vonly_zs_floor": cf.vonly_zs_floor(cfg.d, cfg.sigma2),
         "vonly_zs_g_theta0": 1 / (cfg.d + 4),
         "vonly_fs_optimum_w": cf.vonly_fs_optimum(cfg.d, cfg.n_fs, cfg.sigma2, 1.0)[1],
@@ -141,46 +165,24 @@ def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
     }
     if cfg.task_dist != "sphere":
         closed["note"] = "closed forms assume ‖θ0‖ = 1 (task_dist=sphere)"
-    png = workdir / "error_vs_n.png"
-    _plot(rows, stds, refs, cfg, png)
-    notes = [
+    return closed, refs
+
+
+def _notes(cfg, seeds, closed, refs, summaries, seconds) -> list[str]:
+    return [
         f"test MSE (float64) on {cfg.eval_batch} fresh prompts per (n, task); target θ0 and "
         f"unseen −θ0 per seed; ± is the std over {len(seeds)} seeds ({seeds}).",
         f"d = {cfg.d}, N_pt = {cfg.n_pt}, σ² = {cfg.sigma2} (variance), {cfg.steps} pretraining "
         f"and {cfg.ft_steps} fine-tuning iterations × {cfg.batch} prompts, SGD lr {cfg.lr} "
         f"momentum {cfg.momentum}, joint clip {cfg.clip}, pool {cfg.pool_size}.",
         f"closed forms: V-only ZS floor 2/(d+4)+σ² = {closed['vonly_zs_floor']:.3f}; pretrained "
-        f"optimum c* = {c_star:.3f} (spec's a = {closed['a_spec']:.3f}) with error "
+        f"optimum c* = {closed['c_star']:.3f} (spec's a = {closed['a_spec']:.3f}) with error "
         + ", ".join(f"n={n}: {e:.3f}" for n, e in refs["pretrained_optimum"]["target"].items())
         + f"; FS-aux pull on the ICL weight w → {closed['vonly_fs_optimum_w']:.3f}.",
         "learned effective parameters (seed mean): "
         + "; ".join(f"{r}: w {s['w']:.3f}, θ0ᵀg {s['g_theta0']:.3f}" for r, s in summaries.items()),
+        "mean seconds per Ray task: " + ", ".join(f"{r} {v:.0f}" for r, v in seconds.items()),
     ]
-    seconds = {
-        row: float(np.mean([by[s]["seconds"] for s in seeds])) for row, by in results.items()
-    }
-    notes.append(
-        "mean seconds per Ray task: " + ", ".join(f"{r} {v:.0f}" for r, v in seconds.items())
-    )
-    return ResultsTable(
-        method="iclft",
-        preset=cfg.preset,
-        seeds=len(seeds),
-        metrics=metrics,
-        rows=rows,
-        stds=stds,
-        runtime_s=time.time() - t0,
-        notes=notes,
-        extra={
-            "closed_form": closed,
-            "derived": derived,
-            "per_seed": per_seed,
-            "random_tasks": random_tasks,
-            "effective_params": summaries,
-            "seconds": seconds,
-            "plot": png.name,
-        },
-    )
 
 
 def _derived(rows: dict[str, dict[str, float]], ns: list[int]) -> dict[str, dict[str, float]]:

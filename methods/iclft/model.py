@@ -1,4 +1,5 @@
-"""The single-layer linear self-attention model of the spec (§2), and its losses.
+"""The single-layer linear self-attention model of the paper (its setup section), its losses,
+and the loader of a checkpoint's models.
 
 ``Out = Z + (1/(n+1)) · (Z Qᵀ)(Z Kᵀ)ᵀ(Z Vᵀ)`` over a prompt ``Z`` of ``n`` demonstration
 tokens ``[1, x_i, y_i]`` and the query token ``[1, x_q, 0]`` (last). The prediction is the last
@@ -10,11 +11,19 @@ row of ``V``; :meth:`LinearAttention.forward` computes exactly that (``O(n d)`` 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from nshot.errors import NshotError
+
 from .config import SUBSETS
+
+if TYPE_CHECKING:
+    from nshot.train.checkpoint import LoadedCheckpoint
+
+    from .config import ICLFTConfig
 
 
 class LinearAttention(nn.Module):
@@ -68,6 +77,27 @@ class ICLFTBundle(nn.Module):
     def __init__(self, d: int, rows: Iterable[str], init_std: float = 0.05) -> None:
         super().__init__()
         self.models = nn.ModuleDict({r: LinearAttention(d, init_std) for r in rows})
+
+
+def new_model(cfg: ICLFTConfig, seed: int) -> LinearAttention:
+    """A freshly initialised model (``init_std``), seeded: the start of a pretraining."""
+    torch.manual_seed(seed)
+    return LinearAttention(cfg.d, cfg.init_std)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[ICLFTBundle, dict[str, Any]]:
+    """The models of an iclft checkpoint (in eval mode) and its ``extra`` (``d``, ``rows``,
+    ``trained``, ``variants``, ``theta0``, ...)."""
+    extra = checkpoint.extra
+    if "rows" not in extra or "d" not in extra:
+        raise NshotError(f"{checkpoint.path}: not an iclft checkpoint (no model list)")
+    bundle = ICLFTBundle(int(extra["d"]), extra["rows"])
+    try:
+        bundle.load_state_dict(checkpoint.weights())
+    except RuntimeError as err:
+        raise NshotError(f"{checkpoint.path}: weights do not match its model list: {err}") from None
+    bundle.eval()
+    return bundle, extra
 
 
 def tokens(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

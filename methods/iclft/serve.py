@@ -1,4 +1,4 @@
-"""iclft's predictor (spec §8): in-context regression with a pretrained or fine-tuned model.
+"""iclft's predictor: in-context regression with a pretrained or fine-tuned model.
 
 A request carries the demonstrations (``context_x`` n×d, ``context_y`` n; n may be 0: zero-shot
 is the point of the method) and one or more queries (``query_x`` q×d); every query is predicted
@@ -11,15 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from nshot.method import NshotError, Predictor
+from nshot.errors import NshotError
+from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import row_name
-from .model import ICLFTBundle, LinearAttention
+from .model import ICLFTBundle, LinearAttention, load_model
 
 MAX_CONTEXT = 1000
 MAX_QUERIES = 10_000
@@ -92,9 +94,7 @@ class ICLFTPredictor(Predictor[ICLFTRequest, ICLFTResponse]):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> ICLFTPredictor:
-        from .method import load_bundle
-
-        bundle, extra = load_bundle(checkpoint)
+        bundle, extra = load_model(checkpoint)
         trained = [r for r in extra["rows"] if r in extra.get("trained", [])]
         if not trained:
             raise NshotError(f"{checkpoint.path}: no model of this run has finished training")
@@ -113,6 +113,19 @@ class ICLFTPredictor(Predictor[ICLFTRequest, ICLFTResponse]):
             "max_context": MAX_CONTEXT,
             "max_queries": MAX_QUERIES,
             **self.info,
+        }
+
+    def example_request(self) -> dict[str, Any]:
+        """Four demonstrations of the checkpoint's target task θ0 (``y = θ0ᵀx``; a fixed unit
+        vector when the checkpoint records none) and two queries, ``d`` features each, for the
+        default model: the body a user would POST to ``/predict``."""
+        rng = np.random.default_rng(0)
+        theta = np.asarray(self.info.get("theta0") or np.ones(self.d) / math.sqrt(self.d))
+        cx = np.round(rng.normal(size=(4, self.d)), 3)
+        return {
+            "context_x": cx.tolist(),
+            "context_y": np.round(cx @ theta, 3).tolist(),
+            "query_x": np.round(rng.normal(size=(2, self.d)), 3).tolist(),
         }
 
     def _row(self, variant: str | None) -> str:

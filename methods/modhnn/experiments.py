@@ -1,7 +1,7 @@
 """modhnn's comparison: modulations against HNN baselines.
 
-Every (row, seed) is one Ray task (``ray.remote(num_cpus=1)``): it builds the data (cached
-Parquet), trains its model and evaluates it on the unseen test instances:
+Every (row, seed) is one job of :func:`nshot.experiment.run_jobs`, a Ray task declaring one CPU: it
+builds the data (cached Parquet), trains its model and evaluates it on the unseen test instances:
 
 * ``svd``, ``mr``, ``full_weight``, ``shift``, ``film``: a modulated HNN meta-trained with
   persistent latents, adapted per test instance by fitting only z from z_avg on 10 shots;
@@ -14,7 +14,9 @@ Parquet), trains its model and evaluates it on the unseen test instances:
 Ablations on the SVD model: zero instead of z_avg initialisation at test time (same
 trained model), and latents reset every epoch (another meta-training). ``extra_systems`` repeats
 ``svd`` and ``hnn_pooled`` on further systems for the per-system figures. The paper's claims
-over these rows are data (``claims.py``), evaluated by ``nshot reproduce``.
+over these rows are data (``claims.py``), evaluated by ``nshot reproduce``. Rows hold the mean
+over seeds (n/a where a seed's value is not finite), ``stds`` the Bessel-corrected standard
+deviation over seeds and ``samples`` the per-seed values.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 
 from .config import ModHNNConfig
@@ -136,42 +139,82 @@ def _agg(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
     from .data import load_splits
 
     t0 = time.time()
-    ensure_ray()
     for system in dict.fromkeys([cfg.system, *cfg.extra_systems]):
         load_splits(cfg, system)  # generate and cache once, before the tasks read it
     cfg_dict = cfg.model_dump()
-    remote = ray.remote(num_cpus=1)(run_row)
     jobs = _jobs(cfg)
     _log(
         f"{len(jobs)} Ray tasks: {', '.join(sorted({j[0] + ('/' + j[3] if j[3] else '') for j in jobs}))}"
     )
-    refs = {remote.remote(cfg_dict, *job): job for job in jobs}
-    results: list[dict[str, Any]] = []
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        results.append(ray.get(done[0]))
-        _log(f"{len(results)}/{len(jobs)} tasks done ({time.time() - t0:.0f}s)")
+    results = run_jobs(
+        [Job(job, run_row, (cfg_dict, *job), num_cpus=1) for job in jobs],
+        description=f"modhnn {cfg.preset}",
+    )
 
     def pick(row: str, system: str = cfg.system, variant: str = "") -> list[dict[str, Any]]:
-        sel = [r for r in results if r["row"] == row and r["system"] == system]
+        sel = [r for r in results.values() if r["row"] == row and r["system"] == system]
         return sorted([r for r in sel if r["variant"] == variant], key=lambda r: r["seed"])
 
-    rows: dict[str, dict[str, float | None]] = {}
-    stds: dict[str, dict[str, float | None]] = {}
+    per_seed = {
+        (row, r["seed"]): {m: _finite(r["means"][m]) for m in METRICS}
+        for row in cfg.rows
+        for r in pick(row)
+    }
+    rows, _, samples = aggregate(per_seed)
+    stds = sample_stds(samples)
+    extra = _extra(cfg, pick)
+    examples = {row: pick(row)[0]["rollouts"] for row in cfg.rows if pick(row)}
+    fig = workdir / "rollouts.png"
+    _plot_rollouts(examples, extra["curves"], cfg, fig)
+    extra["figures"]["rollouts"] = fig.name
+    if extra["systems"]:
+        sys_fig = workdir / "systems.png"
+        _plot_systems({s: pick("svd", s)[0]["rollouts"] for s in extra["systems"]}, sys_fig)
+        extra["figures"]["systems"] = sys_fig.name
+    extra["markdown"] = _markdown(cfg, rows, extra)
+    return ResultsTable(
+        method="modhnn",
+        preset=cfg.preset,
+        seeds=cfg.seeds,
+        metrics=dict(METRICS),
+        rows=rows,
+        stds=stds,
+        samples=samples,
+        runtime_s=time.time() - t0,
+        notes=_notes(cfg),
+        extra=extra,
+    )
+
+
+def _finite(v: float | None) -> float | None:
+    """A seed's mean, or None where it is not finite (a diverged or undefined metric: the
+    row's mean is then n/a)."""
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def sample_stds(
+    samples: dict[str, dict[str, list[float | None]]],
+) -> dict[str, dict[str, float | None]]:
+    """The standard deviation over seeds with Bessel's correction (None for one seed or a
+    missing value), as the committed results report it."""
+    out: dict[str, dict[str, float | None]] = {}
+    for row, per in samples.items():
+        out[row] = {}
+        for m, vals in per.items():
+            ok = len(vals) > 1 and all(v is not None for v in vals)
+            out[row][m] = float(np.std(np.array(vals, dtype=np.float64), ddof=1)) if ok else None
+    return out
+
+
+def _extra(cfg: ModHNNConfig, pick: Any) -> dict[str, Any]:
+    """Per-row details, training curves, per-instance metrics, the SVD ablations and the
+    further systems (means over seeds)."""
     detail: dict[str, dict[str, Any]] = {}
     for row in cfg.rows:
         runs = pick(row)
-        rows[row], stds[row] = {}, {}
-        for m in METRICS:
-            rows[row][m], stds[row][m] = _agg([r["means"][m] for r in runs])
         detail[row] = {
             k: _agg([r["means"].get(k) for r in runs])[0]
             for k in ("eps_field", "eps_traj", "learned_drift", "diverged")
@@ -187,7 +230,6 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
         "systems": {},
         "figures": {},
     }
-    # ---- ablations
     if "svd" in cfg.rows:
         svd = pick("svd")
         if "zero_init" in cfg.ablations and all("zero_init" in r for r in svd):
@@ -199,7 +241,6 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
             extra["ablations"]["reset_latents"] = {
                 m: _agg([r["means"][m] for r in reset])[0] for m in (*METRICS, "eps_field")
             }
-    # ---- further systems
     for system in cfg.extra_systems:
         if system == cfg.system:
             continue
@@ -210,17 +251,11 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
             }
             for row in ("svd", "hnn_pooled")
         }
-    # ---- figures
-    examples = {row: pick(row)[0]["rollouts"] for row in cfg.rows if pick(row)}
-    fig = workdir / "rollouts.png"
-    _plot_rollouts(examples, extra["curves"], cfg, fig)
-    extra["figures"]["rollouts"] = fig.name
-    if extra["systems"]:
-        sys_fig = workdir / "systems.png"
-        _plot_systems({s: pick("svd", s)[0]["rollouts"] for s in extra["systems"]}, sys_fig)
-        extra["figures"]["systems"] = sys_fig.name
-    extra["markdown"] = _markdown(cfg, rows, extra)
-    notes = [
+    return extra
+
+
+def _notes(cfg: ModHNNConfig) -> list[str]:
+    return [
         f"system {cfg.system}: {cfg.n_train_instances} training / {cfg.n_test_instances} unseen "
         f"test parameter values, {cfg.n_traj} trajectories × {cfg.n_steps} states × dt {cfg.dt}; "
         f"{cfg.shots} shots (q, p, q̇, ṗ) from one trajectory of each test instance, the other "
@@ -237,17 +272,6 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
         f"{cfg.scratch_steps} Adam steps on the shots; width {cfg.width}×{cfg.depth}, d_z "
         f"{cfg.d_z}, rank {cfg.rank}",
     ]
-    return ResultsTable(
-        method="modhnn",
-        preset=cfg.preset,
-        seeds=cfg.seeds,
-        metrics=dict(METRICS),
-        rows=rows,
-        stds=stds,
-        runtime_s=time.time() - t0,
-        notes=notes,
-        extra=extra,
-    )
 
 
 def _fmt(v: float | None, scale: float = 1.0) -> str:

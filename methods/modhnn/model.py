@@ -1,4 +1,4 @@
-"""Modulated energy networks (spec §2).
+"""Modulated energy networks (the paper's method section), and the loader of a checkpoint.
 
 ``ModulatedMLP`` is the shared base network ``h_ℓ = tanh(W_mod h_{ℓ−1} + b + s)`` with every
 modulation variant generated from a per-instance latent ``z`` by a linear hypernetwork:
@@ -31,10 +31,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+from nshot.errors import NshotError
+
+if TYPE_CHECKING:
+    from nshot.train.checkpoint import LoadedCheckpoint
 
 VARIANTS = ("none", "shift", "full_weight", "mr", "svd", "film", "concat")
 KINDS = ("hnn", "mlp")
@@ -366,3 +371,34 @@ def implicit_midpoint(
         x = nxt
         xs.append(x)
     return torch.stack(xs, dim=-2)
+
+
+class MetaState(nn.Module):
+    """What a meta-training checkpoint holds: the dynamics (base + hypernetwork) and the table
+    of training latents (a buffer: saved and restored with the weights, never in Adam)."""
+
+    def __init__(self, dyn: Dynamics, n_instances: int) -> None:
+        super().__init__()
+        self.dyn = dyn
+        self.register_buffer("latents", torch.zeros(n_instances, max(dyn.spec.d_z, 1)))
+
+    def z_avg(self) -> torch.Tensor:
+        """The mean of the (final) training latents: the adaptation's starting point."""
+        return self.latents.mean(0)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[MetaState, str]:
+    """The trained ``MetaState`` (dynamics + training latents, in eval mode) of a modhnn
+    checkpoint and the system it was trained on."""
+    extra = checkpoint.extra
+    if "spec" not in extra:
+        raise NshotError(f"{checkpoint.path}: not a modhnn checkpoint (no network spec)")
+    spec = DynSpec.from_dict(extra["spec"])
+    n = int(extra.get("instances", {}).get("train", 0))
+    weights = checkpoint.weights()
+    if "latents" in weights:
+        n = int(weights["latents"].shape[0])
+    state = MetaState(Dynamics(spec), n)
+    state.load_state_dict(weights)
+    state.eval()
+    return state, str(extra.get("system", checkpoint.config.get("system", "pendulum")))

@@ -22,6 +22,9 @@ from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
+from .config import ModHNNConfig
+from .model import load_model
+
 MAX_SHOTS = 1000
 MAX_STATES = 10_000
 DOF = 1  # one (q, p) pair
@@ -141,10 +144,7 @@ class ModHNNPredictor(Predictor[ModHNNRequest, ModHNNResponse]):
     Response = ModHNNResponse
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
-        from .config import ModHNNConfig
-        from .method import load_state
-
-        self.state, self.system = load_state(checkpoint)
+        self.state, self.system = load_model(checkpoint)
         self.cfg = ModHNNConfig.validated(checkpoint.config)
         self.dyn = self.state.dyn
         self.step = checkpoint.step
@@ -160,6 +160,19 @@ class ModHNNPredictor(Predictor[ModHNNRequest, ModHNNResponse]):
             "adapt_steps": self.cfg.adapt_steps,
             "step": self.step,
         }
+
+    def example_request(self) -> dict[str, Any]:
+        """``shots`` exact ``(q, p, q̇, ṗ)`` samples (the checkpoint's number of shots) of the
+        checkpoint's system at the middle of its parameter ranges, and a 20-step rollout at the
+        training data's ``dt`` from the first of them: the body a user would POST."""
+        from .systems import get_system
+
+        sys_ = get_system(self.system)
+        mu = np.array([(lo + hi) / 2 for lo, hi in sys_.ranges])
+        x = np.round(sys_.initial_states(mu, self.cfg.shots, np.random.default_rng(0)), 4)
+        f = np.round(np.stack(sys_.field(x[:, 0], x[:, 1], mu), -1), 4)
+        shots = [dict(zip(("q", "p", "dq", "dp"), map(float, (*xi, *fi)))) for xi, fi in zip(x, f)]
+        return {"shots": shots, "initial_state": x[0].tolist(), "horizon": 20, "dt": self.cfg.dt}
 
     def adapt(self, x: np.ndarray, f: np.ndarray) -> tuple[torch.Tensor | None, float]:
         from .adapt import adapt_latent

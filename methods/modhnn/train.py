@@ -1,4 +1,4 @@
-"""Meta-training with persistent per-instance latents (spec §2, alternating auto-decoding).
+"""Meta-training with persistent per-instance latents (the paper's alternating auto-decoding).
 
 ::
 
@@ -25,6 +25,7 @@ that the spec's η_in and λ values keep their meaning). Reports show the relati
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,23 +34,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from nshot.errors import NshotError
+
 from .config import ModHNNConfig
-from .model import Dynamics, DynSpec, relative_loss
+from .model import Dynamics, DynSpec, MetaState, relative_loss
 from .systems import Split, get_system
-
-
-class MetaState(nn.Module):
-    """What a meta-training checkpoint holds: the dynamics (base + hypernetwork) and the table
-    of training latents (a buffer: saved and restored with the weights, never in Adam)."""
-
-    def __init__(self, dyn: Dynamics, n_instances: int) -> None:
-        super().__init__()
-        self.dyn = dyn
-        self.register_buffer("latents", torch.zeros(n_instances, max(dyn.spec.d_z, 1)))
-
-    def z_avg(self) -> torch.Tensor:
-        """The mean of the (final) training latents: the adaptation's starting point."""
-        return self.latents.mean(0)
 
 
 def make_spec(
@@ -218,3 +207,60 @@ def meta_train(
 
 def state_dict_numpy(state: nn.Module) -> dict[str, Any]:
     return {k: v.detach().cpu().numpy() for k, v in state.state_dict().items()}
+
+
+def train_loop(cfg: ModHNNConfig) -> None:
+    """Meta-training under Ray Train on ``cfg.system``: one ``MetaTrainer`` per worker, training
+    instances sharded by rank, the base's gradients averaged by DDP; reports the mean
+    L_symp every ``log_every`` outer steps and checkpoints base, hypernetwork and the
+    training latents every ``checkpoint_every``."""
+    from nshot.train import session
+
+    from .data import load_splits
+
+    ctx = session.context()
+    train, test = load_splits(cfg)
+    if train.n_instances < ctx.world_size:
+        raise NshotError(
+            f"n_train_instances: {train.n_instances} instances for {ctx.world_size} workers"
+        )
+    torch.manual_seed(cfg.seed)
+    spec = make_spec(cfg, train, kind=cfg.model_kind)
+    state = MetaState(Dynamics(spec), train.n_instances)
+    ddp = session.prepare_model(state.dyn)
+    state.to(ctx.device)
+    trainer = MetaTrainer(
+        cfg, state, train, fn=ddp, rank=ctx.rank, world=ctx.world_size, device=ctx.device
+    )
+    restored = session.restore(state, trainer.opt)
+    start = restored.step if restored else 0
+    extra = {
+        "spec": spec.to_dict(),
+        "system": cfg.system,
+        "instances": {"train": train.n_instances, "test": test.n_instances},
+    }
+    window: list[float] = []
+    t_last = time.time()
+    for step in range(start + 1, cfg.steps + 1):
+        session.maybe_inject_fault(step, restored)
+        window.append(trainer.step(step, cfg.seed).loss)
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            if is_ckpt:
+                trainer.gather_latents()  # every instance's latent, on every rank
+            metrics = {
+                "loss": float(np.mean(window)),
+                "latent_norm": float(state.latents.norm(dim=-1).mean()),
+                "step_s": (time.time() - t_last) / max(len(window), 1),
+            }
+            window = []
+            t_last = time.time()
+            session.report(
+                metrics,
+                step=step,
+                model=state,
+                optimizer=trainer.opt,
+                extra=extra,
+                checkpoint=is_ckpt,
+                samples=trainer.batch,
+            )

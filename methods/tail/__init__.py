@@ -1,4 +1,4 @@
-"""TAIL: universal algorithm-implicit meta-learner (spec: shared/methods/tail.md)."""
+"""TAIL: universal algorithm-implicit meta-learner."""
 
 from .method import TailMethod
 

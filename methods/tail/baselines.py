@@ -1,4 +1,4 @@
-"""Non-learned baselines on the same preprocessed features, batched over episodes (spec §5).
+"""Non-learned baselines on the same preprocessed features, batched over episodes.
 
 Inputs are the unprojected, preprocessed features of :func:`episodes.make_batch`
 (``support_f [B, n, d]``, ``support_y [B, n]`` in ``0..K-1``, ``query_f [B, q, d]``), as torch

@@ -1,4 +1,4 @@
-"""TAIL configuration and presets (spec: shared/methods/tail.md, section 3)."""
+"""TAIL configuration and presets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Episodes and TAIL's per-episode projections (spec: shared/methods/tail.md, sections 2 and 4).
+"""Episodes and TAIL's per-episode projections.
 
 An episode is sampled from a :class:`Modality` as raw features, preprocessed (:func:`preprocess`,
 identical for every modality and for support and queries), and then viewed through one draw of
@@ -17,7 +17,7 @@ training episodes and :func:`eval_rng` for evaluation episodes: their seed seque
 different stream tag (0 for training, 1 for evaluation), so training and evaluation episodes of
 modality A come from disjoint streams.
 
-Offline modalities (reconstruction of the spec's substitute): class prototypes
+Offline modalities (our substitute for the paper's encoder features): class prototypes
 ``μ_c ~ N(0, I_16)`` are drawn fresh for every class of every episode, samples are
 ``z = μ_c + noise·ε``, and a fixed map (fixed seeds, independent of the run seed) turns ``z`` into
 features: modality A (training) a random 2-layer tanh MLP 16→48 with noise 0.6, modality B

@@ -1,4 +1,4 @@
-"""TAIL evaluation settings and the episode-level comparison of systems (spec §6).
+"""TAIL evaluation settings and the episode-level comparison of systems.
 
 Every system of a comparison sees exactly the same episodes: a setting's episodes come from
 ``eval_rng(seed, "<metric>/<chunk>")``, a stream disjoint from training. Settings run as

@@ -1,4 +1,4 @@
-"""TAIL's meta-learner Υ with its label dictionary (spec: shared/methods/tail.md, section 2).
+"""TAIL's meta-learner Υ with its label dictionary.
 
 Tokens have width ``d_data + d_label``. A support token is ``[P_π f_i ; E[ρ(y_i)]]``; a query
 token is ``[P_π f'_j ; u]`` with ``u`` a separate learnable "unknown label" vector. A non-causal

@@ -1,4 +1,4 @@
-"""TAIL's predictor: few-shot classification of one episode per request (spec §8)."""
+"""TAIL's predictor: few-shot classification of one episode per request."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TAIL's Ray Train loop: episodic training on modality A (spec §2, "Platform mapping").
+"""TAIL's Ray Train loop: episodic training on modality A.
 
 Every step draws a fresh batch of episodes from a generator seeded by ``(seed, step, rank)``,
 so a run resumed from a checkpoint at step k sees exactly the episodes an uninterrupted run

@@ -1,5 +1,5 @@
-"""unpaired_iv: causal effects from unpaired data across many environments (SplitUP; spec:
-shared/methods/unpaired_iv.md)."""
+"""unpaired_iv: causal effects from unpaired data across many environments (SplitUP;
+arXiv 2601.15254)."""
 
 from .method import UnpairedIVMethod
 

@@ -1,8 +1,8 @@
-"""Unpaired IV configuration and presets (spec: shared/methods/unpaired_iv.md, section 3).
+"""Unpaired IV configuration and presets.
 
-Preset decisions: ``small`` is the spec's calibrated setting (d = 20, s* = 3, env_large
+Preset decisions: ``small`` is the calibrated setting (d = 20, s* = 3, env_large
 (3 200, 4), env_small (64, 200), 50 replications, curve m ∈ {50, …, 12 800} at r = 4);
-``smoke`` the spec's smoke gate (10 replications, (800, 4) / (32, 100), curve m ∈ {200, 800});
+``smoke`` a short check (10 replications, (800, 4) / (32, 100), curve m ∈ {200, 800});
 ``paper`` the paper's Setting 3 (d = 100, instrument rank 60, s* = 10; reconstruction: the
 audit gives no table, so env_large/env_small keep the small preset's data budget shape).
 """
@@ -36,7 +36,7 @@ class UnpairedIVConfig(MethodConfig):
         "synthetic", description="train_loop/data(): the generator, Card (1995), or data_path"
     )
     data_path: str | None = Field(
-        None, description="CSV/Parquet with env, sample ∈ {X,Y}, x_0..x_{d-1}, y (spec §4)"
+        None, description="CSV/Parquet with env, sample ∈ {X,Y}, x_0..x_{d-1}, y"
     )
     d: int = Field(20, ge=1, le=10_000, description="number of covariates")
     s_star: int = Field(3, ge=1, le=10_000, description="nonzero coefficients of β*")
@@ -122,5 +122,5 @@ class UnpairedIVConfig(MethodConfig):
         return self
 
     def lam(self, n_x: int) -> float:
-        """λ = lam_c · 2/√ñ (spec §2)."""
+        """λ = lam_c · 2/√ñ (the paper gives only λ ≍ m^(-1/2))."""
         return self.lam_c * 2.0 / n_x**0.5

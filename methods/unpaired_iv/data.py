@@ -1,4 +1,4 @@
-"""Data for unpaired IV (spec §4): the offline generator, the Card sanity check, CSV/Parquet files.
+"""Data for unpaired IV: the offline generator, the Card sanity check, CSV/Parquet files.
 
 Generator (one replication)::
 
@@ -60,7 +60,7 @@ def generate(
     rank: int | None = None,
     loading_seed: int = 0,
 ) -> Replication:
-    """One replication of the spec's generator (balanced: r units per environment per sample)."""
+    """One replication of the generator (balanced: r units per environment per sample)."""
     beta = true_beta(d, s_star, beta_value)
     if rank is None:
         mu = rng.standard_normal((m, d))
@@ -130,7 +130,7 @@ def card_paired_iv2sls() -> dict[str, float]:
 
 def load_path(path: str | Path) -> Replication:
     """A CSV or Parquet file with columns ``env``, ``sample`` ∈ {X, Y}, ``x_0..x_{d−1}`` (X rows)
-    and ``y`` (Y rows) (spec §4; e.g. the Causal Chamber light tunnel exported to this layout)."""
+    and ``y`` (Y rows) (e.g. the Causal Chamber light tunnel exported to this layout)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq

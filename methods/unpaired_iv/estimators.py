@@ -1,11 +1,11 @@
-"""Unpaired IV estimators (spec: shared/methods/unpaired_iv.md §2, §5): pure numpy / scipy.
+"""Unpaired IV estimators (SplitUP and the baselines): pure numpy / scipy.
 
 Two independent samples share the environments (a one-hot instrument): the X-sample gives
 ``(env, X)`` and the Y-sample ``(env, Y)``. Everything is computed from per-environment sums
 formed by scatter-add over the environment index (``np.bincount`` with weights); the one-hot
 instrument matrix is never materialised.
 
-Notation (spec §2), after :func:`prepare` dropped unusable environments and centred X̃ and Y by
+Notation, after :func:`prepare` dropped unusable environments and centred X̃ and Y by
 their own sample means: ``S_e = Σ_{j∈e} X̃_j`` (X-sample), ``T_e = Σ_{i∈e} Y_i`` (Y-sample),
 ``r_e``/``n_e`` the unit counts, ``m`` environments, ``ñ``/``n`` units. Then
 
@@ -13,7 +13,7 @@ their own sample means: ``S_e = Σ_{j∈e} X̃_j`` (X-sample), ``T_e = Σ_{i∈e
 * split form:    ``C_XX = m K/((K−1) ñ²) · mean_h Σ_e w_e (S_e S_eᵀ − Σ_k S_{e,k} S_{e,k}ᵀ)``
 * analytic form: ``C_XX = (m/ñ²) Σ_e w_e r_e/(r_e−1) (S_e S_eᵀ − Σ_{j∈e} X̃_j X̃_jᵀ)``
 
-(the split form is the spec's ``m/[K(K−1)] Σ_{h≠k} B̂_hᵀ W B̂_k`` with ``B̂_h = (K/ñ) Σ_{j∈h}``).
+(the split form is the paper's ``m/[K(K−1)] Σ_{h≠k} B̂_hᵀ W B̂_k`` with ``B̂_h = (K/ñ) Σ_{j∈h}``).
 Both are sums of per-environment terms, which is what the standard error uses.
 
 Standard errors (crossfold rows). ``β̂ − β* = C_XX⁻¹ Σ_e ψ_e(β*)`` exactly, with
@@ -300,7 +300,7 @@ def crossfold_moments(
     rng: np.random.Generator | None = None,
     beta0: np.ndarray | None = None,
 ) -> Moments:
-    """SplitUP's moments (spec §2): C_XX from K stratified folds averaged over H random splits
+    """SplitUP's moments: C_XX from K stratified folds averaged over H random splits
     (or the analytic H → ∞ form), C_XY unsplit."""
     if prep.m < 1:
         raise EstimationError("no environment is shared by both samples with r_e >= 2")
@@ -348,7 +348,7 @@ def split_correction(r: np.ndarray, k: int) -> np.ndarray:
 
     A pair of units of environment e lands in different folds with probability
     ``P_e = 1 − Σ_h c_h(c_h − 1)/(r_e(r_e − 1))`` (fold sizes c_h = ⌊r_e/K⌋ or ⌈r_e/K⌉), so the
-    spec's ``m/[K(K−1)] Σ_{h≠k} B̂_hᵀ B̂_k`` weights the pair products by ``K/(K−1)·P_e``, which
+    paper's ``m/[K(K−1)] Σ_{h≠k} B̂_hᵀ B̂_k`` weights the pair products by ``K/(K−1)·P_e``, which
     equals the analytic ``r_e/(r_e − 1)`` exactly when K divides r_e (the factor is then 1, as in
     every generated setting) and is a little smaller otherwise (1.2 vs 1.25 at r_e = 5, K = 2).
     """
@@ -423,7 +423,7 @@ def solve_dense(mom: Moments, se: bool = True, max_cond: float = MAX_COND) -> Fi
 
 @one_blas_thread
 def psd_project(c: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """C projected onto the PSD cone, eigenvalues clipped at ``eps`` (spec §2)."""
+    """C projected onto the PSD cone, eigenvalues clipped at ``eps``."""
     ev, vec = np.linalg.eigh(0.5 * (c + c.T))
     return (vec * np.maximum(ev, eps)) @ vec.T
 
@@ -561,7 +561,7 @@ def _active_set_solution(
 
 
 def lam_rule(n_x: int, c: float = 20.0) -> float:
-    """λ = c · 2/√ñ (spec §2; 40/√ñ at c = 20)."""
+    """λ = c · 2/√ñ (40/√ñ at c = 20)."""
     return c * 2.0 / np.sqrt(n_x)
 
 
@@ -603,7 +603,7 @@ def select_lambda(
     holdout: float = 0.2,
     steps: int = 11,
 ) -> float:
-    """λ by held-out environments (spec §2): fit on 80 % of the environments along
+    """λ by held-out environments: fit on 80 % of the environments along
     ``λ_max·2^{-t}``, t = 0..10, and pick the λ whose refit has the smallest held-out moment
     residual ``‖â_val − B̂_val β‖²``."""
     perm = rng.permutation(prep.m)

@@ -1,4 +1,4 @@
-"""unpaired_iv's predictor (spec §8): one estimation problem per request.
+"""unpaired_iv's predictor: one estimation problem per request.
 
 The request carries two unpaired tables, (environment, X) and (environment, Y); the predictor
 fits SplitUP (dense) or its ℓ1 version on them and returns the estimate, its environment-

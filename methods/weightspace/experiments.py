@@ -10,14 +10,13 @@ data (``claims.py``), evaluated by ``nshot reproduce``.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 
 from .config import WeightspaceConfig
@@ -114,79 +113,84 @@ def backbone_equivariance(widths: tuple[int, ...] = (2, 8, 8, 1), k: int = 4) ->
 
 
 def run_experiments(cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
-    from .data import grid, splits
-    from .model import rel_mse, render
-
     t0 = time.time()
-    ensure_ray()
     workdir.mkdir(parents=True, exist_ok=True)
     base = cfg.model_dump()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    train_remote = ray.remote(num_cpus=1)(_train_job)
-    oracle_remote = ray.remote(num_cpus=1)(_oracle_job)
-    jobs = [(k, "random") for k in cfg.k_sweep]
+    nets = [(k, "random") for k in cfg.k_sweep]
     if cfg.zero_init_control and 4 in cfg.k_sweep:
-        jobs.append((4, "zero"))
-    refs = {(_system(k, h), s): train_remote.remote(base, s, k, h) for k, h in jobs for s in seeds}
-    orefs = {(f"oracle_k{k}", s): oracle_remote.remote(base, s, k)
-             for k in cfg.oracle_ks for s in seeds}  # fmt: skip
-    print(f"[nshot weightspace] {len(refs)} meta-networks ({cfg.steps} steps each) and "
-          f"{len(orefs)} oracle fits as Ray tasks", flush=True)  # fmt: skip
-    done = dict(zip(refs, ray.get(list(refs.values())), strict=True))
-    odone = dict(zip(orefs, ray.get(list(orefs.values())), strict=True))
-
-    per_seed: dict[str, list[dict[str, float]]] = {}
-    for s in seeds:
-        _, test = splits(cfg.replace(seed=s))
-        ident = rel_mse(render(test.W1, test.b1, test.W2, test.b2, grid(cfg).float()), test.target)
-        per_seed.setdefault("identity", []).append(
-            {"rel_mse": float(ident.mean()), "params": 0.0, "k": 1.0, "copy_separation": 0.0}
-        )
-        for k in cfg.oracle_ks:
-            o = odone[(f"oracle_k{k}", s)]
-            per_seed.setdefault(f"oracle_k{k}", []).append(
-                {"rel_mse": o["rel_mse"], "params": 0.0, "k": float(k), "copy_separation": math.nan}
-            )
-        for k, h in jobs:
-            r = done[(_system(k, h), s)]
-            per_seed.setdefault(_system(k, h), []).append(
-                {"rel_mse": r["rel_mse"], "params": float(r["params"]), "k": float(k),
-                 "copy_separation": r["copy_separation"]})  # fmt: skip
-    rows: dict[str, dict[str, Any]] = {}
-    stds: dict[str, dict[str, Any]] = {}
-    for name, vals in per_seed.items():
-        rows[name] = {m: float(np.mean([v[m] for v in vals])) for m in vals[0]}
-        stds[name] = {m: float(np.std([v[m] for v in vals])) for m in vals[0]}
-        rows[name]["render_flops"] = rows[name]["k"] * INR_FLOPS_PER_POINT * cfg.grid
-        stds[name]["render_flops"] = 0.0
-    for name in rows:
-        if name.startswith("oracle") or name == "identity":
-            rows[name]["params"] = stds[name]["params"] = math.nan
-    order = ["identity", *[f"oracle_k{k}" for k in cfg.oracle_ks],
-             *[_system(k, h) for k, h in jobs]]  # fmt: skip
-    rows = {n: rows[n] for n in order}
+        nets.append((4, "zero"))
+    jobs = [Job((_system(k, h), s), _train_job, (base, s, k, h), num_cpus=1)
+            for k, h in nets for s in seeds]  # fmt: skip
+    jobs += [Job((f"oracle_k{k}", s), _oracle_job, (base, s, k), num_cpus=1)
+             for k in cfg.oracle_ks for s in seeds]  # fmt: skip
+    print(f"[nshot weightspace] {len(nets) * len(seeds)} meta-networks ({cfg.steps} steps "
+          f"each) and {len(cfg.oracle_ks) * len(seeds)} oracle fits as Ray tasks", flush=True)  # fmt: skip
+    done = run_jobs(jobs, description=f"weightspace {cfg.preset}")
+    order = [
+        "identity",
+        *[f"oracle_k{k}" for k in cfg.oracle_ks],
+        *[_system(k, h) for k, h in nets],
+    ]
+    k_of = {"identity": 1, **{f"oracle_k{k}": k for k in cfg.oracle_ks},
+            **{_system(k, h): k for k, h in nets}}  # fmt: skip
+    per_seed = {  # rows in order, seeds paired by position
+        (name, s): _metrics(cfg, name, k_of[name], s, done.get((name, s)))
+        for name in order
+        for s in seeds
+    }
+    rows, stds, samples = aggregate(per_seed)
     eq = equivariance(cfg)
     eq.update(backbone_equivariance())
-    curves = {name: [h["test_rel_mse"] for h in done[(name, seeds[0])]["history"]]
-              for name in (_system(k, h) for k, h in jobs)}  # fmt: skip
-    steps = [h["step"] for h in done[(_system(*jobs[0]), seeds[0])]["history"]]
+    first = {name: done[(name, seeds[0])] for name in order if (name, seeds[0]) in done}
+    curves = {_system(k, h): [h_["test_rel_mse"] for h_ in first[_system(k, h)]["history"]]
+              for k, h in nets}  # fmt: skip
     extra = {
         "equivariance": eq,
         "curves": curves,
-        "curve_steps": steps,
-        "widths": {_system(k, h): done[(_system(k, h), seeds[0])]["width"] for k, h in jobs},
-        "train_seconds": {
-            _system(k, h): done[(_system(k, h), seeds[0])]["seconds"] for k, h in jobs
-        },  # fmt: skip
+        "curve_steps": [h["step"] for h in first[_system(*nets[0])]["history"]],
+        "widths": {_system(k, h): first[_system(k, h)]["width"] for k, h in nets},
+        "train_seconds": {_system(k, h): first[_system(k, h)]["seconds"] for k, h in nets},
         "oracle_per_target": {
-            n: odone[(n, seeds[0])]["per_target"] for n in (f"oracle_k{k}" for k in cfg.oracle_ks)
+            f"oracle_k{k}": first[f"oracle_k{k}"]["per_target"] for k in cfg.oracle_ks
         },  # fmt: skip
     }
-    notes = [
+    plot(curves, extra["curve_steps"], rows, workdir / "rel_mse_curves.png")
+    return ResultsTable(
+        method="weightspace", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0, notes=_notes(cfg, seeds, extra),
+        extra=extra,
+    )  # fmt: skip
+
+
+def _metrics(
+    cfg: WeightspaceConfig, name: str, k: int, seed: int, result: dict[str, Any] | None
+) -> dict[str, float | None]:
+    """One row's metrics for one seed: the identity is computed here; oracles have no
+    parameters and no copies to separate (None: n/a)."""
+    if name == "identity":
+        vals = _identity(cfg.replace(seed=seed))
+    elif name.startswith("oracle"):
+        vals = {"rel_mse": result["rel_mse"], "params": None, "copy_separation": None}
+    else:
+        vals = {"rel_mse": result["rel_mse"], "params": float(result["params"]),
+                "copy_separation": result["copy_separation"]}  # fmt: skip
+    return {**vals, "render_flops": float(k) * INR_FLOPS_PER_POINT * cfg.grid}
+
+
+def _identity(cfg: WeightspaceConfig) -> dict[str, float | None]:
+    """The identity baseline of ``cfg.seed``'s test INRs: the input INR as its own output."""
+    from .data import grid, splits
+    from .model import rel_mse, render
+
+    _, test = splits(cfg)
+    ident = rel_mse(render(test.W1, test.b1, test.W2, test.b2, grid(cfg).float()), test.target)
+    return {"rel_mse": float(ident.mean()), "params": None, "copy_separation": 0.0}
+
+
+def _notes(cfg: WeightspaceConfig, seeds: list[int], extra: dict[str, Any]) -> list[str]:
+    eq = extra["equivariance"]
+    return [
         f"1-D hat dilation: {cfg.n_train} train / {cfg.n_test} test ReLU 1-3-1 INRs (neurons "
         f"permuted and rescaled), running max over ±{cfg.radius} on {cfg.grid} points; "
         f"{len(seeds)} seed(s); rel_mse = MSE / Var(target), mean over test INRs.",
@@ -201,11 +205,6 @@ def run_experiments(cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
         f"{eq['gmn_delta_perm_max_abs']:.1e}, f_OCE {eq['np_nfn_f_oce_perm_max_abs']:.1e} / "
         f"{eq['gmn_f_oce_perm_max_abs']:.1e}.",
     ]
-    plot(curves, steps, rows, workdir / "rel_mse_curves.png")
-    return ResultsTable(
-        method="weightspace", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
-        stds=stds, runtime_s=time.time() - t0, notes=notes, extra=extra,
-    )  # fmt: skip
 
 
 def plot(curves: dict[str, list[float]], steps: list[float], rows: dict, path: Path) -> None:

@@ -13,8 +13,15 @@ collapse control: every copy then gets the same gradient forever.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+from nshot.errors import NshotError
+
+if TYPE_CHECKING:
+    from nshot.train.checkpoint import LoadedCheckpoint
 
 
 class DeepSetsOCE(nn.Module):
@@ -87,3 +94,18 @@ def oce_render(model: DeepSetsOCE, W1, b1, W2, b2, x: torch.Tensor) -> torch.Ten
 def rel_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per INR: MSE / Var(target) on the grid."""
     return ((pred - target) ** 2).mean(-1) / target.var(-1, unbiased=False)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> DeepSetsOCE:
+    """The trained meta-network of a weightspace checkpoint (its shape from ``extra["model"]``),
+    in eval mode."""
+    arch = checkpoint.extra.get("model")
+    if not isinstance(arch, dict):
+        raise NshotError(f"{checkpoint.path}: not a weightspace checkpoint (no model shape)")
+    model = DeepSetsOCE(int(arch["width"]), int(arch["res_layers"]), int(arch["k"]),
+                        str(arch["head_init"]))  # fmt: skip
+    try:
+        model.load_state_dict(checkpoint.weights())
+    except RuntimeError as err:
+        raise NshotError(f"{checkpoint.path}: weights do not fit the stored shape: {err}") from None
+    return model.eval()

@@ -1,4 +1,4 @@
-"""weightspace predictor: edit a 1→3→1 ReLU INR (spec §8). Batched over INRs.
+"""weightspace predictor: edit a 1→3→1 ReLU INR. Batched over INRs.
 
 The request carries the input INR's layers; the answer is f_OCE, the mean of the k edited
 INRs, on the grid (the training grid by default), and optionally the k edited INRs.
@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field, model_validator
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
+
+from .model import load_model
 
 MAX_POINTS = 65_536
 SHAPES = [((3, 1), (3,)), ((1, 3), (1,))]  # (W, b) per layer of the 1→3→1 INR
@@ -71,9 +73,7 @@ class WeightspacePredictor(Predictor[WeightspaceRequest, WeightspaceResponse]):
     Response = WeightspaceResponse
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
-        from .method import model_from_checkpoint
-
-        self.model = model_from_checkpoint(checkpoint)
+        self.model = load_model(checkpoint)
         self.grid_points = int(checkpoint.extra.get("grid", 128))
         self.meta = {**checkpoint.extra.get("model", {}), "params": checkpoint.extra.get("params"),
                      "task": checkpoint.extra.get("task"), "grid": self.grid_points,
@@ -81,6 +81,19 @@ class WeightspacePredictor(Predictor[WeightspaceRequest, WeightspaceResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return self.meta
+
+    def example_request(self) -> dict[str, Any]:
+        """A hat INR as in the training data (centre 0.5, half-width 0.2, height 1:
+        ``5·relu(x − 0.3) − 10·relu(x − 0.5) + 5·relu(x − 0.7)``), in the layer shapes the
+        model edits (``SHAPES``); the answer is f_OCE on the checkpoint's training grid."""
+        c, w, a = 0.5, 0.2, 1.0
+        (w1, _), (w2, _) = SHAPES
+        return {
+            "layers": [
+                {"W": [[1.0]] * w1[0], "b": [-(c - w), -c, -(c + w)]},
+                {"W": [[a / w, -2 * a / w, a / w]] * w2[0], "b": [0.0]},
+            ]
+        }
 
     def _tensors(self, requests: list[WeightspaceRequest]) -> tuple[torch.Tensor, ...]:
         W1 = torch.tensor([r.layers[0].W for r in requests], dtype=torch.float32)

@@ -1,18 +1,22 @@
-"""Training of the OCE meta-network and the oracle floors (spec §2–3)."""
+"""Training of the OCE meta-network (in process, and under Ray Train with checkpoints), its
+evaluation, and the oracle floors (the paper's capacity analysis)."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .backbones import copy_separation_flat
+from .backbones import copy_separation_flat, count_params
 from .config import WeightspaceConfig
-from .data import INRSet, grid
-from .model import DeepSetsOCE, oce_render, rel_mse, render
+from .data import INRSet, grid, splits
+from .model import DeepSetsOCE, load_model, oce_render, rel_mse, render
+
+if TYPE_CHECKING:
+    from nshot.train.checkpoint import LoadedCheckpoint
 
 
 def build(cfg: WeightspaceConfig, k: int | None = None, head_init: str | None = None):
@@ -47,9 +51,11 @@ def train_model(
     rank: int = 0,
     world: int = 1,
     on_eval: Callable[[int, dict[str, float]], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Adam ``lr`` with a cosine decay to ``lr_min`` over ``steps``, batch ``batch`` (each of
-    ``world`` ranks takes its slice), gradient clipping; evaluates every ``eval_every``."""
+    ``world`` ranks takes its slice), gradient clipping; evaluates every ``eval_every``.
+    ``on_step(step)`` runs at the start of every step (the Ray Train loop's fault injection)."""
     fwd = forward if forward is not None else model
     x = grid(cfg).float()
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -65,6 +71,8 @@ def train_model(
     t0 = time.time()
     window: list[float] = []
     for step in range(start + 1, cfg.steps + 1):
+        if on_step is not None:
+            on_step(step)
         idx = torch.randint(len(train), (cfg.batch,), generator=gen)[rank::world]
         d = train.subset(idx)
         for g in opt.param_groups:
@@ -115,3 +123,48 @@ def fit_oracle(
         with torch.no_grad():
             best = torch.minimum(best, rel_mse(render(*params, x).mean(1), target))
     return best
+
+
+def train_loop(cfg: WeightspaceConfig) -> None:
+    """Train one (backbone, k) configuration end to end through rendering; every worker
+    takes its slice of each batch (DDP averages the gradients); reports the training loss,
+    the test rel_mse and the copy separation every ``eval_every`` steps and checkpoints
+    every ``checkpoint_every``; resumes from the last checkpoint; honours ``fail_at_step``."""
+    from nshot.train import session
+
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    model = build(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    restored = session.restore(model, opt)
+    start = restored.step if restored else 0
+    ddp = session.prepare_model(model)
+    train, test = splits(cfg)
+    extra = {"model": model.describe(), "params": count_params(model), "task": cfg.task,
+             "grid": cfg.grid, "radius": cfg.radius}  # fmt: skip
+
+    def on_eval(step: int, row: dict[str, float]) -> None:
+        session.report(
+            {k: v for k, v in row.items() if k != "step"}, step=step, model=model,
+            optimizer=opt, extra=extra,
+            checkpoint=step % cfg.checkpoint_every == 0 or step == cfg.steps,
+            samples=cfg.eval_every * cfg.batch // ctx.world_size,
+        )  # fmt: skip
+
+    train_model(model, train, test, cfg, seed=cfg.seed, forward=ddp, optimizer=opt,
+                start=start, rank=ctx.rank, world=ctx.world_size, on_eval=on_eval,
+                on_step=lambda step: session.maybe_inject_fault(step, restored))  # fmt: skip
+
+
+def evaluate_checkpoint(checkpoint: LoadedCheckpoint, cfg: WeightspaceConfig) -> dict[str, float]:
+    """rel_mse and copy separation on the test INRs, with the identity baseline."""
+    model = load_model(checkpoint)
+    data_cfg = cfg.replace(**{k: checkpoint.extra[k] for k in ("grid", "radius")
+                              if k in checkpoint.extra})  # fmt: skip
+    _, test = splits(data_cfg)
+    x = grid(data_cfg).float()
+    out = evaluate_model(model, test, x)
+    ident = rel_mse(render(test.W1, test.b1, test.W2, test.b2, x), test.target)
+    return {**out, "identity_rel_mse": float(ident.mean()), "k": float(model.k),
+            "params": float(count_params(model))}  # fmt: skip

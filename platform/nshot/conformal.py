@@ -3,7 +3,7 @@
 Shared by the ``caos`` method and by ``nshot serve <method> --conformal caos``, which wraps any
 served few-shot classifier whose predictor exposes one-shot embeddings (TAIL does).
 
-Notation (spec: shared/methods/caos.md, section 2). ``n`` labelled examples, each inducing a
+Notation (the CAOS paper's method: one-shot scores aggregated, calibrated leave-one-out). ``n`` labelled examples, each inducing a
 one-shot predictor with nonconformity score ``s_i(x, y)`` (lower is more plausible).
 
 * ``M[j, i] = s_i(X_j, Y_j)``: the labelled score matrix (its diagonal is the self-score).
