@@ -106,12 +106,19 @@ def test_a_claim_stated_for_some_presets_is_not_evaluated_on_others():
     assert c.evaluate({**RESULTS, "preset": "small"})["holds"] is True
     smoke = c.evaluate({**RESULTS, "preset": "smoke"})
     assert smoke["holds"] is None and "small/paper" in smoke["note"]
+    both = evaluate([c, _claim("tail.acc > 0.5")], {**RESULTS, "preset": "smoke"})
+    assert summary(both) == {
+        "held": 1, "failed": 0, "unevaluated": 0, "total": 1, "other_presets": 1
+    }  # fmt: skip
+    assert summary_line(both) == "claims: 1 of 1 hold; 1 stated for other presets"
 
 
 def test_summary_table_and_line():
     claims = [_claim("tail.acc > base.acc"), _claim("tail.acc < base.acc"), _claim("x.y > 0")]
     evaluated = evaluate(claims, RESULTS)
-    assert summary(evaluated) == {"held": 1, "failed": 1, "unevaluated": 1, "total": 3}
+    assert summary(evaluated) == {
+        "held": 1, "failed": 1, "unevaluated": 1, "total": 3, "other_presets": 0
+    }  # fmt: skip
     assert summary_line(evaluated) == "claims: 1 of 3 hold (1 fail, 1 not evaluable)"
     md = to_markdown(evaluated)
     assert "| c | yes |" in md and "| c | **no** |" in md and "| c | n/a |" in md

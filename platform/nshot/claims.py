@@ -283,6 +283,7 @@ def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
         out["test"] = claim.test
         out["alpha"] = claim.alpha
     if claim.presets is not None and results.get("preset") not in claim.presets:
+        out["applies"] = False  # not counted: it speaks of other presets
         out["note"] = f"stated for the {'/'.join(claim.presets)} preset(s)"
         return out
     body = tree.body
@@ -315,14 +316,18 @@ def evaluate(claims: Iterable[Claim], results: dict[str, Any]) -> list[dict[str,
 
 
 def summary(evaluated: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Counts: ``{"held", "failed", "unevaluated", "total"}``."""
-    held = sum(1 for c in evaluated if c["holds"] is True)
-    failed = sum(1 for c in evaluated if c["holds"] is False)
+    """Counts over the claims that speak of these results' preset: ``{"held", "failed",
+    "unevaluated", "total"}``, and ``"other_presets"``: claims stated for other presets only
+    (not counted in ``total``)."""
+    applying = [c for c in evaluated if c.get("applies", True)]
+    held = sum(1 for c in applying if c["holds"] is True)
+    failed = sum(1 for c in applying if c["holds"] is False)
     return {
         "held": held,
         "failed": failed,
-        "unevaluated": len(evaluated) - held - failed,
-        "total": len(evaluated),
+        "unevaluated": len(applying) - held - failed,
+        "total": len(applying),
+        "other_presets": len(evaluated) - len(applying),
     }
 
 
@@ -331,6 +336,8 @@ def summary_line(evaluated: Sequence[dict[str, Any]]) -> str:
     line = f"claims: {s['held']} of {s['total']} hold"
     if s["failed"] or s["unevaluated"]:
         line += f" ({s['failed']} fail, {s['unevaluated']} not evaluable)"
+    if s["other_presets"]:
+        line += f"; {s['other_presets']} stated for other presets"
     return line
 
 

@@ -282,6 +282,24 @@ class Method(ABC):
         """
         return None
 
+    def quick_evaluation(self, checkpoint: LoadedCheckpoint, cfg: MethodConfig) -> ResultsTable:
+        """A short comparison for ``nshot quickstart`` (seconds to a minute on a laptop): the
+        trained checkpoint against the paper's baseline on a few hundred held-out cases. The
+        default is one row of :meth:`evaluate`'s metrics."""
+        metrics = self.evaluate(checkpoint, cfg)
+        return ResultsTable(
+            method=self.name,
+            preset=cfg.preset,
+            seeds=1,
+            metrics=dict.fromkeys(metrics, True),
+            rows={self.name: dict(metrics)},
+        )
+
+    def benchmark(self, *, preset: str = "small", out: str | None = None) -> dict[str, Any] | None:
+        """The method's own speed or memory benchmark for ``nshot bench <method>``: ratios
+        measured in one run, returned (and written to ``out`` as JSON). None: it has none."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
