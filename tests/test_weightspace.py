@@ -108,7 +108,12 @@ def ws_run(tmp_path_factory, ray_session):
 
     cfg = get("weightspace").config("smoke", k=4, steps=200, checkpoint_every=100)
     storage = tmp_path_factory.mktemp("ws-runs")
-    res = fit("weightspace", cfg, scaling=Scaling(workers=0), storage=storage, name="smoke")
+    # the first attempt dies at step 150 (fault injection); the resumed one finishes the run
+    faulty = cfg.replace(fail_at_step=150)
+    with pytest.raises(RuntimeError, match="injected fault at step 150"):
+        fit("weightspace", faulty, scaling=Scaling(workers=0), storage=storage, name="smoke")
+    res = fit("weightspace", faulty, scaling=Scaling(workers=0), storage=storage, name="smoke",
+              resume=True)  # fmt: skip
     return cfg, storage, res
 
 
@@ -119,6 +124,7 @@ def test_train_loop_checkpoint_resume_and_evaluate(ws_run):
     ws = get("weightspace")
     ck = load_checkpoint(res.checkpoint, method="weightspace")
     assert ck.step == 200 and ck.extra["model"]["k"] == 4 and ck.extra["params"] > 0
+    assert ck.extra["resumed_from"] == [100]  # the killed run went on from its last checkpoint
     m = ws.evaluate(ck, cfg)
     assert math.isfinite(m["rel_mse"]) and m["rel_mse"] < m["identity_rel_mse"]
     assert m["copy_separation"] > 1e-3
@@ -173,6 +179,24 @@ def test_predictor_http_and_request_validation(ws_run):
     np.testing.assert_allclose(r.json()["values"], pred(pred.Request(**body)).values, atol=1e-6)
     bad = client.post("/weightspace/predict", json={"layers": body["layers"][:1]})
     assert bad.status_code == 422 and "layers" in bad.text
+
+
+def test_predictor_answers_its_example_request(ws_run):
+    """The predictor's own example body (a hat INR in the layer shapes it edits) is answered on
+    the checkpoint's grid; the answer survives a JSON round trip and equals the batched one."""
+    import json
+
+    from nshot.train import load_checkpoint
+
+    cfg, _, res = ws_run
+    pred = get("weightspace").predictor(load_checkpoint(res.checkpoint, method="weightspace"))
+    body = pred.example_request()
+    assert json.loads(json.dumps(body)) == body
+    req = pred.Request.model_validate(body)
+    answer = pred(req)
+    assert answer.grid_shape == [cfg.grid] and answer.k == 4
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
 
 
 @pytest.mark.ray

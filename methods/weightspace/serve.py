@@ -1,4 +1,4 @@
-"""weightspace predictor: edit a 1→3→1 ReLU INR. Batched over INRs.
+"""weightspace predictor: edit a 1→3→1 ReLU INR (the batched form answers each INR as alone).
 
 The request carries the input INR's layers; the answer is f_OCE, the mean of the k edited
 INRs, on the grid (the training grid by default), and optionally the k edited INRs.
@@ -103,11 +103,15 @@ class WeightspacePredictor(Predictor[WeightspaceRequest, WeightspaceResponse]):
         return W1, b1, W2, b2
 
     def batch(self, requests: list[WeightspaceRequest]) -> list[WeightspaceResponse]:
-        """One meta-network pass for all requests; each renders on its own grid."""
+        """One meta-network pass per request (the network is tiny, and a request's answer must not
+        depend on the batch it arrives in: a matrix product's rounding changes with the batch
+        size); each renders on its own grid."""
         from .model import render
 
+        tensors = self._tensors(requests)
         with torch.no_grad():
-            eW1, eb1, eW2, eb2, _ = self.model(*self._tensors(requests))
+            passes = [self.model(*(t[i : i + 1] for t in tensors)) for i in range(len(requests))]
+            eW1, eb1, eW2, eb2 = (torch.cat([p[j] for p in passes]) for j in range(4))
         out = []
         for i, r in enumerate(requests):
             x = (torch.tensor([p[0] for p in r.grid], dtype=torch.float32) if r.grid is not None

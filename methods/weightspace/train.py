@@ -141,8 +141,10 @@ def train_loop(cfg: WeightspaceConfig) -> None:
     start = restored.step if restored else 0
     ddp = session.prepare_model(model)
     train, test = splits(cfg)
+    # resumed_from: the steps this run was resumed from (one entry per resume)
+    resumed = [*restored.extra.get("resumed_from", []), start] if restored else []
     extra = {"model": model.describe(), "params": count_params(model), "task": cfg.task,
-             "grid": cfg.grid, "radius": cfg.radius}  # fmt: skip
+             "grid": cfg.grid, "radius": cfg.radius, "resumed_from": resumed}  # fmt: skip
 
     def on_eval(step: int, row: dict[str, float]) -> None:
         session.report(
