@@ -74,7 +74,9 @@ def front_runs(tmp_path_factory, ray_session):
     storage = tmp_path_factory.mktemp("front-runs")
     anc_cfg = front.config("smoke", stage="ancestry", anc_epochs=2)
     anc = fit("front", anc_cfg, scaling=Scaling(workers=0), storage=storage, name="anc")
-    cfg = front.config("smoke", ancestry_path=str(anc.checkpoint), epochs=2)
+    cfg = front.config(
+        "smoke", ancestry_path=str(anc.checkpoint), epochs=2, steps=2, checkpoint_every=2
+    )
     desc = fit("front", cfg, scaling=Scaling(workers=0), storage=storage, name="desc")
     return storage, anc, cfg, desc
 
@@ -116,6 +118,20 @@ def test_descendant_without_ancestry_path_trains_and_caches_one(ray_session, tmp
     assert ancestry_key(cfg.replace(anc_epochs=2)) != ancestry_key(cfg)
     # descendant knobs do not change the ancestry
     assert ancestry_key(cfg.replace(depth=3, init="random")) == ancestry_key(cfg)
+
+
+def test_predictor_answers_its_example_request(front_runs):
+    from nshot.train import load_checkpoint
+
+    *_, desc = front_runs
+    pred = get("front").predictor(load_checkpoint(desc.checkpoint, method="front"))
+    example = pred.example_request()
+    assert len(example["images"][0]) == pred.model.img_size**2  # the checkpoint's image size
+    req = pred.Request.model_validate(example)
+    answer = pred(req)
+    assert len(answer.labels) == 2 and all(0 <= y < pred.model.num_classes for y in answer.labels)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
 
 
 def test_predictor_http_and_request_validation(front_runs):
