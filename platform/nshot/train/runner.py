@@ -354,8 +354,16 @@ def _worker_entry(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (or in-process in local mode)."""
     import logging
 
-    # local mode logs every report at INFO; nshot prints its own progress line
-    logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
+    # Ray Train logs every report and every persisted checkpoint at INFO; nshot prints its own
+    # progress line (the session's log files keep Ray's lines)
+    if not loop_config.get("verbose"):
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
+        try:  # its per-report line is logged under the module's file name, not "ray.train..."
+            from ray.train.v2._internal.execution import context as train_context
+
+            train_context.logger.setLevel(logging.WARNING)
+        except (ImportError, AttributeError):  # another Ray version: its lines stay
+            pass
     if loop_config.get("local_dir") is None:  # a worker group: say where each rank runs
         import ray
         import ray.train
@@ -371,6 +379,10 @@ def _worker_entry(loop_config: dict[str, Any]) -> None:
     run_loop(loop_config["method"], loop_config["config"], local_dir=loop_config.get("local_dir"))
 
 
+def _env_verbose() -> bool:
+    return os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes")
+
+
 def build_trainer(
     method_name: str,
     cfg: MethodConfig,
@@ -382,15 +394,26 @@ def build_trainer(
     keep_checkpoints: int | None = None,
     max_failures: int = 0,
     callbacks: list[Any] | None = None,
+    verbose: bool = False,
 ):
     """The ``TorchTrainer`` that runs ``method_name``'s loop with ``cfg`` under ``scaling``
     (``scaling.workers == 0``: Ray Train's local mode, checkpoints written to ``local_dir``),
     its run stored in ``<storage_path>/<name>``. ``nshot train`` and every multi-worker Tune
-    trial build their trainers here."""
+    trial build their trainers here.
+
+    Ray Train's own INFO lines (every report, every checkpoint persisted, the worker group's
+    set-up) go to Ray's session log files only, so the terminal shows nshot's progress lines;
+    ``verbose`` (``NSHOT_VERBOSE=1``, ``nshot train --verbose``) shows them too. Warnings and
+    errors always reach the terminal."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    loop_config: dict[str, Any] = {"method": method_name, "config": cfg.model_dump()}
+    verbose = verbose or _env_verbose()
+    loop_config: dict[str, Any] = {
+        "method": method_name,
+        "config": cfg.model_dump(),
+        "verbose": verbose,
+    }
     if scaling.workers == 0:
         loop_config["local_dir"] = local_dir
         scaling_config = ray.train.ScalingConfig(num_workers=0)
@@ -409,6 +432,7 @@ def build_trainer(
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=keep_checkpoints),
         failure_config=ray.train.FailureConfig(max_failures=max_failures),
         callbacks=callbacks,
+        logging_config=ray.train.LoggingConfig(log_level="INFO" if verbose else "WARNING"),
         # workers on other nodes do not inherit the driver's environment: one progress line each
         worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
     )
@@ -432,6 +456,7 @@ def fit(
     max_failures: int = 0,
     keep_checkpoints: int = 2,
     allow_earlier: bool = False,
+    verbose: bool = False,
 ) -> TrainResult:
     """Train ``method_name`` with ``cfg`` through Ray Train and return the final checkpoint.
 
@@ -511,6 +536,7 @@ def fit(
         local_dir=str(run_dir) if local else None,
         keep_checkpoints=keep_checkpoints,
         max_failures=max_failures,
+        verbose=verbose,
     )
     t0 = time.time()
     result = trainer.fit()
