@@ -53,7 +53,7 @@ def test_parameter_matching_equivariance_and_the_collapse_control():
 
     counts = {k: count_params(DeepSetsOCE(w, 3, k)) for k, w in ((1, 64), (2, 62), (4, 60),
                                                                   (8, 56))}  # fmt: skip
-    assert counts == {1: 25285, 2: 24004, 4: 23000, 8: 21040}  # spec §2
+    assert counts == {1: 25285, 2: 24004, 4: 23000, 8: 21040}  # parameter-matched widths
     from nshot.methods.weightspace.experiments import equivariance
 
     eq = equivariance(get("weightspace").config("smoke"))

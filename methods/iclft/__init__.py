@@ -1,5 +1,4 @@
-"""iclft: fine-tuning versus in-context learning in linear attention
-(spec: shared/methods/iclft.md)."""
+"""iclft: fine-tuning versus in-context learning in linear attention (see README.md)."""
 
 from .method import ICLFTMethod
 

@@ -1,4 +1,4 @@
-"""Closed-form references of the spec (§2), in float64 NumPy. Used by tests and as the
+"""Closed-form references of the paper's analysis, in float64 NumPy. Used by tests and as the
 reference lines of ``experiments()``; training never reads them.
 
 Notation: ``D = d + 2``; a token is ``[1, x, y]``; ``M = QᵀK``; ``v`` is V's last row
@@ -23,7 +23,7 @@ Two families have exact test errors (derived here, checked by Monte Carlo in the
 
 The pretraining optimum in the V-family is ``w = c* = (N+1)/(N+1+d(1+σ²))`` (0.792 for d = 5,
 N = 20, σ² = 0.1): it depends on θ only through E[θθᵀ] = I/d, so it holds for both task
-distributions. The spec quotes ``a = N/(N+1+d)`` (0.769), the optimum of the 1/N-normalised,
+distributions. The often-quoted coefficient ``a = N/(N+1+d)`` (0.769), the optimum of the 1/N-normalised,
 noise-free model; its parameters produce the prediction ``a/(n+1)·Σ y_i x_iᵀ x_q`` exactly,
 and its error at n = 20 differs from the optimum's by < 0.001.
 """
@@ -38,7 +38,7 @@ Array = np.ndarray
 
 
 def spec_a(d: int, n_pt: int) -> float:
-    """The spec's pretrained coefficient ``a = N/(N+1+d)``."""
+    """The often-quoted pretrained coefficient ``a = N/(N+1+d)`` (1/N normalisation, no noise)."""
     return n_pt / (n_pt + 1 + d)
 
 

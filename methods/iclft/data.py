@@ -1,4 +1,4 @@
-"""Task generation (spec §2, §4): pretraining prompts, the target task θ0, its fine-tuning pool,
+"""Task generation (the paper's synthetic linear-regression protocol): pretraining prompts, the target task θ0, its fine-tuning pool,
 the unseen task −θ0 and held-out random tasks. Every stream has its own seed.
 
 Randomness is derived from ``(seed, stream, ...)`` through :class:`numpy.random.SeedSequence`,
@@ -148,7 +148,7 @@ def _prompts_table(cfg: ICLFTConfig, theta: torch.Tensor, seed: int, task: int) 
 
 
 def tables(cfg: ICLFTConfig, seed: int | None = None) -> dict[str, pa.Table]:
-    """The splits of ``seed`` (spec §4). ``pretrain`` is a generator: only its seed is stored.
+    """The splits of ``seed``. ``pretrain`` is a generator: only its seed is stored.
 
     ``eval_*`` rows are prompts: ``x`` holds the n+1 inputs flattened (demonstrations then
     the query), ``y`` the n+1 labels (the last is the query's true label)."""

@@ -1,4 +1,4 @@
-"""modhnn: modulation-based meta-learning of Hamiltonian dynamics (spec: shared/methods/modhnn.md).
+"""modhnn: modulation-based meta-learning of Hamiltonian dynamics (see README.md).
 
 Importing the package registers the method.
 """

@@ -1,4 +1,4 @@
-"""modhnn configuration and presets (spec: shared/methods/modhnn.md, section 3)."""
+"""modhnn configuration and presets (``smoke``, ``small``, ``paper``)."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ Ablation = Literal["zero_init", "reset_latents"]
 
 
 class ModHNNConfig(MethodConfig):
-    # data (spec §4)
+    # data (the paper's benchmark systems)
     system: SystemName = Field("pendulum", description="the system train_loop meta-trains on")
     n_train_instances: int = Field(70, ge=1, le=100_000, description="training parameter values")
     n_test_instances: int = Field(10, ge=1, le=10_000, description="unseen test parameter values")
     n_traj: int = Field(10, ge=2, le=1000, description="trajectories per instance")
     n_steps: int = Field(30, ge=3, le=10_000, description="states per trajectory")
     dt: float = Field(0.1, gt=0.0, le=1.0, description="time step of the data")
-    # model (spec §2)
+    # model (the paper's method)
     modulation: Variant = Field("svd", description="modulation train_loop meta-trains")
     model_kind: Literal["hnn", "mlp"] = Field(
         "hnn", description="hnn: modulated energy; mlp: the non-structured vector-field control"
@@ -67,7 +67,7 @@ class ModHNNConfig(MethodConfig):
     latent_init: Literal["avg", "zero"] = Field("avg", description="z_avg or zero at test time")
     scratch_steps: int = Field(1000, ge=1, le=1_000_000, description="per-instance HNN steps")
     scratch_lr: float = Field(3e-3, gt=0.0, le=1.0, description="per-instance HNN Adam lr")
-    # evaluation (spec §6)
+    # evaluation (the paper's metrics)
     grid: int = Field(50, ge=2, le=1000, description="ε_field grid points per axis")
     rollout_steps: int = Field(1000, ge=20, le=1_000_000, description="long rollout for drift")
     drift_window: int = Field(100, ge=1, le=100_000, description="steps averaged at both ends")
@@ -80,7 +80,7 @@ class ModHNNConfig(MethodConfig):
     rows: list[Row] = Field(default_factory=lambda: list(ROWS), min_length=1)
     ablations: list[Ablation] = Field(
         default_factory=lambda: ["zero_init", "reset_latents"],
-        description="spec §7.3 protocol checks run on the SVD row",
+        description="ablations of the paper's ablation study, run on the SVD row",
     )
     ablation_seeds: int = Field(1, ge=1, le=100, description="seeds of the reset-latents run")
     extra_systems: list[SystemName] = Field(

@@ -295,7 +295,7 @@ def _markdown(cfg: ModHNNConfig, rows: dict[str, Any], extra: dict[str, Any]) ->
     if extra["ablations"]:
         lines += [
             "",
-            "## Ablations (SVD, spec §7.3)",
+            "## Ablations (SVD, the paper's ablation study)",
             "",
             "| variant | field_mse | traj_mse | energy_drift |",
             "|---|---|---|---|",

@@ -1,4 +1,4 @@
-"""modhnn's predictor: adapt-and-predict per request (spec §8).
+"""modhnn's predictor: adapt-and-predict per request.
 
 A request carries observations of a new system, either ``shots`` (``{q, p, dq, dp}`` samples) or
 observed trajectories (``trajectory``, or several in ``trajectories``: states on a uniform ``dt``

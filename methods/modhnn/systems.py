@@ -1,4 +1,4 @@
-"""The physical systems of modhnn (spec §4): exact Hamiltonians, ground-truth trajectories.
+"""The physical systems of modhnn (the paper's benchmarks): exact Hamiltonians, ground-truth trajectories.
 
 Every system is one degree of freedom, state ``x = (q, p)``. The conservative systems
 (mass-spring, pendulum, Duffing) have the exact Hamiltonian ``H(q, p; μ)``; the damped nonlinear

@@ -20,7 +20,7 @@ checkpoint so that rank 0 saves every instance's latent.
 ``C · mean‖F̂ − F‖² / mean_k‖F‖²`` with ``C`` the mean ‖F‖² of the training split (a
 reconstruction: parameter values change the pendulum field's scale by 16×; the reweighting
 weighs every instance alike, like the relative metrics, while the loss keeps the data's units, so
-that the spec's η_in and λ values keep their meaning). Reports show the relative part.
+that the paper's η_in and λ values keep their meaning). Reports show the relative part.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """weightspace: permutation-equivariant weight-space networks and output capacity expansion
-(spec: shared/methods/weightspace.md).
+(see README.md).
 
 Importing the package registers the method.
 """

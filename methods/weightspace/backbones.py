@@ -2,7 +2,7 @@
 
 An MLP with widths (d_0, ..., d_L) is a list of ``(W_l [B, d_l, d_{l-1}], b_l [B, d_l])`` pairs,
 batched over B INRs. Only hidden neurons (layers 1..L-1) are permuted; input and output neurons
-keep their identity, so per-input/per-output-neuron parameters are allowed (spec §2).
+keep their identity, so per-input/per-output-neuron parameters are allowed (the paper's setting).
 
 Per-entry features use the same structure with a trailing channel dim:
 ``(FW_l [B, d_l, d_{l-1}, c], Fb_l [B, d_l, c])``.
@@ -168,7 +168,7 @@ class _NPLayer(nn.Module):
 
 
 class NPNFN(nn.Module):
-    """NP-NFN-style stack (spec §2 ``np_nfn``): equivariant to hidden-neuron permutations.
+    """NP-NFN-style stack (``np_nfn``): equivariant to hidden-neuron permutations.
 
     forward(layers) -> per-entry features ``[(FW_l [B, d_l, d_{l-1}, c], Fb_l [B, d_l, c])]``.
     ReLU between equivariant layers, none after the last.
@@ -193,7 +193,7 @@ class NPNFN(nn.Module):
 
 
 class GMN(nn.Module):
-    """Graph metanetwork (spec §2 ``gmn``): neurons are nodes, weights are edges l-1 -> l.
+    """Graph metanetwork (``gmn``): neurons are nodes, weights are edges l-1 -> l.
 
     Node init: Linear(bias) (bias 0 for input neurons) + a learned embedding per input neuron, per
     output neuron and ONE shared embedding per hidden layer. Edge init: Linear(W) + a per-layer
@@ -280,7 +280,7 @@ class OCEHead(nn.Module):
 
     v_hat_i = v + s_i * dv_i. ``init="random"``: head weights N(0, init_std^2) (default std 1e-3),
     zero head biases, per-copy s_i = 1. ``init="zero"``: zero head weights and biases and ONE
-    shared s = 1 — every copy then gets the same gradient forever (the collapse control, spec §9).
+    shared s = 1 — every copy then gets the same gradient forever (the collapse control).
     """
 
     def __init__(

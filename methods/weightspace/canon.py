@@ -1,4 +1,4 @@
-"""Canonicalisation demo (spec §2, Thm 6.3): sort hidden neurons by bias, then any MLP.
+"""Canonicalisation demo (the paper's Theorem 6.3): sort hidden neurons by bias, then any MLP.
 
 On general-position (GP) inputs — biases pairwise distinct within each hidden layer — the sorted
 form is a canonical representative of the hidden-permutation orbit, so an MLP on it is exactly

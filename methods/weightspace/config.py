@@ -1,4 +1,4 @@
-"""weightspace configuration and presets (spec: shared/methods/weightspace.md, section 3)."""
+"""weightspace configuration and presets (``smoke``, ``small``, ``paper``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Offline data for weightspace (spec §4): 1-D hat INRs and their dilations.
+"""Offline data for weightspace (the paper's 1-D dilation task): 1-D hat INRs and their dilations.
 
 Each input INR is a ReLU 1→3→1 network that encodes a hat with breakpoints c − w, c, c + w
 (c ~ U(0.3, 0.7), w ~ U(0.1, 0.25), height A ~ U(0.5, 1.5)):

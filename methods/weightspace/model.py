@@ -1,10 +1,10 @@
 """The `small` meta-network: DeepSets over the hidden neurons of a 1→3→1 ReLU INR, with an OCE head.
 
 For one hidden layer with fixed input and output sizes, the permutation-equivariant backbones
-(DWSNets, NP-NFN, GMN) reduce to DeepSets over hidden neurons (spec §2):
+(DWSNets, NP-NFN, GMN) reduce to DeepSets over hidden neurons:
 token_j = embed(W1[j], b1[j], W2[:, j]); residual layers H ← H + ReLU(Linear([H, mean_j H])).
 
-OCE head (spec §2): a per-neuron Linear(width → 3k) gives (ΔW1_j, Δb1_j, ΔW2_j) for each of the
+OCE head (the paper's output capacity expansion): a per-neuron Linear(width → 3k) gives (ΔW1_j, Δb1_j, ΔW2_j) for each of the
 k copies and an invariant pooled Linear(width → k) the output-bias deltas; v̂_i = v + s_i·Δv_i
 with a learnable s_i per copy (init 1), and the output function is the mean of the k rendered
 INRs. The head starts at N(0, 1e-3); ``head_init="zero"`` (zero head, one shared s) is the
