@@ -87,3 +87,14 @@ def test_reproduce_writes_three_files(capsys, tmp_path):
     assert "acc_unseen_modality_5w5s_std" in data["rows"]["tail"]
     md = (tmp_path / "res" / "results.md").read_text()
     assert "| tail |" in md and "n/a" in md
+
+
+def test_nshot_cluster_is_the_local_cluster_tool(tmp_path, capsys):
+    from nshot.cli import main
+
+    assert main(["cluster", "status", "--state-dir", str(tmp_path)]) == 1
+    assert "no local cluster recorded" in capsys.readouterr().out
+    assert main(["cluster", "stop", "--state-dir", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit):
+        main(["cluster", "--help"])
+    assert "usage: nshot cluster" in capsys.readouterr().out

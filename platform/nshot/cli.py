@@ -680,6 +680,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_serve)
 
+    s = sub.add_parser(
+        "cluster",
+        help="a local multi-node Ray cluster on this machine: start | stop | status | env",
+        add_help=False,
+    )
+    # dispatched to nshot.cluster before parsing (see main)
+
     s = sub.add_parser("quickstart", help="train, evaluate and serve TAIL on an embedded local Ray")
     s.add_argument("--out", default=os.environ.get("NSHOT_QUICKSTART_DIR", "nshot-quickstart"))
     s.add_argument("--preset", default="small")
@@ -694,6 +701,10 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["cluster"]:  # its own options (and --help) belong to the cluster tool
+        from nshot import cluster
+
+        return cluster.main(argv[1:], prog="nshot cluster")
     args = build_parser().parse_args(argv)
     args.argv = argv  # train: the command an interrupted run is resumed with
     try:

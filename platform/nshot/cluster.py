@@ -25,10 +25,10 @@ would end every Ray on the machine. The nodes also get ``RAY_ADDRESS`` (the GCS 
 processes that look a cluster up find this one even with another Ray on the machine. The state file (``<state-dir>/cluster.json``) records PIDs, ports, addresses and the
 dashboard URL.
 
-    python -m nshot.cluster start --workers 1 --head-cpus 1 --worker-cpus 1
-    python -m nshot.cluster status
-    eval "$(python -m nshot.cluster env)"; ray job submit --working-dir . -- nshot train ...
-    python -m nshot.cluster stop
+    nshot cluster start --workers 1 --head-cpus 1 --worker-cpus 1   # or python -m nshot.cluster
+    nshot cluster status
+    eval "$(nshot cluster env)"; ray job submit --working-dir . -- nshot train ...
+    nshot cluster stop
 """
 
 from __future__ import annotations
@@ -513,8 +513,8 @@ def _submit_hint(state: ClusterState) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nshot.cluster", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m nshot.cluster") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("command", choices=["start", "stop", "status", "env"])
     p.add_argument("--state-dir", default=None, help="default $NSHOT_CLUSTER_DIR or the cache")
     d = ClusterOptions()
