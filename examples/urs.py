@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from pydantic import ValidationError
 
@@ -19,6 +20,7 @@ from nshot.method import get
 from nshot.methods.urs.checker import check
 from nshot.methods.urs.heuristics import nearest_neighbour
 from nshot.methods.urs.representation import generate
+from nshot.methods.urs.serve import request_body
 from nshot.train import Scaling, fit, load_checkpoint
 
 
@@ -40,26 +42,16 @@ def main() -> None:
 
     inst = generate(args.variant, args.n, 1, seed=2026)
     row = inst.to_rows()[0]
-    request = {
-        "locations": row["locs"],
-        "linehaul": row["linehaul"],
-        "backhaul": row["backhaul"],
-        "capacity": row["capacity"],
-        "open_route": row["open_route"],
-        "distance_limit": row["distance_limit"],
-        "backhaul_class": "classic" if row["backhaul_class"] == 1 else "mixed",
-    }
-    if any(lv is not None for _, lv in row["tw"]):
-        request["time_windows"] = row["tw"]
-        request["service_times"] = row["service"]
-    request = {k: v for k, v in request.items() if v is not None}
+    request = request_body(row)
     print("request (first 3 nodes):", json.dumps({k: v[:3] if isinstance(v, list) else v
                                                   for k, v in request.items()}))  # fmt: skip
+    t0 = time.perf_counter()
     out = predictor(predictor.Request(**request))
+    ms = 1000.0 * (time.perf_counter() - t0)
     nn = nearest_neighbour(inst)[0]
     nn_cost = check(inst, nn["routes"], nn["depots"]).cost
     print(f"{out.variant} (unseen in training), N={args.n}: URS cost {out.objective:.3f} in "
-          f"{out.runtime_ms:.0f} ms, feasible={out.feasible}, {len(out.routes)} routes; "
+          f"{ms:.0f} ms, feasible={out.feasible}, {len(out.routes)} routes; "
           f"nearest neighbour {nn_cost:.3f}")  # fmt: skip
     if out.violations:
         print("violations:", out.violations)

@@ -272,6 +272,20 @@ def smoke_run(tmp_path_factory, ray_session):
     return cfg, storage, res
 
 
+def test_predictor_answers_its_example_request(smoke_run):
+    from nshot.train import load_checkpoint
+
+    cfg, _, res = smoke_run
+    pred = get("urs").predictor(load_checkpoint(res.checkpoint, method="urs"))
+    example = pred.example_request()
+    req = pred.Request.model_validate(example)
+    answer = pred(req)
+    assert answer.variant == cfg.seen_variants[0] and answer.feasible, answer
+    assert sorted(c for r in answer.routes for c in r) == list(range(1, 11))
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+
+
 def test_train_checkpoint_resume_and_predictor(smoke_run):
     from nshot.methods.urs.serve import to_unit_square
     from nshot.train import Scaling, fit, load_checkpoint

@@ -1,5 +1,4 @@
-"""front: FRONT, frequency-domain knowledge transfer with a DCT learngene (spec:
-shared/methods/front.md).
+"""front: FRONT, frequency-domain knowledge transfer with a DCT learngene.
 
 Importing the package registers the method.
 """

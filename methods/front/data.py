@@ -1,4 +1,4 @@
-"""Offline data for FRONT (spec section 4): scikit-learn's digits, split three ways by seed.
+"""Offline data for FRONT: scikit-learn's digits, split three ways by seed.
 
 ``ancestry_train`` (50 %), ``descendant_train`` (30 %) and ``test`` (20 %), stratified by digit:
 the ancestry and its descendants learn the same task from disjoint images. Descendant tasks:

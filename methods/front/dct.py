@@ -6,7 +6,7 @@ transform the last two dimensions (rows, then columns). The transforms multiply 
 matrix (cached per length and device), computed in float64; results come back in the input's
 floating dtype (float64 for integer input). They are differentiable.
 
-The DCT is deliberately *not* orthonormal: FRONT's depth-amplitude effect (spec §9) depends on it.
+The DCT is deliberately *not* orthonormal: FRONT's depth-amplitude effect depends on it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FRONT's learngene (spec §2) and the copy-based baseline initialisations (spec §5).
+"""FRONT's learngene and the copy-based baseline initialisations.
 
 Everything works on ``torch.nn.Module`` parameters by name (only ``requires_grad`` parameters;
 buffers are never transferred) and assumes timm's block naming ``blocks.{i}.<rest>``: the
@@ -9,7 +9,7 @@ e.g. ``model.layers`` for Llama-style models). Everything else maps 1:1 by name.
   low-frequency block of its unnormalised DCT: the :class:`Learngene` {C, μ, σ}.
 * :func:`depth_transfer` — DCT over a group's stacked layers, keep ``min(L_t, L_s)`` depth
   frequencies, fill, inverse DCT at the target depth. Faithful: no amplitude compensation, so a
-  12 → 4 reconstruction is ≈3× too large (spec §9); ``depth_fix`` multiplies by L_t/L_s.
+  12 → 4 reconstruction is ≈3× too large; ``depth_fix`` multiplies by L_t/L_s.
 * :func:`front_init` — depth transfer + zero-padded / truncated inverse 2-D DCT into any width.
 * :func:`truncation_init`, :func:`uniform_init`, :func:`weight_selection_init` — baselines.
 * :func:`high_freq_energy`, :func:`high_freq_fraction` — the refinement's spectral regulariser.
@@ -74,7 +74,7 @@ class TransferError(ValueError):
 
 
 def matrix_shape(shape: Iterable[int]) -> tuple[int, ...]:
-    """The 1-D or 2-D shape a parameter is transformed in (spec §2 step 2).
+    """The 1-D or 2-D shape a parameter is transformed in (step 2 of the extraction).
 
     4-D (OC, IC, kH, kW) → (OC·IC, kH·kW); 3-D (a, b, c) → (a·b, c) (higher ranks:
     (s0·s1, rest)); then a 2-D shape with a singleton dimension becomes 1-D, as does a scalar.
@@ -416,7 +416,7 @@ def front_init(
     seed: int = 0,
     select_n: int | None = None,
 ) -> dict[str, Any]:
-    """Initialise ``target``'s trainable parameters from a learngene (spec §2), in place.
+    """Initialise ``target``'s trainable parameters from a learngene, in place.
 
     Per-block groups go through :func:`depth_transfer` (n computed per group), then every
     parameter through :func:`reconstruct` and θ = X·σ + μ (target layer i uses source layer i's

@@ -1,4 +1,4 @@
-"""URS: unified neural routing solver for many VRP variants, zero-shot (spec: shared/methods/urs.md)."""
+"""URS: unified neural routing solver for many VRP variants, zero-shot."""
 
 from .method import URSMethod
 

@@ -1,4 +1,4 @@
-"""Reference solvers with a fixed time limit per instance (spec §5).
+"""Reference solvers with a fixed time limit per instance.
 
 - **PyVRP 0.14** (iterated local search) for every variant it expresses: capacity, time
   windows, open routes (zero-cost arcs back to the depot), distance limits (the vehicle type's

@@ -18,7 +18,7 @@ import time
 import torch
 
 from .checker import check
-from .model import URSNet, solve
+from .model import URSNet, load_model, solve
 from .representation import generate
 
 
@@ -51,8 +51,6 @@ def scaling_benchmark(
 
 def main() -> None:
     from nshot.train import load_checkpoint
-
-    from .method import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", required=True)

@@ -1,4 +1,4 @@
-"""An independent feasibility checker and objective (spec §6).
+"""An independent feasibility checker and objective.
 
 Written apart from the decoder's masks (``env.py``): it simulates each route from the raw
 instance fields in plain Python floats, with its own distance computation, and reports every

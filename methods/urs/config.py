@@ -1,4 +1,4 @@
-"""URS configuration and presets (spec: shared/methods/urs.md, section 3)."""
+"""URS configuration and presets."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Batched multi-task VRP environment: step-wise feasibility masks from the UDR attributes.
 
 State is kept per rollout, shape ``[B, R]`` (R = POMO starts × augmentations), in float64 so
-that the masks agree with the independent checker. A candidate customer j is feasible when
-(spec §2, "Feasibility masks"):
+that the masks agree with the independent checker. A candidate customer j is feasible when:
 
 - it is not visited;
 - **capacity**: classic backhaul (precedence): no linehaul after a backhaul on the route,

@@ -1,6 +1,7 @@
 """URS's comparison: zero-shot routing on seen and unseen variants.
 
-Everything runs as Ray tasks (one CPU each) after ``ensure_ray()``:
+Everything runs as Ray tasks (one CPU each) through :func:`nshot.experiment.run_jobs`, in two
+rounds (1-3, then 4 and 6):
 
 1. train ``urs`` and its ablations (``urs_no_mbm``: geometric bias only; ``urs_no_generator``:
    fixed weights; ``mtpomo``: attribute flags instead of the UDR, no MBM, no generator) through
@@ -9,7 +10,7 @@ Everything runs as Ray tasks (one CPU each) after ``ensure_ray()``:
    fixed time limit per instance, one task per (variant, size), cached as Parquet;
 3. constructive baselines (nearest neighbour, savings, random feasible policy);
 4. each trained model decodes every test instance (POMO multi-start × 8 augmentations,
-   greedy), as soon as its training finishes;
+   greedy);
 5. an independent checker verifies every solution of every system; gaps are per instance
    against the reference's checked cost;
 6. the inference time/memory curve of ``urs`` over ``scaling_sizes`` (CVRP, one instance each).
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, grid, run_jobs
 from nshot.method import ResultsTable
 
 from .config import URSConfig
@@ -60,8 +62,8 @@ def evaluate_system(system: Any, cfg: URSConfig, variants: list[str]) -> dict:
     import torch
 
     from .checker import check
+    from .data import load_test_set
     from .heuristics import nearest_neighbour, random_policy, savings
-    from .method import load_test_set
     from .model import solve
 
     torch.set_num_threads(1)
@@ -101,7 +103,7 @@ def reference_results(cfg: URSConfig, variant: str, n: int) -> list[dict]:
 
     from .baselines import reference
     from .checker import check
-    from .method import load_test_set
+    from .data import load_test_set
 
     seconds = max(cfg.ref_time_min, cfg.ref_time_per_node * n)
     key = f"urs-ref-{variant}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}-t{int(seconds * 1000)}ms"
@@ -145,7 +147,7 @@ def _eval_task(cfg_dict: dict, system: str, ckpt: str | None, variants: list[str
     if ckpt is not None:
         from nshot.train import load_checkpoint
 
-        from .method import load_model
+        from .model import load_model
 
         net, _ = load_model(load_checkpoint(ckpt, method="urs"))
         return evaluate_system(net, cfg, variants)
@@ -160,7 +162,7 @@ def _scaling_task(ckpt: str, sizes: list[int], starts: int, aug: int) -> list[di
     from nshot.train import load_checkpoint
 
     from .bench import scaling_benchmark
-    from .method import load_model
+    from .model import load_model
 
     net, _ = load_model(load_checkpoint(ckpt, method="urs"))
     return scaling_benchmark(net, sizes, starts=starts, aug=aug)
@@ -212,6 +214,33 @@ def _ref_as_result(refs: dict) -> dict:
 # --------------------------------------------------------------------------- the comparison
 
 
+def _first_jobs(cfg: URSConfig, storage: str, gpus: float, chunks: list) -> list[Job]:
+    """Training of every system (a GPU each where the cluster has them), the reference solver
+    per (variant, size), and the heuristics (two chunks of variants each): all independent."""
+    cfg_dict = cfg.model_dump()
+    jobs = [
+        Job(("train", s), _train_system, (URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s]})
+            .model_dump(), storage, f"urs-{cfg.preset}-{s}"), num_cpus=1, num_gpus=gpus)
+        for s in cfg.systems
+    ]  # fmt: skip
+    variants = [*cfg.seen_variants, *cfg.unseen_variants]
+    jobs += [
+        Job(("ref", v, n), _ref_task, (cfg_dict, v, n)) for v, n in grid(variants, cfg.eval_sizes)
+    ]
+    jobs += [Job(("heuristic", h, i), _eval_task, (cfg_dict, h, None, c))
+             for h, (i, c) in grid(HEURISTICS, enumerate(chunks))]  # fmt: skip
+    return jobs
+
+
+def _merged(done: dict, kind: str, system: str) -> dict:
+    """One system's per-(variant, n) results, merged over its chunks."""
+    out: dict = {}
+    for key, part in done.items():
+        if key[:2] == (kind, system):
+            out.update(part)
+    return out
+
+
 def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     import ray
 
@@ -223,79 +252,34 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     ensure_ray()
     cfg_dict = cfg.model_dump()
     variants = [*cfg.seen_variants, *cfg.unseen_variants]
-    storage = str(workdir / "runs")
-    # on a cluster with GPUs each system trains on one GPU (Ray Train local mode in the task)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    train_r = ray.remote(num_cpus=1, num_gpus=gpus)(_train_system)
-    eval_r = ray.remote(num_cpus=1)(_eval_task)
-    ref_r = ray.remote(num_cpus=1)(_ref_task)
-    scale_r = ray.remote(num_cpus=1)(_scaling_task)
-
-    # 1. training (longest first), 2. references and heuristics fill the other CPU
-    trains = {
-        ray_ref: s
-        for s in cfg.systems
-        for ray_ref in [
-            train_r.remote(
-                URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s]}).model_dump(),
-                storage,
-                f"urs-{cfg.preset}-{s}",
-            )  # fmt: skip
-        ]
-    }
-    _log(f"training {list(cfg.systems)}; references and heuristics on {len(variants)} variants "
-         f"× sizes {cfg.eval_sizes}")  # fmt: skip
-    ref_futs = {(v, n): ref_r.remote(cfg_dict, v, n) for v in variants for n in cfg.eval_sizes}
     chunks = [variants[i::2] for i in range(2)] if len(variants) > 1 else [variants]
-    heur_futs = {h: [eval_r.remote(cfg_dict, h, None, c) for c in chunks] for h in HEURISTICS}
-    # 4. evaluate each model as soon as it is trained
-    ckpts: dict[str, str] = {}
-    eval_futs: dict[str, list] = {}
-    pending = list(trains)
-    scaling_fut = None
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        s = trains[done[0]]
-        ckpts[s] = ray.get(done[0])
-        _log(f"{s} trained ({time.time() - t_start:.0f}s); evaluating")
-        eval_futs[s] = [eval_r.remote(cfg_dict, s, ckpts[s], c) for c in chunks]
-        if s == "urs" and cfg.scaling_sizes:
-            scaling_fut = scale_r.remote(ckpts[s], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
-    refs = {k: ray.get(f) for k, f in ref_futs.items()}
-    _log(f"references done ({time.time() - t_start:.0f}s)")
-    results: dict[str, dict] = {}
-    for s, futs in {**eval_futs, **heur_futs}.items():
-        merged: dict = {}
-        for part in ray.get(futs):
-            merged.update(part)
-        results[s] = merged
-    scaling = ray.get(scaling_fut) if scaling_fut is not None else []
+    first = run_jobs(_first_jobs(cfg, str(workdir / "runs"), gpus, chunks),
+                     description="urs: training, references, heuristics")  # fmt: skip
+    ckpts = {s: first[("train", s)] for s in cfg.systems}
+    refs = {(v, n): first[("ref", v, n)] for v, n in grid(variants, cfg.eval_sizes)}
+    second = [Job(("eval", s, i), _eval_task, (cfg_dict, s, ckpts[s], c))
+              for s, (i, c) in grid(cfg.systems, enumerate(chunks))]  # fmt: skip
+    if "urs" in ckpts and cfg.scaling_sizes:
+        args = (ckpts["urs"], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
+        second.append(Job(("scaling",), _scaling_task, args))
+    done = run_jobs(second, description="urs: decoding the test sets")
+    results = {s: _merged(done, "eval", s) for s in cfg.systems}
+    results |= {h: _merged(first, "heuristic", h) for h in HEURISTICS}
     results["pyvrp"] = _ref_as_result(refs)
-
+    scaling = done.get(("scaling",), [])
     order = [*cfg.systems, *HEURISTICS, "pyvrp"]
     rows = {s: summarise(results[s], refs, cfg) for s in order}
     per_variant = _per_variant(results, refs, cfg, order)
     solvers = sorted({r["solver"] for rs in refs.values() for r in rs})
     ref_infeasible = sum(1 for rs in refs.values() for r in rs if not r["feasible"])
-    notes = _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling)
     extra = {
         "per_variant": per_variant,
         "scaling": scaling,
         "checkpoints": ckpts,
         "reference_solvers": solvers,
         "pyvrp_version": pyvrp_version(),
-        "violations": {
-            s: sorted(
-                {
-                    v.split(":")[0]
-                    for rs in results[s].values()
-                    for r in rs
-                    if r
-                    for v in r["violations"]
-                }
-            )
-            for s in order
-        },  # fmt: skip
+        "violations": {s: _violations(results[s]) for s in order},
         "markdown": _markdown(per_variant, cfg, order, scaling),
         # numbers the claims read (nshot.methods.urs.claims)
         "gap_pct_by_size": gap_by_size(per_variant, "urs", cfg.eval_sizes),
@@ -308,16 +292,15 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
         _plot_scaling(scaling, workdir / "scaling.png")
         (workdir / "scaling.json").write_text(json.dumps(scaling, indent=1))
     return ResultsTable(
-        method="urs",
-        preset=cfg.preset,
-        seeds=1,
-        metrics=dict(METRICS),
-        rows=rows,
-        stds={},
-        runtime_s=time.time() - t_start,
-        notes=notes,
-        extra=extra,
-    )
+        method="urs", preset=cfg.preset, seeds=1, metrics=dict(METRICS), rows=rows, stds={},
+        runtime_s=time.time() - t_start, extra=extra,
+        notes=_notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling),
+    )  # fmt: skip
+
+
+def _violations(results: dict) -> list[str]:
+    return sorted({v.split(":")[0] for rs in results.values() for r in rs if r
+                   for v in r["violations"]})  # fmt: skip
 
 
 def _per_variant(results: dict, refs: dict, cfg: URSConfig, order: list[str]) -> list[dict]:

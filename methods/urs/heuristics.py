@@ -1,5 +1,5 @@
 """Constructive baselines: nearest-neighbour feasible greedy, Clarke–Wright savings, and a
-random feasible policy (spec §5)."""
+random feasible policy."""
 
 from __future__ import annotations
 

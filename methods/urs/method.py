@@ -9,57 +9,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from nshot.method import Method, NshotError, ResultsTable, register
+from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, meta_counts, transformer_activation_bytes
 
 from .claims import CLAIMS
 from .config import URSConfig
-from .model import URSNet
-from .representation import Instances, test_set
-from .train import RolloutModule, build_model, train_step, validate, validation_set
-
-
-def instances_table(inst: Instances, n: int) -> pa.Table:
-    import json
-
-    rows = inst.to_rows()
-    return pa.table(
-        {
-            "variant": [r["variant"] for r in rows],
-            "n": [n] * len(rows),
-            "index": list(range(len(rows))),
-            "hash": [inst.hash(i) for i in range(len(rows))],
-            "instance": [json.dumps(r) for r in rows],
-        }
-    )
-
-
-def table_instances(table: pa.Table) -> Instances:
-    import json
-
-    return Instances.from_rows([json.loads(s) for s in table.column("instance").to_pylist()])
-
-
-def load_test_set(cfg: URSConfig, variant: str, n: int) -> Instances:
-    """The fixed test instances of (variant, n), materialised once as Parquet in the cache."""
-    from nshot.data import cached_table
-
-    key = f"urs-test-{variant}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}"
-    table = cached_table(
-        key, lambda: instances_table(test_set(variant, n, cfg.eval_instances, cfg.test_seed), n)
-    )
-    return table_instances(table)
-
-
-def load_model(checkpoint: LoadedCheckpoint) -> tuple[URSNet, URSConfig]:
-    if checkpoint.method != "urs":
-        raise NshotError(f"{checkpoint.path}: a {checkpoint.method!r} checkpoint, not urs")
-    cfg = URSConfig.validated(checkpoint.config)
-    net = build_model(cfg)
-    net.load_state_dict(checkpoint.weights())
-    net.eval()
-    return net, cfg
+from .data import instances_table, load_test_set
+from .model import build_model, load_model
+from .train import RolloutModule, train_step, validate, validation_set
 
 
 @register

@@ -1,7 +1,7 @@
 """The URS network: UDR embedding, ICAM-style AAFM encoder with the mixed bias module (MBM),
-the problem-conditioned parameter generator, and the masked POMO decoder (spec §2).
+the problem-conditioned parameter generator, and the masked POMO decoder.
 
-Reconstruction choices (the spec leaves them open):
+Reconstruction choices (the paper leaves them open):
 
 - the global UDR vector is embedded and added to every node embedding;
 - MBM: each encoder layer mixes the five bias matrices with weights ``w = w_base + Δw(desc)``
@@ -28,6 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nshot.errors import NshotError
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .config import URSConfig
 from .env import Env
 from .representation import GLOBAL_DIM, NODE_DIM, Instances, flag_features, udr_features
 
@@ -65,7 +69,7 @@ def descriptor(inst: Instances) -> np.ndarray:
 
 def mbm_biases(inst: Instances, dist: torch.Tensor, k: int) -> torch.Tensor:
     """The bias matrices [B, k, V, V] (float32): geometric, TW reachability, waiting,
-    backhaul precedence, return cost (spec §2, MBM)."""
+    backhaul precedence, return cost."""
     n = max(inst.num_customers, 2)
     s = math.log2(n)
     d = dist.float()
@@ -257,7 +261,7 @@ class URSNet(nn.Module):
         g = self.wo(g)
         score = torch.matmul(g, enc.e) / math.sqrt(D)
         logit = self.clip * torch.tanh(score - self.alpha2 * enc.log2n * dcur)
-        logit = logit.masked_fill(~m, float("-inf"))  # after the tanh clipping (spec §9)
+        logit = logit.masked_fill(~m, float("-inf"))  # after the tanh clipping
         return logit.reshape(B, A * P, V)
 
 
@@ -310,7 +314,7 @@ def rollout(
             probs = lp.exp().reshape(-1, env.V)
             act = torch.multinomial(probs, 1, generator=generator).reshape(env.B, env.R)
             ok = torch.gather(mask, 2, act[..., None])[..., 0]
-            act = torch.where(ok, act, lp.argmax(-1))  # round-off guard (spec §9)
+            act = torch.where(ok, act, lp.argmax(-1))  # round-off guard
         if mode == "sample":
             logp = logp + torch.gather(lp, 2, act[..., None])[..., 0]
         env.step(act)
@@ -342,3 +346,29 @@ def solve(
              "stuck": bool(env.stuck[b, r])}
         )  # fmt: skip
     return out
+
+
+def build_model(cfg: URSConfig) -> URSNet:
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    return URSNet(
+        d=cfg.d,
+        layers=cfg.layers,
+        ff=cfg.ff,
+        clip=cfg.clip,
+        mbm=cfg.mbm,
+        generator=cfg.generator,
+        gen_rank=cfg.gen_rank,
+        gen_hidden=cfg.gen_hidden,
+        encoding=cfg.encoding,
+    )
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[URSNet, URSConfig]:
+    """The URSNet of a urs checkpoint (in eval mode) and the config it was trained with."""
+    if checkpoint.method != "urs":
+        raise NshotError(f"{checkpoint.path}: a {checkpoint.method!r} checkpoint, not urs")
+    cfg = URSConfig.validated(checkpoint.config)
+    net = build_model(cfg)
+    net.load_state_dict(checkpoint.weights())
+    net.eval()
+    return net, cfg

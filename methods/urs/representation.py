@@ -1,7 +1,7 @@
 """The unified data representation (UDR) and the offline multi-task VRP generator.
 
 Every variant is one :class:`Instances` batch with the same fields; an attribute a variant lacks
-takes its neutral value (spec §2):
+takes its neutral value:
 
 ====================  ===========================================  =======================
 field                 meaning                                      neutral (absent) value
@@ -23,7 +23,7 @@ The neural model reads the UDR features (:func:`udr_features`): per node
 ``[10/Q, closed, 1/L, precedence, 1/T]``, where every absent attribute maps to 0 (or l/T = 1),
 so an unseen variant is an unseen *combination of values*, never a new token.
 
-Data conventions follow RouteFinder's multi-task generator (spec §4): uniform locations,
+Data conventions follow RouteFinder's multi-task generator: uniform locations,
 demands U{1..9}, capacity 30 (N ≤ 20), 30 + ⌊N/5⌋ (N ≤ 1000), 230 + ⌊(N − 1000)/33.3⌋ above;
 backhaul customers with p = 0.2; service U[0.15, 0.18], window length U[0.18, 0.2], window start
 (1 + (h_max − 1)u)·d_i with h_max = (4.6 − s − len)/d_i − 1 (d_i: distance to the nearest

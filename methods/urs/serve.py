@@ -1,4 +1,4 @@
-"""URS's predictor: ``solve`` one routing instance per request item (spec §8).
+"""URS's predictor: ``solve`` one routing instance per request item.
 
 A request is an instance in the unified representation as JSON arrays (depots first);
 omitted attributes take their neutral values (no capacity: TSP; no windows: ``[0, ∞]``; no
@@ -11,7 +11,6 @@ rejected by the model validator with a message that starts with the field (HTTP 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Literal
 
 import numpy as np
@@ -24,8 +23,8 @@ from nshot.train.checkpoint import LoadedCheckpoint
 
 from .checker import check
 from .config import URSConfig
-from .model import URSNet, solve
-from .representation import Instances, variant_name
+from .model import URSNet, load_model, solve
+from .representation import Instances, generate, variant_name
 
 MAX_NODES = 1000
 
@@ -159,7 +158,26 @@ class URSResponse(BaseModel):
     feasible: bool
     violations: list[str] = Field(..., description="the independent checker's report")
     variant: str
-    runtime_ms: float
+
+
+def request_body(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of ``/urs/predict`` for one instance row (``Instances.to_rows()``)."""
+    body: dict[str, Any] = {
+        "locations": row["locs"],
+        "num_depots": row["num_depots"],
+        "linehaul": row["linehaul"],
+        "backhaul": row["backhaul"],
+        "capacity": row["capacity"],
+        "open_route": row["open_route"],
+        "distance_limit": row["distance_limit"],
+        "backhaul_class": "classic" if row["backhaul_class"] == 1 else "mixed",
+    }
+    if any(lv is not None for _, lv in row["tw"]):
+        body["time_windows"] = row["tw"]
+        body["service_times"] = row["service"]
+    if not any(body["linehaul"]) and not any(body["backhaul"]):
+        body["capacity"] = None  # a TSP
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def to_unit_square(inst: Instances) -> Instances:
@@ -191,8 +209,6 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> URSPredictor:
-        from .method import load_model
-
         net, cfg = load_model(checkpoint)
         return cls(net, cfg)
 
@@ -204,6 +220,11 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
             "mbm": self.cfg.mbm,
             "generator": self.cfg.generator,
         }
+
+    def example_request(self) -> dict[str, Any]:
+        """Ten customers of the first variant this checkpoint was trained on (a fixed seed)."""
+        inst = generate(self.cfg.seen_variants[0], 10, 1, seed=2026)
+        return request_body(inst.to_rows()[0])
 
     def __call__(self, request: URSRequest) -> URSResponse:
         return self.batch([request])[0]
@@ -217,10 +238,8 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
             groups.setdefault((inst.locs.shape[1], inst.num_depots, r.augment), []).append(i)
         out: list[URSResponse | None] = [None] * len(requests)
         for (_, _, augment), idx in groups.items():
-            t0 = time.time()
             batch = Instances.concat([to_unit_square(insts[i]) for i in idx])
             sols = solve(self.net, batch, self.cfg.eval_starts, 8 if augment else 1)
-            ms = 1000.0 * (time.time() - t0) / len(idx)
             for j, i in enumerate(idx):
                 rep = check(insts[i], sols[j]["routes"], sols[j]["depots"], 0)
                 out[i] = URSResponse(
@@ -230,6 +249,5 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
                     feasible=rep.feasible,
                     violations=rep.violations,
                     variant=insts[i].variants[0],
-                    runtime_ms=ms,
                 )
         return out  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""POMO REINFORCE training of URS under Ray Train (spec §2, "Training").
+"""POMO REINFORCE training of URS under Ray Train.
 
 Each step draws a fresh batch (seeded by ``(seed, step, rank)``) mixing the seen variants
 uniformly, runs ``train_starts`` sampled rollouts per instance from distinct first customers,
@@ -16,23 +16,8 @@ import numpy as np
 import torch
 
 from .config import URSConfig
-from .model import URSNet, rollout, solve
+from .model import URSNet, build_model, rollout, solve
 from .representation import Instances, generate, generate_mixed
-
-
-def build_model(cfg: URSConfig) -> URSNet:
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    return URSNet(
-        d=cfg.d,
-        layers=cfg.layers,
-        ff=cfg.ff,
-        clip=cfg.clip,
-        mbm=cfg.mbm,
-        generator=cfg.generator,
-        gen_rank=cfg.gen_rank,
-        gen_hidden=cfg.gen_hidden,
-        encoding=cfg.encoding,
-    )
 
 
 def lr_at(cfg: URSConfig, step: int) -> float:
@@ -41,7 +26,7 @@ def lr_at(cfg: URSConfig, step: int) -> float:
 
 def size_at(cfg: URSConfig, step: int, rng: np.random.Generator) -> tuple[int, int]:
     """(customers, batch) of a step: train_sizes[0] first, then uniform in [min, max] with the
-    batch shrunk as batch·(N0/N)² (spec §3)."""
+    batch shrunk as batch·(N0/N)²."""
     n0 = cfg.train_sizes[0]
     if len(cfg.train_sizes) == 1 or step <= cfg.stage1_frac * cfg.steps:
         return n0, cfg.batch_size
