@@ -57,7 +57,7 @@ def untrained_tail_checkpoint(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_smoke_lm(nshot_cache):
     """The folder of the tiny-smoke LM, trained by nshot once per test run (about a minute)."""
-    from nshot.nn.tinylm import ensure_tiny_lm
+    from nshot.train.tinylm import ensure_tiny_lm
 
     return ensure_tiny_lm("smoke")
 

@@ -14,7 +14,7 @@ from nshot.train.deepspeed import DeepSpeedOptions, build_engine, ds_config, mem
 def test_zero_stages_agree_on_two_ray_workers(ray_session, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from nshot.nn.tinylm import pretrain
+    from nshot.train.tinylm import pretrain
 
     losses = {}
     for stage in (0, 2, 3):

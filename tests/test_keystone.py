@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from nshot.method import ConfigError, get
 from nshot.methods.keystone.config import KeystoneConfig
 from nshot.methods.keystone.neurons import DeltaRows, NeuronHooks, NeuronSpace
 from nshot.methods.keystone.probe import candidates, iou, module_matched_set, random_set
-from nshot.methods.keystone.serve import KeystoneRequest
+from nshot.methods.keystone.serve import KeystoneRequest, KeystoneResponse
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +169,8 @@ def test_config_errors() -> None:
         KeystoneConfig.from_preset("smoke", calib_grid=[20.0])
     with pytest.raises(ConfigError, match="bogus"):
         KeystoneConfig.from_preset("smoke", bogus=1)
+    with pytest.raises(ConfigError, match="fail_at_step.*one step"):
+        KeystoneConfig.from_preset("smoke", fail_at_step=2)
     assert get("keystone").config("small").model == "smollm2"
 
 
@@ -206,13 +210,11 @@ def smoke_checkpoint(tmp_path_factory, ray_session):
     from nshot.train import Scaling, fit
 
     cfg = get("keystone").config("smoke", train_sft=True)
-    res = fit(
-        "keystone",
-        cfg,
-        scaling=Scaling(workers=0),
-        storage=str(tmp_path_factory.mktemp("ks")),
-        name="smoke",
-    )
+    storage, local = str(tmp_path_factory.mktemp("ks")), Scaling(workers=0)
+    # the loop's one step fails on a first attempt (fault injection); a resume does it
+    with pytest.raises(Exception, match="injected fault at step 1"):  # noqa: PT011
+        fit("keystone", cfg.replace(fail_at_step=1), scaling=local, storage=storage, name="smoke")
+    res = fit("keystone", cfg, scaling=local, storage=storage, name="smoke", resume=True)
     return res.checkpoint
 
 
@@ -242,6 +244,14 @@ def test_train_loop_checkpoint_and_predictor(smoke_checkpoint) -> None:
     assert rnd.neurons_affected == len(ks)
     with pytest.raises(ValueError, match="context"):
         pred(KeystoneRequest(prompt="1 " * 300, max_new_tokens=200))
+    # the predictor's own example: answered, through JSON unchanged, the same batched
+    example = pred.example_request()
+    json.dumps(example)
+    req = KeystoneRequest.model_validate(example)
+    answer = pred(req)
+    assert answer.neurons_affected == len(ks)  # the example zeroes the keystones
+    assert KeystoneResponse.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req]) == [answer, answer]
 
 
 def test_evaluate_smoke_checkpoint(smoke_checkpoint) -> None:

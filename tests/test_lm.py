@@ -146,3 +146,70 @@ def test_resolve_device_with_cuda_mocked(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(DeviceError, match=r"out of range, 2 CUDA device\(s\) visible"):
         resolve_device("cuda:2")
+
+
+def _bpe_tokenizer(pad: bool = False, eos: bool = True):
+    """A byte-level BPE tokenizer (the kind of Llama 3, SmolLM2, Qwen and GPT-2: a word's
+    leading space lives inside its token, ``ĠParis``), trained here on a few sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<bos>", "<eos>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = [
+        "The capital of France is Paris.",
+        "The capital of Italy is Rome.",
+        "The capital of Spain is Madrid.",
+        ">>> max(4, 9)\n9\n>>> len([1, 2])\n2",
+    ]
+    core.train_from_iterator(text * 20, trainer)
+    specials = {"bos_token": "<bos>"}
+    if eos:
+        specials["eos_token"] = "<eos>"
+    if pad:
+        specials["pad_token"] = "<pad>"
+    return PreTrainedTokenizerFast(tokenizer_object=core, **specials)
+
+
+def test_encode_pair_joins_prompt_and_answer_as_the_model_reads_them():
+    """One space between prompt and answer, carried by the answer's token; none after a
+    newline; a prompt's trailing space moves onto the answer (never a double space)."""
+    from nshot.nn.lm import encode, encode_pair, pad_token_id
+
+    tok = _bpe_tokenizer()
+    prompt = "The capital of France is"
+    p, a = encode_pair(tok, prompt, "Paris")
+    assert p == encode(tok, prompt) and p + a == encode(tok, prompt + " Paris")
+    assert tok.convert_ids_to_tokens(a)[0].startswith("Ġ")  # " Paris", as in training
+    assert encode_pair(tok, prompt + " ", "Paris") == (p, a)  # trailing space: same reading
+    assert encode_pair(tok, prompt + "  ", "Paris") == (p, a)
+    assert encode_pair(tok, prompt, " Paris") == (p, a)  # the answer brings its own space
+    code = ">>> max(4, 9)\n"
+    p2, a2 = encode_pair(tok, code, "9")
+    assert p2 + a2 == encode(tok, code + "9") and tok.decode(a2) == "9"  # no space after \n
+    # BOS: added when the tokenizer adds it itself, or always when asked
+    assert encode(tok, "Paris")[0] != tok.bos_token_id
+    assert encode(tok, "Paris", bos="always")[0] == tok.bos_token_id
+    p3, a3 = encode_pair(tok, prompt, "Paris", bos="always")
+    assert p3 == [tok.bos_token_id, *p] and a3 == a
+    # padding: the pad token, else EOS, else 0
+    assert pad_token_id(_bpe_tokenizer(pad=True)) == tok.convert_tokens_to_ids("<pad>")
+    assert pad_token_id(tok) == tok.eos_token_id
+    assert pad_token_id(_bpe_tokenizer(eos=False)) == 0
+
+
+def test_tiny_names_resolve_above_the_loader(tiny_smoke_lm):
+    """nshot.nn.lm loads folders; a "tiny-*" name is resolved (and trained on first use) by
+    nshot.train.tinylm, which the loader names when it is given the bare name."""
+    from nshot.train.tinylm import resolve_lm_source
+
+    assert resolve_lm_source("tiny-smoke") == tiny_smoke_lm
+    assert resolve_lm_source("smollm2") == "smollm2"
+    with pytest.raises(LMError, match="resolve_lm_source"):
+        load_causal_lm("tiny-smoke")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from nshot.methods.zerounlearn import edit as E
 from nshot.methods.zerounlearn.evaluation import score
+from nshot.nn.lm import encode, encode_pair, pad_token_id
 
 WORDS = (
     "the capital of is a city in and you i because therefore people speak language . "
@@ -52,7 +55,7 @@ def _trained_tiny_lm():
     texts += [f"people in {s} speak {a}" for s, a in zip(SUBJECTS, ANSWERS)]
     texts += [" ".join(WORDS[i : i + 8]) for i in range(0, len(WORDS) - 8, 2)]
     eos = tok.eos_token_id  # the neutral target must be a token the model has seen
-    ids, mask = E._batch([[*E.encode(tok, t), eos] for t in texts], E.pad_id(tok))
+    ids, mask = E._batch([[*encode(tok, t), eos] for t in texts], pad_token_id(tok))
     labels = ids.masked_fill(mask == 0, -100)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -113,7 +116,7 @@ def test_prefix_cache_matches_full_forward():
     model, tok, reqs, _ = _trained_tiny_lm()
     reqs = reqs[:3]
     templates = ["{}", "because people speak red . {}"]
-    tgt = [E.answer_ids(tok, r.prompt(), r.answer) for r in reqs]
+    tgt = [encode_pair(tok, r.prompt(), r.answer)[1] for r in reqs]
     t = E.optimise_targets(
         model, tok, reqs, templates, tgt, layer=0, site="mlp", loss_layer=1,
         hp=E.DeltaHParams(steps=1),
@@ -162,7 +165,11 @@ def test_train_loop_forgets_on_tiny_lm_and_serves(ray_session, tiny_smoke_lm, tm
 
     method = get("zerounlearn")
     cfg = method.config("smoke", delta_steps=10)
-    res = fit("zerounlearn", cfg, scaling=Scaling(workers=0), storage=tmp_path, name="zu")
+    local = Scaling(workers=0)
+    # the loop's one step fails on a first attempt (fault injection); a resume does it
+    with pytest.raises(Exception, match="injected fault at step 1"):  # noqa: PT011
+        fit("zerounlearn", cfg.replace(fail_at_step=1), scaling=local, storage=tmp_path, name="zu")
+    res = fit("zerounlearn", cfg, scaling=local, storage=tmp_path, name="zu", resume=True)
     m = res.metrics
     assert m["eff_before"] == 100.0  # forget facts are chosen among those the model knows
     assert m["eff"] < m["eff_before"]  # the edit removes some of them ...
@@ -178,6 +185,15 @@ def test_train_loop_forgets_on_tiny_lm_and_serves(ray_session, tiny_smoke_lm, tm
     assert not any(f["subject"] in str(meta) for f in forgotten)  # never the facts themselves
     out = pred(pred.Request(prompt=forgotten[0]["template"].format(forgotten[0]["subject"])))
     assert out.edited_layers == [0] and len(out.next_token_top_k) == 5
+    # the predictor's own example (a retained fact): answered, through JSON unchanged, the
+    # same batched
+    example = pred.example_request()
+    json.dumps(example)
+    assert not any(f["subject"] in example["prompt"].split() for f in forgotten)
+    req = pred.Request.model_validate(example)
+    answer = pred(req)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req]) == [answer, answer]
 
 
 def test_gd_variant_and_ablations_run():
@@ -247,6 +263,8 @@ def test_config_validation():
         method.config("smoke", n_forget=0)
     with pytest.raises(ConfigError, match="nope"):
         method.config("smoke", nope=1)
+    with pytest.raises(ConfigError, match="fail_at_step.*one step"):
+        method.config("smoke", fail_at_step=2)
 
 
 def test_device_field(monkeypatch):
@@ -270,14 +288,15 @@ def test_seed_tasks_take_a_gpu_only_where_there_is_one(monkeypatch):
     import ray
 
     from nshot.method import get
-    from nshot.methods.zerounlearn.method import _seed_task_resources
+    from nshot.methods.zerounlearn.experiments import seed_job_resources
 
     cfg = get("zerounlearn").config("smoke")
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    assert _seed_task_resources(cfg) == {"num_cpus": 1}  # CPU cluster: as before
+    assert seed_job_resources(cfg) == {"num_cpus": 1, "num_gpus": 0}  # CPU cluster: as before
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 2.0})
-    assert _seed_task_resources(cfg) == {"num_cpus": 1, "num_gpus": 1}
-    assert _seed_task_resources(cfg.replace(device="cpu")) == {"num_cpus": 1}
+    assert seed_job_resources(cfg) == {"num_cpus": 1, "num_gpus": 1}
+    assert seed_job_resources(cfg.replace(device="cpu")) == {"num_cpus": 1, "num_gpus": 0}
+    assert seed_job_resources(cfg.replace(device="cuda:1")) == {"num_cpus": 1, "num_gpus": 0}
 
 
 def test_subject_first_requests_and_subject_split():
@@ -336,7 +355,7 @@ def test_diagnostics_subspace_shares_and_isolated_edits():
     model, tok, reqs, texts = _trained_tiny_lm()
     forget, retain = reqs[:3], reqs[3:]
     stats = E.key_statistics(model, tok, texts, [0], 2000, use_cache=False)
-    chunks = tuple(tuple(E.encode(tok, t)) for t in texts[-4:])
+    chunks = tuple(tuple(encode(tok, t)) for t in texts[-4:])
     s = SimpleNamespace(
         model=model, tok=tok, forget=forget, retain=retain, stats=stats,
         evalset=EvalSet(tuple(forget), tuple(retain), chunks),
@@ -469,7 +488,7 @@ def test_results_table_keeps_per_seed_samples_and_leaves_pass_fail_to_the_claims
     and no check line in the notes; the claims judge the table (and can fail), and are null on
     the smoke preset."""
     from nshot.method import get
-    from nshot.methods.zerounlearn.method import METRICS, results_table
+    from nshot.methods.zerounlearn.experiments import METRICS, results_table
     from nshot.methods.zerounlearn.pipeline import SYSTEMS
     from nshot.reproduce import with_claims
 

@@ -137,6 +137,11 @@ class KeystoneConfig(MethodConfig):
             raise ValueError("field 'mask_grid': sizes must be >= 1")
         if any(not 0.0 <= r <= 10.0 for r in self.calib_grid):
             raise ValueError("field 'calib_grid': scales must lie in [0, 10]")
+        if self.fail_at_step is not None and self.fail_at_step != 1:
+            raise ValueError(
+                f"field 'fail_at_step': {self.fail_at_step}, but the train loop has one step "
+                "(the probe, then the optional keystone SFT, reported as step 1): only 1 can fail"
+            )
         return self
 
     def is_tiny(self, model: str | None = None) -> bool:

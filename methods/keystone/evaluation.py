@@ -36,6 +36,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nshot.nn.lm import encode as lm_encode
+from nshot.nn.lm import encode_pair as lm_encode_pair
+from nshot.nn.lm import pad_token_id
+
 if TYPE_CHECKING:
     from .config import KeystoneConfig
 
@@ -124,23 +128,15 @@ def tiny_items(n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
 # --------------------------------------------------------------------------- scoring
 
 
-def _bos_ids(tok) -> list[int]:
-    probe = tok("a", add_special_tokens=True).input_ids
-    if tok.bos_token_id is not None and (not probe or probe[0] != tok.bos_token_id):
-        return [tok.bos_token_id]
-    return []
-
-
 def encode(tok, text: str) -> list[int]:
     """Token ids of ``text`` with exactly one leading BOS (when the tokenizer has one)."""
-    return _bos_ids(tok) + tok(text, add_special_tokens=True).input_ids
+    return lm_encode(tok, text, bos="always")
 
 
-def answer_ids(tok, prompt: str, answer: str) -> list[int]:
-    """Token ids of the answer as it follows its prompt: after one space, or directly after a
-    prompt that ends in whitespace (a newline)."""
-    sep = "" if prompt[-1:].isspace() else " "
-    return tok(sep + answer, add_special_tokens=False).input_ids
+def encode_pair(tok, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """``(prompt ids with BOS, answer ids)`` as the model reads them joined
+    (:func:`nshot.nn.lm.encode_pair`: one space before the answer, none after a newline)."""
+    return lm_encode_pair(tok, prompt, answer, bos="always")
 
 
 @dataclass
@@ -214,9 +210,9 @@ class Evaluator:
     _cont: dict[tuple, bool] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        pad = pad_token_id(self.tok)
         for cap, items in self.items.items():
-            enc = [(encode(self.tok, p), answer_ids(self.tok, p, a)) for p, a in items]
+            enc = [encode_pair(self.tok, p, a) for p, a in items]
             n_pre = _common_prefix([p for p, _ in enc])
             prefix = torch.tensor(enc[0][0][:n_pre] if enc else [], dtype=torch.long)
             enc = [(p[n_pre:], a) for p, a in enc]

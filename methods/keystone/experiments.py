@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nshot.data.lmtext import tiny_sft_task
+from nshot.experiment import Job, aggregate, grid, run_jobs
 from nshot.method import ResultsTable
 
 from .config import KeystoneConfig
@@ -59,16 +61,67 @@ def sft_other_items(model, tok, source: str, cfg: KeystoneConfig) -> dict[str, l
     return ev.items
 
 
-def sft_comparison(cfg: KeystoneConfig, log=log, probe: tuple | None = None) -> dict[str, Any]:
+def _sft_evaluators(tok, others: dict[str, list], cfg: KeystoneConfig):
+    """``evaluate_after(model)``: the new task's accuracy and the other capabilities'."""
+    target_ev = Evaluator(tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
+    others_ev = Evaluator(tok, others, batch_size=cfg.eval_batch)
+
+    def evaluate_after(lm) -> dict[str, float]:
+        o = others_ev(lm, ppl=False)
+        return {"acc_target": target_ev(lm, ppl=False)["acc"], "acc_others": o["acc"], **o}
+
+    return evaluate_after, others_ev.n_items
+
+
+def sft_job(
+    cfg_dict: dict[str, Any],
+    variant: str,
+    rows: list[int] | None,
+    lr: float,
+    seed: int,
+    others: dict[str, list],
+) -> dict[str, Any]:
+    """One SFT run (a job): ``cfg.sft_model`` loaded afresh, fine-tuned (``variant`` ``full``
+    or ``rows``: Δ on the neuron ids ``rows``) and evaluated on the new task and ``others``."""
+    from .sft import run_variant
+
+    cfg = KeystoneConfig.validated(cfg_dict)
+    model, tok = load_model(cfg.sft_model, cfg)
+    evaluate_after, _ = _sft_evaluators(tok, others, cfg)
+    out = run_variant(
+        variant,
+        lambda: model,
+        tok,
+        rows,
+        cfg.modules,
+        tiny_sft_task("train"),
+        steps=cfg.sft_steps,
+        batch=cfg.sft_batch,
+        lr=lr,
+        seed=seed,
+        deepspeed_opts=cfg.deepspeed,
+        evaluate_after=evaluate_after,
+        log_every=cfg.sft_eval_every,
+        log=log,
+    )
+    m = dict(out["metrics"])
+    m["trainable_params"] = out["trainable_params"]
+    m["n_neurons"] = float(len(rows)) if rows is not None else float("nan")
+    m["train_s"] = out["train_s"]
+    return {"metrics": m, "delta_state": out.get("delta_state", {})}
+
+
+def sft_comparison(
+    cfg: KeystoneConfig, log=log, probe: tuple | None = None, *, on_ray: bool = False
+) -> dict[str, Any]:
     """The SFT comparison on ``cfg.sft_model``: K* of that model, then full FT, keystone-only
-    SFT and random-rows SFT (same row count and module histogram) for ``sft_seeds`` seeds each.
+    SFT and random-rows SFT (same row count and module histogram) for ``sft_seeds`` seeds each,
+    one job per (system, seed): Ray tasks on :func:`nshot.experiment.run_jobs` with
+    ``on_ray``, else one after another in this process (no Ray needed).
 
     ``probe`` = ``(model, tok, space, res)`` of an earlier probe of ``cfg.sft_model`` (its first
     prompt group) is reused instead of probing again."""
-    from nshot.data.lmtext import tiny_sft_task
-
     from .probe import module_matched_set
-    from .sft import run_variant
 
     t0 = time.time()
     source = cfg.sft_model
@@ -83,59 +136,38 @@ def sft_comparison(cfg: KeystoneConfig, log=log, probe: tuple | None = None) -> 
     if cfg.sft_keystones:
         gids = gids[: cfg.sft_keystones]
     caps = sft_other_items(model, tok, source, cfg)
-    target_ev = Evaluator(tok, {"target": tiny_sft_task("eval")}, batch_size=cfg.eval_batch)
-    others_ev = Evaluator(tok, caps, batch_size=cfg.eval_batch)
-    log(f"SFT on {source}: {len(gids)} keystone rows; others {others_ev.n_items}")
-
-    def evaluate_after(lm) -> dict[str, float]:
-        o = others_ev(lm, ppl=False)
-        return {"acc_target": target_ev(lm, ppl=False)["acc"], "acc_others": o["acc"], **o}
-
-    def factory():
-        m, _ = load_model(source, cfg)
-        return m
-
+    evaluate_after, others_items = _sft_evaluators(tok, caps, cfg)
+    log(f"SFT on {source}: {len(gids)} keystone rows; others {others_items}")
     base = evaluate_after(model)
     del model
     log(f"SFT base ({source}): {base}")
+    cfg_dict, seeds = cfg.model_dump(), [cfg.seed + i for i in range(cfg.sft_seeds)]
+    plan = {
+        "sft_full": lambda seed: ("full", None, cfg.sft_lr_full),
+        "sft_keystone": lambda seed: ("rows", gids, cfg.sft_lr_keystone),
+        "sft_random_rows": lambda seed: (
+            "rows",
+            module_matched_set(space, gids, np.random.default_rng([seed, 4])),
+            cfg.sft_lr_keystone,
+        ),
+    }
+    resources = _job_resources(cfg) if on_ray else {}
+    jobs = [
+        Job((name, seed), sft_job, (cfg_dict, *plan[name](seed), seed, caps), **resources)
+        for seed, name in grid(seeds, SFT_SYSTEMS)
+    ]  # seed-major, the order the runs had in one process
+    if on_ray:
+        done = run_jobs(jobs, description=f"keystone {cfg.preset}: SFT")
+    else:
+        done = {job.key: job.fn(*job.args) for job in jobs}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SFT_SYSTEMS}
-    deltas = {}
-    for i in range(cfg.sft_seeds):
-        seed = cfg.seed + i
-        rand = module_matched_set(space, gids, np.random.default_rng([seed, 4]))
-        plan = {
-            "sft_full": ("full", None, cfg.sft_lr_full),
-            "sft_keystone": ("rows", gids, cfg.sft_lr_keystone),
-            "sft_random_rows": ("rows", rand, cfg.sft_lr_keystone),
-        }
-        for name, (variant, rows, lr) in plan.items():
-            log(f"SFT {name} seed {seed}")
-            out = run_variant(
-                variant,
-                factory,
-                tok,
-                rows,
-                cfg.modules,
-                tiny_sft_task("train"),
-                steps=cfg.sft_steps,
-                batch=cfg.sft_batch,
-                lr=lr,
-                seed=seed,
-                deepspeed_opts=cfg.deepspeed,
-                evaluate_after=evaluate_after,
-                log_every=cfg.sft_eval_every,
-                log=log,
-            )
-            m = dict(out["metrics"])
-            m["gain"] = m["acc_target"] - base["acc_target"]
-            m["forgetting"] = base["acc_others"] - m["acc_others"]
-            m["trainable_params"] = out["trainable_params"]
-            m["n_neurons"] = float(len(rows)) if rows is not None else float("nan")
-            m["train_s"] = out["train_s"]
-            log(f"  {name}: {m}")
-            runs[name].append(m)
-            if name == "sft_keystone" and i == 0:
-                deltas = out.get("delta_state", {})
+    for (name, seed), out in done.items():
+        m = out["metrics"]
+        m["gain"] = m["acc_target"] - base["acc_target"]
+        m["forgetting"] = base["acc_others"] - m["acc_others"]
+        log(f"  {name} seed {seed}: {m}")
+        runs[name].append(m)
+    first = done.get(("sft_keystone", seeds[0])) if seeds else None
     return {
         "source": source,
         "space": space.describe(),
@@ -144,12 +176,25 @@ def sft_comparison(cfg: KeystoneConfig, log=log, probe: tuple | None = None) -> 
         "curve": res.curve,
         "base_probe": res.base,
         "base": base,
-        "others_items": others_ev.n_items,
+        "others_items": others_items,
         "target_items": len(tiny_sft_task("eval")),
         "runs": runs,
-        "delta_state": deltas,
+        "delta_state": first["delta_state"] if first else {},
         "wall_s": time.time() - t0,
     }
+
+
+def _job_resources(cfg: KeystoneConfig) -> dict[str, float]:
+    """One SFT job: ``torch_threads`` CPUs, and a GPU where the cluster has one and ``device``
+    lets a task take it (:func:`nshot.nn.lm.task_gpus`)."""
+    import ray
+
+    from nshot.nn.lm import task_gpus
+    from nshot.train import ensure_ray
+
+    ensure_ray()
+    gpus = task_gpus(cfg.device, ray.cluster_resources().get("GPU", 0))
+    return {"num_cpus": float(cfg.torch_threads), "num_gpus": gpus}
 
 
 # --------------------------------------------------------------------------- the comparison
@@ -159,64 +204,23 @@ def run_experiments(
     cfg: KeystoneConfig, workdir: Path, *, method: str, version: str
 ) -> ResultsTable:
     """The probe on ``cfg.model`` (masking, controls, calibration, stability), then the SFT
-    comparison on ``cfg.sft_model``; checkpoints of K* (and of the first keystone-SFT seed)
-    are written under ``workdir``."""
+    comparison on ``cfg.sft_model`` (its (system, seed) runs as Ray jobs); checkpoints of K*
+    (and of the first keystone-SFT seed) are written under ``workdir``."""
     t0 = time.time()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     model, tok, space, _, res = probe_model(cfg.model, cfg)
-    rows: dict[str, dict[str, float | None]] = {}
-    stds: dict[str, dict[str, float | None]] = {}
-    base_acc = res.base["acc"]
-    sizes = {
-        "full": 0,
-        "keystone_off": len(res.keystones),
-        "random_off": len(res.keystones),
-        "random_module_off": len(res.keystones),
-        "random_samelayer_off": len(res.keystones),
-        "norm_off": len(res.keystones),
-    }
-    for name, runs in res.rows.items():
-        mean, std = mean_over(runs)
-        mean["collapse_ratio"] = mean["acc"] / base_acc if base_acc else float("nan")
-        mean["n_neurons"] = float(sizes.get(name, 0))
-        rows[name], stds[name] = mean, std
+    rows, stds = probe_rows(res)
     sft = None
     samples: dict[str, dict[str, list[float | None]]] = {}
     if cfg.sft:
         same = cfg.sft_model == cfg.model
-        sft = sft_comparison(cfg, probe=(model, tok, space, res) if same else None)
-        b = sft["base"]
-        rows["sft_base"] = {
-            "acc_target": b["acc_target"],
-            "acc_others": b["acc_others"],
-            "gain": 0.0,
-            "forgetting": 0.0,
-            "trainable_params": 0.0,
-        }
-        for name, runs in sft["runs"].items():
-            mean, std = mean_over([{k: r[k] for k in SFT_METRICS} for r in runs])
-            rows[name], stds[name] = mean, std
-            # per seed, paired by position across the SFT systems
-            samples[name] = {k: [r[k] for r in runs] for k in ("gain", "forgetting")}
+        sft = sft_comparison(cfg, probe=(model, tok, space, res) if same else None, on_ray=True)
+        sft_rows, sft_stds, samples = sft_table(sft)
+        rows.update(sft_rows)
+        stds.update(sft_stds)
     write_plots(res, workdir)
-    extra: dict[str, Any] = {
-        "probe": {
-            "model": cfg.model,
-            "space": res.space,
-            "keystones": res.keystones,
-            "collapsed": res.collapsed,
-            "pool_size": res.pool_size,
-            "curve": res.curve,
-            "calibration": res.calibration,
-            "stability": {k: v for k, v in res.stability.items()},
-            "items": res.items,
-            "timings": res.timings,
-            "generated": res.generated,
-            "per_draw": res.rows,
-        },
-        "markdown": markdown(res),
-    }
+    extra: dict[str, Any] = {"probe": probe_extra(cfg, res), "markdown": markdown(res)}
     if sft is not None:
         extra["sft"] = {k: v for k, v in sft.items() if k != "delta_state"}
         if sft["delta_state"]:
@@ -234,6 +238,74 @@ def run_experiments(
         extra=extra,
         samples=samples,
     )
+
+
+def probe_rows(res) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Rows of the masking systems: mean (± std over the control draws) of each metric, the
+    collapse ratio against the unablated model and the number of neurons zeroed."""
+    rows: dict[str, dict[str, float | None]] = {}
+    stds: dict[str, dict[str, float | None]] = {}
+    base_acc = res.base["acc"]
+    for name, runs in res.rows.items():
+        mean, std = mean_over(runs)
+        mean["collapse_ratio"] = mean["acc"] / base_acc if base_acc else float("nan")
+        mean["n_neurons"] = float(0 if name == "full" else len(res.keystones))
+        rows[name], stds[name] = mean, std
+    return rows, stds
+
+
+def sft_table(sft: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """``(rows, stds, samples)`` of the SFT systems: ``sft_base`` and the mean over seeds (±
+    the Bessel-corrected std, 0 for one seed) of each system, per-seed gain and forgetting as
+    the claims' samples (paired by seed)."""
+    b = sft["base"]
+    per_job = {
+        (name, i): {k: r[k] for k in SFT_METRICS}
+        for name, runs in sft["runs"].items()
+        for i, r in enumerate(runs)
+    }
+    rows, _, per_seed = aggregate(per_job)
+    nan = float("nan")  # a metric a system does not have (n_neurons of full FT): NaN, as before
+    rows = {
+        name: {k: nan if v is None else v for k, v in per.items()} for name, per in rows.items()
+    }
+    stds = {
+        name: {
+            k: float(np.std(np.array(v, dtype=float), ddof=1)) if len(v) > 1 else 0.0
+            for k, v in per.items()
+        }
+        for name, per in per_seed.items()
+    }
+    rows = {
+        "sft_base": {
+            "acc_target": b["acc_target"],
+            "acc_others": b["acc_others"],
+            "gain": 0.0,
+            "forgetting": 0.0,
+            "trainable_params": 0.0,
+        },
+        **rows,
+    }
+    samples = {name: {k: per_seed[name][k] for k in ("gain", "forgetting")} for name in per_seed}
+    return rows, stds, samples
+
+
+def probe_extra(cfg: KeystoneConfig, res) -> dict[str, Any]:
+    """``extra["probe"]``: K*, the collapse curve, calibration, stability, items, timings."""
+    return {
+        "model": cfg.model,
+        "space": res.space,
+        "keystones": res.keystones,
+        "collapsed": res.collapsed,
+        "pool_size": res.pool_size,
+        "curve": res.curve,
+        "calibration": res.calibration,
+        "stability": {k: v for k, v in res.stability.items()},
+        "items": res.items,
+        "timings": res.timings,
+        "generated": res.generated,
+        "per_draw": res.rows,
+    }
 
 
 def _save_probe_checkpoint(

@@ -19,13 +19,17 @@ def log(msg: str) -> None:
     print(f"[keystone] {msg}", file=sys.stderr, flush=True)
 
 
-def load_model(source: str, cfg: KeystoneConfig):
-    """``(model, tokenizer)`` of ``source`` on ``cfg.device``."""
+def load_model(source: str, cfg: KeystoneConfig, device: str | None = None):
+    """``(model, tokenizer)`` of ``source`` (a tiny LM name is trained on first use) on
+    ``device`` (a device setting; default ``cfg.device``)."""
     from nshot.nn.lm import load_causal_lm, resolve_device
+    from nshot.train.tinylm import resolve_lm_source
 
     torch.set_num_threads(cfg.torch_threads)
     return load_causal_lm(
-        source, allow_download=cfg.allow_download, device=resolve_device(cfg.device)
+        resolve_lm_source(source),
+        allow_download=cfg.allow_download,
+        device=resolve_device(device or cfg.device),
     )
 
 

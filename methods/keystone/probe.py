@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nshot.nn.lm import pad_token_id
+
 from .neurons import NeuronHooks, NeuronSpace
 
 # --------------------------------------------------------------------------- probe prompts
@@ -112,7 +114,7 @@ def _encode_prompts(tok, prompts: Sequence[str], chat: bool) -> dict[str, torch.
             seqs.append(list(ids))
         else:
             seqs.append(encode(tok, p))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = pad_token_id(tok)
     L = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), L), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), L), dtype=torch.long)
@@ -145,7 +147,7 @@ def activation_strengths(
                 min_new_tokens=tokens,
                 do_sample=False,
                 num_beams=1,
-                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
+                pad_token_id=pad_token_id(tok),
             )
     finally:
         handle.remove()

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
-from nshot.nn.lm import model_device
+from nshot.nn.lm import model_device, pad_token_id
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
@@ -87,14 +87,12 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
     ) -> KeystonePredictor:
         """The checkpoint's model (with its Δ rows, if any) on ``device`` (a device setting;
         default: the checkpoint config's ``device``)."""
-        from nshot.nn.lm import load_causal_lm, resolve_device
+        from .model import load_model
 
         cfg = KeystoneConfig.validated(checkpoint.config)
         extra = checkpoint.extra
         source = extra.get("model_source", cfg.model)
-        model, tok = load_causal_lm(
-            source, allow_download=cfg.allow_download, device=resolve_device(device or cfg.device)
-        )
+        model, tok = load_model(source, cfg, device)
         space = NeuronSpace(model, cfg.modules)
         if extra.get("space", {}).get("total") not in (None, space.total):
             raise ValueError(
@@ -115,6 +113,13 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
             "space": self.space.describe(),
             "context": self.context,
         }
+
+    def example_request(self) -> dict[str, Any]:
+        """An addition prompt of the model's capability suite with the keystones zeroed (a
+        few greedy tokens)."""
+        tiny = self.cfg.suite(self.source) == "tiny"
+        prompt = "3 + 4 =" if tiny else "2 + 2 = 4\n3 + 5 = 8\n4 + 3 ="
+        return {"prompt": prompt, "max_new_tokens": 3, "intervention": {"mode": "zero_keystone"}}
 
     def _scale(self, iv: Intervention) -> dict[int, float]:
         if iv.mode == "zero_keystone":
@@ -143,7 +148,6 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
         scale = self._scale(request.intervention)
         hooks = NeuronHooks(self.space, scale=scale or None, delta=self.delta)
         x = torch.tensor([ids], device=model_device(self.model))
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         with hooks:
             out = self.model.generate(
                 input_ids=x,
@@ -151,7 +155,7 @@ class KeystonePredictor(Predictor[KeystoneRequest, KeystoneResponse]):
                 max_new_tokens=request.max_new_tokens,
                 do_sample=False,
                 num_beams=1,
-                pad_token_id=pad,
+                pad_token_id=pad_token_id(self.tok),
             )
         text = self.tok.decode(out[0, x.shape[1] :], skip_special_tokens=True)
         return KeystoneResponse(

@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .evaluation import answer_ids, encode
+from nshot.nn.lm import pad_token_id
+
+from .evaluation import encode_pair
 from .neurons import DeltaRows, NeuronHooks, NeuronSpace
 
 
@@ -72,7 +74,7 @@ class ResponseLoss(nn.Module):
 def encode_pairs(tok, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
     """``(prompt ids with BOS, response ids = answer + EOS)`` per pair."""
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    return [(encode(tok, p), answer_ids(tok, p, a) + eos) for p, a in pairs]
+    return [(q, a + eos) for q, a in (encode_pair(tok, p, a) for p, a in pairs)]
 
 
 def make_batch(
@@ -113,7 +115,7 @@ def train(
     engine = build_engine(ResponseLoss(module), opts, params=params)
     module.train()
     enc = encode_pairs(tok, pairs)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = pad_token_id(tok)
     rng = np.random.default_rng([seed, 11])
     dev = engine.device
     hist, t0 = [], time.time()

@@ -5,18 +5,33 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from .config import KeystoneConfig
 from .evaluation import Evaluator
 from .model import checkpoint_state, log
 from .probe import probe_model
 
 
+class _Received(torch.nn.Module):
+    """Receives a restored checkpoint's tensors (K* ids, Δ rows): no module of the loop holds
+    them, and a resumed run redoes its one step anyway."""
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: ARG002
+        self.tensors = dict(state_dict)
+
+
 def train_loop(cfg: KeystoneConfig) -> None:
     """Probe ``cfg.model`` (Stages 1–2) and checkpoint K*; with ``train_sft`` also fine-tune the
-    keystone rows on the new task and checkpoint the Δ rows (safetensors) with K* (JSON)."""
+    keystone rows on the new task and checkpoint the Δ rows (safetensors) with K* (JSON).
+
+    The loop is one step, reported as step 1; ``fail_at_step=1`` fails it on a first attempt
+    (fault injection), and a resumed run does the step again."""
     from nshot.train import session
 
     t0 = time.time()
+    restored = session.restore(_Received())
+    session.maybe_inject_fault(1, restored)
     model, tok, space, ev, res = probe_model(
         cfg.model, cfg, controls=False, calibration=False, stability=False
     )

@@ -12,20 +12,21 @@ from typing import Any
 
 import torch
 
-from nshot.nn.lm import decoder_layers, model_device
+from nshot.nn.lm import decoder_layers, encode_pair, model_device, pad_token_id
 
-from .edit import EditRequest, _batch, answer_ids, encode, neutral_id, pad_id
+from .edit import EditRequest, _batch, neutral_id
 
 
 def _nll_batch(tok: Any, requests: Sequence[EditRequest], neutral: bool) -> tuple:
     rows, spans, targets = [], [], []
     for r in requests:
-        p = encode(tok, r.prompt())
-        a = [neutral_id(tok)] if neutral else answer_ids(tok, r.prompt(), r.answer)
+        p, a = encode_pair(tok, r.prompt(), r.answer)
+        if neutral:
+            a = [neutral_id(tok)]
         rows.append(p + a[:-1])
         spans.append((len(p) - 1, len(a)))
         targets.append(a)
-    ids, mask = _batch(rows, pad_id(tok))
+    ids, mask = _batch(rows, pad_token_id(tok))
     return ids, mask, spans, targets
 
 

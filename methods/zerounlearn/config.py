@@ -135,4 +135,9 @@ class ZeroUnlearnConfig(MethodConfig):
                 f"field 'relations': {self.relations} must be distinct names among "
                 f"{list(REAL_RELATIONS)}"
             )
+        if self.fail_at_step is not None and self.fail_at_step != 1:
+            raise ValueError(
+                f"field 'fail_at_step': {self.fail_at_step}, but the train loop has one step "
+                "(the edit, reported as step 1): only 1 can fail"
+            )
         return self

@@ -35,7 +35,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nshot.nn.lm import decoder_layers, mlp, model_device
+from nshot.nn.lm import (
+    decoder_layers,
+    encode,
+    encode_pair,
+    mlp,
+    model_device,
+    pad_token_id,
+)
 
 CONTEXT_PREFIXES = ("The", "Therefore", "Because", "I", "You")
 KL_PROMPT = "{} is a"
@@ -78,32 +85,7 @@ def fill(template: str, subject: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# tokenisation
-
-
-def adds_bos(tok: Any) -> bool:
-    bos = getattr(tok, "bos_token_id", None)
-    if bos is None:
-        return False
-    ids = tok("a").input_ids
-    return bool(ids) and ids[0] == bos
-
-
-def encode(tok: Any, text: str) -> list[int]:
-    """Token ids of ``text`` with the BOS token when the tokenizer adds one, never an EOS."""
-    ids = list(tok(text, add_special_tokens=False).input_ids)
-    if adds_bos(tok):
-        ids = [tok.bos_token_id, *ids]
-    return ids
-
-
-def answer_ids(tok: Any, prompt: str, answer: str) -> list[int]:
-    """Tokens of ``answer`` as they follow ``prompt`` after one space."""
-    p = encode(tok, prompt)
-    full = encode(tok, prompt + " " + answer)
-    if full[: len(p)] == p and len(full) > len(p):
-        return full[len(p) :]
-    return list(tok(" " + answer, add_special_tokens=False).input_ids)
+# tokenisation (the ids themselves: nshot.nn.lm.encode / encode_pair / pad_token_id)
 
 
 def neutral_id(tok: Any) -> int:
@@ -118,13 +100,6 @@ def subject_prompt(tok: Any, template: str, subject: str) -> tuple[list[int], in
     ids = encode(tok, fill(template, subject))
     head = encode(tok, template.split("{}", 1)[0] + subject)
     return ids, min(len(head), len(ids)) - 1
-
-
-def pad_id(tok: Any) -> int:
-    for cand in (tok.pad_token_id, tok.eos_token_id, 0):
-        if cand is not None:
-            return int(cand)
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,7 +219,7 @@ def collect_at_subject(
     handle = module.register_forward_hook(hook)
     try:
         for b in range(0, len(rows), batch_size):
-            ids, mask = _batch(rows[b : b + batch_size], pad_id(tok), dev)
+            ids, mask = _batch(rows[b : b + batch_size], pad_token_id(tok), dev)
             cur_pos[:] = [torch.tensor(pos[b : b + batch_size], device=dev)]
             try:
                 model.model(input_ids=ids, attention_mask=mask)
@@ -330,7 +305,7 @@ def optimise_targets(
         starts.append(s)
     n_ctx = len(templates)
     bare_row = [i * n_ctx + templates.index("{}") for i in range(n)]
-    pad = pad_id(tok)
+    pad = pad_token_id(tok)
     # prefix (positions before the subject's last token): fixed, computed once
     prefix = [s_[:st] for s_, st in zip(seqs, starts)]
     suffix = [s_[st:] for s_, st in zip(seqs, starts)]
@@ -582,7 +557,7 @@ def key_statistics(
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
         for b in range(0, len(order), batch_size):
             rows = [chunks[i] for i in order[b : b + batch_size]]
-            ids, mask = _batch(rows, pad_id(tok), dev)
+            ids, mask = _batch(rows, pad_token_id(tok), dev)
             cur_mask[:] = [mask]
             try:
                 model.model(input_ids=ids, attention_mask=mask)
@@ -741,7 +716,7 @@ def prepare(
     remap_hp: DeltaHParams | None = None,
 ) -> Prepared:
     """Steps 2 and 4 on the unedited model: V_s per edited layer and the remapping targets."""
-    true_t = [answer_ids(tok, r.prompt(), r.answer) for r in requests]
+    true_t = [encode_pair(tok, r.prompt(), r.answer)[1] for r in requests]
     neutral_t = [[neutral_id(tok)] for _ in requests]
     vs, info = {}, {"vs_iterations": {}, "vs_final_nll": {}}
     for layer in hp.layers:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from nshot.nn.lm import model_device
+from nshot.nn.lm import encode, encode_pair, model_device, pad_token_id
 
-from .edit import EditRequest, _batch, answer_ids, encode, neutral_id, pad_id
+from .edit import EditRequest, _batch, neutral_id
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ def score(
     answer position, and whether the greedy next token after the prompt is the neutral target."""
     rows, spans, targets = [], [], []
     for prompt, answer in items:
-        p = encode(tok, prompt)
-        a = answer_ids(tok, prompt, answer)
+        p, a = encode_pair(tok, prompt, answer)
         rows.append(p + a[:-1])
         spans.append((len(p) - 1, len(a)))
         targets.append(a)
@@ -65,7 +64,7 @@ def score(
     res: dict[int, tuple[bool, bool]] = {}
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
-        ids, mask = _batch([rows[i] for i in idx], pad_id(tok), dev)
+        ids, mask = _batch([rows[i] for i in idx], pad_token_id(tok), dev)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         for j, i in enumerate(idx):
             start, n = spans[i]
@@ -86,7 +85,7 @@ def perplexity(
     dev = model_device(model)
     total, count = 0.0, 0
     for b in range(0, len(chunks), batch_size):
-        ids, mask = _batch(chunks[b : b + batch_size], pad_id(tok), dev)
+        ids, mask = _batch(chunks[b : b + batch_size], pad_token_id(tok), dev)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         valid = mask[:, 1:].bool()
         h = hidden[:, :-1][valid]

@@ -1,12 +1,15 @@
-"""ZeroUnlearn as an nshot Method."""
+"""ZeroUnlearn as an nshot Method: the face of the package.
+
+The work lives in the modules it imports: the edit (:mod:`.edit`), one seed's run end to end
+(:mod:`.pipeline`), the baselines (:mod:`.baselines`), the metrics (:mod:`.evaluation`), the
+paper's comparison (:mod:`.experiments`), its claims (:mod:`.claims`) and the predictor
+(:mod:`.serve`). Nothing in the package imports this module.
+"""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import torch
 
@@ -15,38 +18,18 @@ from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
 from .claims import CLAIMS
 from .config import ZeroUnlearnConfig
+from .experiments import METRICS, checkpoint_extra, run_experiments
 from .serve import ZeroUnlearnPredictor
 
-METRICS = {"eff": False, "gen": False, "spe": True, "ppl": False, "neutral_rate": True}
+__all__ = ["METRICS", "ZeroUnlearnMethod"]
 
 
-def checkpoint_extra(s: Any, result: dict[str, Any]) -> dict[str, Any]:
-    """JSON state of a run: model source and fingerprint, seed, context templates, requests.
+class _Received(torch.nn.Module):
+    """Receives a restored checkpoint's tensors (the edited down_proj weights): no module of
+    the loop holds them, and a resumed run redoes its one step anyway."""
 
-    The forgotten facts are kept here (``evaluate`` needs them); the predictor's metadata only
-    reports how many there are."""
-    return {
-        "model": s.cfg.model,
-        "model_fingerprint": s.fingerprint,
-        "seed": s.seed,
-        "context_templates": s.templates,
-        "neutral_target": s.tok.eos_token,
-        "forget": [r.to_json() for r in s.forget],
-        "retain": [r.to_json() for r in s.retain],
-        "setup": s.info,
-        "metrics": result["metrics"],
-        "diagnostics": _jsonable(result["diagnostics"]),
-    }
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float | int | str | bool) or obj is None:
-        return obj
-    return str(obj)
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: ARG002
+        self.tensors = dict(state_dict)
 
 
 @register
@@ -81,12 +64,17 @@ class ZeroUnlearnMethod(Method):
         }
 
     def train_loop(self, cfg: ZeroUnlearnConfig) -> None:
-        """The edit on rank 0 with full weights; reports the metrics before and after."""
+        """The edit on rank 0 with full weights; reports the metrics before and after.
+
+        The loop is one step, reported as step 1; ``fail_at_step=1`` fails it on a first
+        attempt (fault injection), and a resumed run does the edit again."""
         from nshot.train import session
 
         from .pipeline import run_systems, setup
 
         ctx = session.context()
+        restored = session.restore(_Received())
+        session.maybe_inject_fault(1, restored)
         s = setup(cfg, cfg.seed)
         system = {"zerounlearn": "zerounlearn", "gd": "zerounlearn_gd"}.get(
             cfg.variant, cfg.variant
@@ -138,132 +126,4 @@ class ZeroUnlearnMethod(Method):
 
     def experiments(self, cfg: ZeroUnlearnConfig, workdir: Path) -> ResultsTable:
         """ZeroUnlearn, -GD, the ablations and the baselines on the same facts, per seed."""
-        import ray
-
-        from nshot.train import ensure_ray
-
-        t0 = time.time()
-        seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
-        workdir = Path(workdir)
-        if cfg.parallel_seeds and len(seeds) > 1:
-            ensure_ray()
-            res = _seed_task_resources(cfg)
-            # statistics first (cached), so that the seed tasks do not all compute them
-            ray.get(ray.remote(**res)(_warm_stats).remote(cfg))
-            task = ray.remote(**res)(_run_seed)
-            outs = ray.get([task.remote(cfg, s, str(workdir)) for s in seeds])
-        else:
-            outs = [_run_seed(cfg, s, str(workdir)) for s in seeds]
-        return results_table(cfg, outs, runtime_s=time.time() - t0, method=self.name)
-
-
-def results_table(
-    cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]], *, runtime_s: float, method: str
-) -> ResultsTable:
-    """Means and stds over seeds of every system's metrics; the per-seed values are kept as the
-    claims' paired samples (``samples[system][metric]``, in seed order) and in ``per_seed``."""
-    from .pipeline import SYSTEMS
-
-    rows: dict[str, dict[str, float | None]] = {}
-    stds: dict[str, dict[str, float | None]] = {}
-    samples: dict[str, dict[str, list[float | None]]] = {}
-    for system in SYSTEMS:
-        rows[system], stds[system], samples[system] = {}, {}, {}
-        for metric in METRICS:
-            vals = np.array([o["metrics"][system][metric] for o in outs], dtype=float)
-            rows[system][metric] = float(vals.mean())
-            stds[system][metric] = float(vals.std(ddof=1)) if len(vals) > 1 else None
-            samples[system][metric] = [float(v) for v in vals]
-    return ResultsTable(
-        method=method,
-        preset=cfg.preset,
-        seeds=len(outs),
-        metrics=METRICS,
-        rows=rows,
-        stds=stds,
-        runtime_s=runtime_s,
-        notes=_notes(cfg, outs),
-        extra={
-            "per_seed": [
-                {"seed": o["seed"], "metrics": o["metrics"], "timings": o["timings"]} for o in outs
-            ],
-            "diagnostics": [_jsonable(o["diagnostics"]) for o in outs],
-            "setup": [o["setup"] for o in outs],
-            "checkpoints": {f"zerounlearn-seed{o['seed']}": o["checkpoint"] for o in outs},
-        },
-        samples=samples,
-    )
-
-
-def _seed_task_resources(cfg: ZeroUnlearnConfig) -> dict[str, float]:
-    """Ray resources of one seed task: a CPU, plus a whole GPU when the cluster has GPUs and
-    ``device`` lets the task pick one (``auto``/``cuda``: Ray then makes the task's own GPU
-    its only visible, current device). ``cuda:N`` and ``cpu`` are taken literally (CPU tasks)."""
-    import ray
-
-    if cfg.device in ("auto", "cuda") and ray.cluster_resources().get("GPU", 0) >= 1:
-        return {"num_cpus": 1, "num_gpus": 1}
-    return {"num_cpus": 1}
-
-
-def _warm_stats(cfg: ZeroUnlearnConfig) -> None:
-    from nshot.data.lmtext import general_text
-
-    from .edit import key_statistics
-    from .pipeline import load_model
-
-    torch.set_num_threads(cfg.torch_threads)
-    model, tok = load_model(cfg)
-    key_statistics(model, tok, general_text("train"), cfg.edit_layers, cfg.stats_positions)
-
-
-def _run_seed(cfg: ZeroUnlearnConfig, seed: int, workdir: str) -> dict[str, Any]:
-    """All systems of one seed (a Ray task); saves the ZeroUnlearn edit as a checkpoint."""
-    from nshot.train.checkpoint import save_checkpoint
-
-    from .pipeline import run_systems, setup
-
-    torch.set_num_threads(cfg.torch_threads)
-    t0 = time.time()
-    scfg = cfg.replace(seed=seed)
-    s = setup(scfg, seed)
-    result = run_systems(s)
-    path = save_checkpoint(
-        Path(workdir) / "runs" / f"zerounlearn-seed{seed}",
-        method="zerounlearn",
-        method_version=ZeroUnlearnMethod.version,
-        config=scfg.model_dump(),
-        step=1,
-        model_state=result["kept"],
-        metrics=result["metrics"]["zerounlearn"],
-        extra=checkpoint_extra(s, result),
-    )
-    result["timings"]["total"] = time.time() - t0
-    return {
-        "seed": seed,
-        "metrics": result["metrics"],
-        "diagnostics": result["diagnostics"],
-        "timings": result["timings"],
-        "setup": s.info,
-        "checkpoint": str(path),
-    }
-
-
-def _notes(cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]]) -> list[str]:
-    s0 = outs[0]["setup"]
-    notes = [
-        f"model {cfg.model}; edited layers {cfg.edit_layers}, v_loss_layer {cfg.v_loss_layer}; "
-        f"{cfg.n_forget} forgotten facts per seed, {len(outs)} seeds; ± is the std over seeds.",
-        f"facts: {s0['known']} of {s0['candidates']} candidates known by the model "
-        f"(teacher-forced argmax on the rewrite prompt), relations "
-        f"{', '.join(cfg.relations) if not cfg.model.startswith('tiny-') else 'synthetic'}; "
-        f"retain pool {s0['retain_pool']}; "
-        f"rewrite prompt {cfg.rewrite_prompt}, pools split by {cfg.split}, key statistics "
-        f"{'consistent (VKT = W·KKT)' if cfg.consistent_stats else 'as the paper (centred VKT)'}.",
-        f"eff/gen/spe/neutral_rate in %, teacher-forced argmax; ppl on {s0['ppl_tokens']} "
-        f"held-out docstring tokens ({cfg.ppl_chunks} chunks of ≤ {cfg.ppl_length}).",
-        f"key statistics from {s0['stats_positions']} general-text positions; "
-        f"{cfg.context_templates} sampled context templates + the bare one; neutral target "
-        f"{s0['neutral_target']!r}.",
-    ]
-    return notes
+        return run_experiments(cfg, workdir, method=self.name, version=self.version)

@@ -58,9 +58,10 @@ def load_model(cfg: ZeroUnlearnConfig, device: str | None = None) -> tuple[Any, 
     """The model (frozen, on ``device`` or else ``cfg.device``) and its tokenizer; the edit's
     layers are checked against the model."""
     from nshot.nn.lm import load_causal_lm, resolve_device
+    from nshot.train.tinylm import resolve_lm_source
 
     model, tok = load_causal_lm(
-        cfg.model,
+        resolve_lm_source(cfg.model),
         allow_download=cfg.allow_download,
         device=resolve_device(device or cfg.device),
     )

