@@ -55,7 +55,7 @@ def test_closed_form_errors_match_monte_carlo():
                 assert mc == pytest.approx(exact(n, theta), rel=0.05), (name, n)
     # V-only ZS optimum reaches the floor at n = 0 on the target task
     assert cf.err_vfamily(0, th0, th0 / 9, c, S2) == pytest.approx(cf.vonly_zs_floor(D5, S2))
-    # the FS auxiliary loss pulls the ICL weight w from c* ≈ 0.79 down to ≈ 0.65 (the paper: ≈ 0.66)
+    # the FS auxiliary loss pulls the ICL weight w from c* ≈ 0.79 down to ≈ 0.65 (quoted as ≈ 0.66)
     assert 0.6 < cf.vonly_fs_optimum(D5, 20, S2, 1.0)[1] < 0.7
 
 

@@ -48,7 +48,7 @@ class ICLFTConfig(MethodConfig):
     sigma2: float = Field(0.1, ge=0.0, le=100.0, description="label-noise VARIANCE σ²")
     task_dist: Literal["sphere", "gaussian"] = Field(
         "sphere",
-        description="task θ: 'sphere' θ = g/‖g‖ (the paper's), 'gaussian' θ ~ N(0, I/d) "
+        description="task θ: 'sphere' θ = g/‖g‖ (default), 'gaussian' θ ~ N(0, I/d) "
         "(same second moments; the closed forms use the drawn ‖θ0‖)",
     )
     init_std: float = Field(0.05, gt=0.0, le=10.0, description="std of the N(0, s²) init")
