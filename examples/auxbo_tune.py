@@ -45,7 +45,7 @@ def main() -> None:
     print(f"surrogate: {res.checkpoint} (val_nll {res.metrics.get('val_nll'):.3f})")
 
     # a new task of the family: its optimum tau is unknown to the surrogate
-    from nshot.methods.auxbo.tasks import synthetic_maps
+    from nshot.methods.auxbo.synthetic import synthetic_maps
 
     rng = np.random.default_rng(args.task_seed)
     tau = rng.uniform(-1, 1, 4)

@@ -90,6 +90,22 @@ def _cycle(searcher, n: int, tau, A, offset: int = 0) -> list[dict]:
     return configs
 
 
+def test_predictor_answers_its_example_request(smoke_checkpoint):
+    from nshot.train import load_checkpoint
+
+    pred = get("auxbo").predictor(load_checkpoint(smoke_checkpoint, method="auxbo"))
+    example = pred.example_request()
+    cfg = pred.model.cfg
+    assert all(len(c["x"]) == cfg.x_dim for c in example["context"])
+    assert all(len(c["h"][0]) == cfg.h_dim for c in example["context"])  # smoke reads h
+    req = pred.Request.model_validate(example)
+    answer = pred(req)
+    assert len(answer.mean) == 2 and answer.best_index in (0, 1)
+    assert all(s > 0 for s in answer.std) and all(0.0 <= p <= 1.0 for p in answer.pi)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+
+
 def test_searcher_save_restore_continues_without_repeats(smoke_checkpoint, tmp_path):
     from nshot.methods.auxbo.searcher import AuxBOSearcher
 

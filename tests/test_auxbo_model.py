@@ -26,7 +26,7 @@ from nshot.methods.auxbo.model import (
     save_tnp,
 )
 from nshot.methods.auxbo.surrogate import TNPModel, propose_continuous, propose_discrete
-from nshot.methods.auxbo.tasks import Task
+from nshot.methods.auxbo.taskstore import Task
 
 torch.set_num_threads(1)
 ATOL = 1e-5
@@ -334,7 +334,7 @@ def test_gp_finds_the_max_of_an_easy_task_faster_than_random():
 def test_meta_train_keeps_the_step_with_the_lowest_held_back_nll():
     from nshot.method import NshotError
     from nshot.methods.auxbo.config import AuxBOConfig
-    from nshot.methods.auxbo.method import meta_train, selection_nll, selection_split
+    from nshot.methods.auxbo.train import meta_train, selection_nll, selection_split
 
     tasks = _tasks(12)
     stats = family_stats(tasks)
@@ -356,7 +356,7 @@ def test_meta_train_keeps_the_step_with_the_lowest_held_back_nll():
 
 def test_meta_train_h_shuffle_trains_and_selects_on_shuffled_h(monkeypatch):
     """The h_set control: every batch and the step selection take h from other designs."""
-    import nshot.methods.auxbo.method as M
+    import nshot.methods.auxbo.train as M
     from nshot.methods.auxbo.config import AuxBOConfig
 
     tasks = _tasks(12)

@@ -9,14 +9,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from nshot.methods.auxbo import tasks as T
+from nshot.methods.auxbo import data as D
+from nshot.methods.auxbo import lcbench as LC
+from nshot.methods.auxbo import synthetic as S
+from nshot.methods.auxbo import taskstore as TS
 
 # ------------------------------------------------------------------------------- synthetic
 
 
 @pytest.fixture(scope="module")
 def syn():
-    return T.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+    return S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
 
 
 def test_synthetic_shapes_and_encoding(syn):
@@ -39,13 +42,13 @@ def test_synthetic_shapes_and_encoding(syn):
 
 def test_synthetic_deterministic_and_seeded(syn):
     train, test = syn
-    train2, test2 = T.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+    train2, test2 = S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
     for a, b in zip(train + test, train2 + test2):
         assert np.array_equal(a.f, b.f) and np.array_equal(a.h, b.h) and np.array_equal(a.X, b.X)
     # a task does not depend on how many tasks are drawn
-    more, _ = T.synthetic_family(n_train=25, n_test=1, n_candidates=300, seed=0)
+    more, _ = S.synthetic_family(n_train=25, n_test=1, n_candidates=300, seed=0)
     assert np.array_equal(more[5].h, train[5].h)
-    other, _ = T.synthetic_family(n_train=2, n_test=1, n_candidates=300, seed=1)
+    other, _ = S.synthetic_family(n_train=2, n_test=1, n_candidates=300, seed=1)
     assert not np.allclose(other[0].X, train[0].X)
     assert not np.allclose(other[0].info["tau"], train[0].info["tau"])
 
@@ -61,7 +64,7 @@ def test_synthetic_train_test_disjoint(syn):
 
 def test_synthetic_f_peaks_near_tau(syn):
     train, test = syn
-    clean_train, _ = T.synthetic_family(n_train=20, n_test=0, seed=0, noise=False)
+    clean_train, _ = S.synthetic_family(n_train=20, n_test=0, seed=0, noise=False)
     for noisy, clean in zip(train, clean_train):
         tau = np.asarray(noisy.info["tau"])
         x = noisy.X * 2.0 - 1.0
@@ -82,7 +85,7 @@ def test_synthetic_h_depends_on_tau(syn):
     a, b = train[0], train[1]
     assert np.abs(a.h - b.h).mean() > 0.1
     # clean h = tanh(A (x - tau)) spans the informative range of tanh, not just its tails
-    clean, _ = T.synthetic_family(n_train=1, n_test=0, seed=0, noise=False)
+    clean, _ = S.synthetic_family(n_train=1, n_test=0, seed=0, noise=False)
     t = clean[0]
     assert np.abs(t.h).max() < 1.0
     assert t.h.std() > 0.2
@@ -92,7 +95,7 @@ def test_synthetic_h_depends_on_tau(syn):
 
 
 def test_lcbench_space_encode_decode():
-    space = T.lcbench_space()
+    space = LC.lcbench_space()
     json.dumps(space)
     assert [p["name"] for p in space["params"]] == [
         "learning_rate_init",
@@ -101,7 +104,7 @@ def test_lcbench_space_encode_decode():
         "batch_size",
         "momentum",
     ]
-    X, configs = T.lcbench_configs(100, seed=0)
+    X, configs = LC.lcbench_configs(100, seed=0)
     assert X.shape == (100, 5) and X.dtype == np.float32
     assert X.min() >= 0.0 and X.max() <= 1.0
     for x, c in zip(X, configs):
@@ -109,25 +112,25 @@ def test_lcbench_space_encode_decode():
         assert isinstance(c["width"], int) and 8 <= c["width"] <= 128
         assert isinstance(c["batch_size"], int) and 8 <= c["batch_size"] <= 128
         assert 0.5 <= c["momentum"] <= 0.99
-        np.testing.assert_allclose(T.encode_config(c), x, atol=1e-6)
-        assert T.decode_x(x)["width"] == c["width"]
-    assert T.decode_x([0, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(1e-4)
-    assert T.decode_x([1, 1, 1, 1, 1]) == pytest.approx(
+        np.testing.assert_allclose(LC.encode_config(c), x, atol=1e-6)
+        assert LC.decode_x(x)["width"] == c["width"]
+    assert LC.decode_x([0, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(1e-4)
+    assert LC.decode_x([1, 1, 1, 1, 1]) == pytest.approx(
         {"learning_rate_init": 0.1, "alpha": 0.1, "width": 128, "batch_size": 128, "momentum": 0.99}
     )
     # log scale: the middle of the lr axis is the geometric mean
-    assert T.decode_x([0.5, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(10**-2.5)
+    assert LC.decode_x([0.5, 0, 0, 0, 0])["learning_rate_init"] == pytest.approx(10**-2.5)
     # spread over the space, deterministic
     assert X.std(0).min() > 0.2
-    X2, configs2 = T.lcbench_configs(100, seed=0)
+    X2, configs2 = LC.lcbench_configs(100, seed=0)
     assert configs2 == configs and np.array_equal(X2, X)
-    assert not np.array_equal(T.lcbench_configs(100, seed=1)[0], X)
+    assert not np.array_equal(LC.lcbench_configs(100, seed=1)[0], X)
 
 
 def test_lcbench_split():
-    names = T.lcbench_task_names()
+    names = LC.lcbench_task_names()
     assert len(names) == len(set(names)) == 110
-    split = T.lcbench_split(0)
+    split = LC.lcbench_split(0)
     test = [n for n, s in split.items() if s == "test"]
     assert len(test) >= 55 and len(split) - len(test) >= 50
     for n in names:
@@ -137,49 +140,49 @@ def test_lcbench_split():
         for b in range(a + 1, 10):
             full, small = f"lcbench/digits_{a}v{b}/full", f"lcbench/digits_{a}v{b}/n40"
             assert split[full] == split[small]
-    assert T.lcbench_split(0) == split
-    assert T.lcbench_split(1) != split
-    assert T.lcbench_split(0, ["lcbench/iris"]) == {"lcbench/iris": "test"}
+    assert LC.lcbench_split(0) == split
+    assert LC.lcbench_split(1) != split
+    assert LC.lcbench_split(0, ["lcbench/iris"]) == {"lcbench/iris": "test"}
     with pytest.raises(KeyError):
-        T.lcbench_split(0, ["lcbench/mnist"])
+        LC.lcbench_split(0, ["lcbench/mnist"])
 
 
 def test_lcbench_data_variants():
-    full = T.lcbench_data("lcbench/digits_3v8/full")
-    small = T.lcbench_data("lcbench/digits_3v8/n40")
+    full = LC.lcbench_data("lcbench/digits_3v8/full")
+    small = LC.lcbench_data("lcbench/digits_3v8/n40")
     assert small.X_train.shape == (40, 64) and set(small.y_train.tolist()) == {0, 1}
     assert abs(small.y_train.mean() - 0.5) < 0.1  # stratified
     assert full.X_train.shape[0] > 250
     np.testing.assert_array_equal(full.y_val, small.y_val)  # same validation split
     np.testing.assert_allclose(full.X_train.mean(0), 0.0, atol=1e-6)  # scaler fit on train
-    ovr = T.lcbench_data("lcbench/digits_4vrest")
+    ovr = LC.lcbench_data("lcbench/digits_4vrest")
     y = np.concatenate([ovr.y_train, ovr.y_val])
     assert abs(y.mean() - 0.5) < 0.01 and ovr.n_classes == 2
-    assert T.lcbench_data("lcbench/digits").n_classes == 10
-    assert T.lcbench_data("lcbench/wine_1v2").n_classes == 2
+    assert LC.lcbench_data("lcbench/digits").n_classes == 10
+    assert LC.lcbench_data("lcbench/wine_1v2").n_classes == 2
     for bad in ("lcbench/iris_0v3", "lcbench/wine_0v1/n40", "lcbench/digits_3v8", "nope"):
         with pytest.raises(KeyError):
-            T.lcbench_data(bad)
+            LC.lcbench_data(bad)
 
 
 def test_lcbench_task_tiny():
-    task = T.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
+    task = LC.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
     assert task.family == "lcbench" and task.h_names == ("val_acc", "val_loss")
     assert task.X.shape == (4, 5) and task.h.shape == (4, 3, 2) and task.f.shape == (4,)
     assert len(task.configs) == 4
     np.testing.assert_array_equal(task.f, task.h[:, -1, 0])
     assert np.all((task.h[..., 0] >= 0) & (task.h[..., 0] <= 1))
-    assert np.all((task.h[..., 1] >= 0) & (task.h[..., 1] <= T.LOSS_CAP))
+    assert np.all((task.h[..., 1] >= 0) & (task.h[..., 1] <= LC.LOSS_CAP))
     assert np.isfinite(task.h).all()
     assert task.info["n_val"] == 20 and task.info["n_train"] == 80
-    again = T.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
+    again = LC.lcbench_task("lcbench/iris_1v2", n_configs=4, seed=0, epochs=3)
     np.testing.assert_array_equal(again.h, task.h)
 
 
 def test_train_curve_matches_plain_sklearn():
     from sklearn.neural_network import MLPClassifier
 
-    data = T.lcbench_data("lcbench/wine_0v1")
+    data = LC.lcbench_data("lcbench/wine_0v1")
     cfg = {
         "learning_rate_init": 0.01,
         "alpha": 1e-4,
@@ -187,8 +190,8 @@ def test_train_curve_matches_plain_sklearn():
         "batch_size": 16,
         "momentum": 0.9,
     }
-    with T._quiet():
-        curve = T.train_curve(data, cfg, epochs=4, random_state=7)
+    with LC._quiet():
+        curve = LC.train_curve(data, cfg, epochs=4, random_state=7)
     clf = MLPClassifier(
         hidden_layer_sizes=(16,),
         solver="sgd",
@@ -212,13 +215,13 @@ def test_train_curve_matches_plain_sklearn():
 
 
 def test_train_curve_divergence_is_guarded():
-    data = T.lcbench_data("lcbench/iris_0v1")
+    data = LC.lcbench_data("lcbench/iris_0v1")
     data.X_train = data.X_train * 1e300  # overflow → non-finite weights
     cfg = {"learning_rate_init": 0.1, "alpha": 1e-6, "width": 8, "batch_size": 8, "momentum": 0.99}
-    with T._quiet():
-        curve = T.train_curve(data, cfg, epochs=5)
+    with LC._quiet():
+        curve = LC.train_curve(data, cfg, epochs=5)
     assert np.isfinite(curve).all()
-    np.testing.assert_allclose(curve[-1], [0.5, T.LOSS_CAP])
+    np.testing.assert_allclose(curve[-1], [0.5, LC.LOSS_CAP])
 
 
 # ------------------------------------------------------------------------------- Parquet cache
@@ -226,7 +229,7 @@ def test_train_curve_divergence_is_guarded():
 _SUBSET = ["lcbench/iris_0v1", "lcbench/wine_0v2", "lcbench/digits_0v1/n40"]
 
 
-def _assert_same(a: T.Task, b: T.Task) -> None:
+def _assert_same(a: TS.Task, b: TS.Task) -> None:
     assert a.name == b.name and a.family == b.family and a.h_names == b.h_names
     np.testing.assert_array_equal(a.X, b.X)
     np.testing.assert_array_equal(a.f, b.f)
@@ -236,9 +239,9 @@ def _assert_same(a: T.Task, b: T.Task) -> None:
 
 def test_write_read_roundtrip(tmp_path, syn):
     train, test = syn
-    lc = T.lcbench_task("lcbench/iris_0v2", n_configs=3, epochs=2)
-    path = T.write_tasks(tmp_path / "h.parquet", train[:2] + [lc], test[:1])
-    r_train, r_test = T.read_tasks(path)
+    lc = LC.lcbench_task("lcbench/iris_0v2", n_configs=3, epochs=2)
+    path = TS.write_tasks(tmp_path / "h.parquet", train[:2] + [lc], test[:1])
+    r_train, r_test = TS.read_tasks(path)
     for a, b in zip(train[:2] + [lc] + test[:1], r_train + r_test):
         _assert_same(a, b)
     table = pq.read_table(path)
@@ -260,17 +263,17 @@ def test_write_read_roundtrip(tmp_path, syn):
 
 def test_lcbench_family_cache(tmp_path, monkeypatch):
     calls: list[str] = []
-    real = T.compute_lcbench_task
+    real = LC.compute_lcbench_task
 
     def counting(name, *a, **k):
         calls.append(name)
         return real(name, *a, **k)
 
-    monkeypatch.setattr(T, "compute_lcbench_task", counting)
+    monkeypatch.setattr(LC, "compute_lcbench_task", counting)
     kw = dict(n_configs=3, seed=0, cache_dir=tmp_path, progress=False, epochs=2, parallel=False)
-    train, test = T.lcbench_family(names=_SUBSET, **kw)
+    train, test = LC.lcbench_family(names=_SUBSET, **kw)
     assert sorted(calls) == sorted(_SUBSET)
-    split = T.lcbench_split(0, _SUBSET)
+    split = LC.lcbench_split(0, _SUBSET)
     assert [t.name for t in test] == [n for n in _SUBSET if split[n] == "test"]
     assert [t.name for t in train] == [n for n in _SUBSET if split[n] == "train"]
     files = list(tmp_path.glob("*.parquet"))
@@ -281,26 +284,26 @@ def test_lcbench_family_cache(tmp_path, monkeypatch):
 
     # second call: read from the cache, nothing computed
     calls.clear()
-    train2, test2 = T.lcbench_family(names=_SUBSET, **kw)
+    train2, test2 = LC.lcbench_family(names=_SUBSET, **kw)
     assert calls == []
     for a, b in zip(train + test, train2 + test2):
         _assert_same(a, b)
 
     # another protocol (epochs) is another file
-    T.lcbench_family(names=_SUBSET[:1], **{**kw, "epochs": 1})
+    LC.lcbench_family(names=_SUBSET[:1], **{**kw, "epochs": 1})
     assert len(list(tmp_path.glob("*.parquet"))) == 2
 
     # a damaged cache file is rebuilt, with a warning
     files[0].write_bytes(b"not parquet")
     calls.clear()
     with pytest.warns(UserWarning, match="unreadable cache"):
-        train3, _ = T.lcbench_family(names=_SUBSET, **kw)
+        train3, _ = LC.lcbench_family(names=_SUBSET, **kw)
     assert sorted(calls) == sorted(_SUBSET)
     np.testing.assert_array_equal(train3[0].h, train[0].h)
 
 
 def test_lcbench_family_resumes(tmp_path, monkeypatch):
-    real = T.compute_lcbench_task
+    real = LC.compute_lcbench_task
     calls: list[str] = []
     fail_at = [2]  # the second computed task fails once
 
@@ -311,49 +314,49 @@ def test_lcbench_family_resumes(tmp_path, monkeypatch):
             raise RuntimeError("worker lost")
         return real(name, *a, **k)
 
-    monkeypatch.setattr(T, "compute_lcbench_task", flaky)
+    monkeypatch.setattr(LC, "compute_lcbench_task", flaky)
     kw = dict(n_configs=2, seed=0, cache_dir=tmp_path, progress=False, epochs=1, parallel=False)
     with pytest.raises(RuntimeError):
-        T.lcbench_family(names=_SUBSET, **kw)
+        LC.lcbench_family(names=_SUBSET, **kw)
     first = calls[0]
     calls.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        train, test = T.lcbench_family(names=_SUBSET, **kw)
+        train, test = LC.lcbench_family(names=_SUBSET, **kw)
     assert first not in calls and len(calls) == len(_SUBSET) - 1
     assert sorted(t.name for t in train + test) == sorted(_SUBSET)
 
 
 def test_family_dispatch():
-    train, test = T.family("synthetic", "smoke")
+    train, test = D.family("synthetic", "smoke")
     assert len(train) == 16 and len(test) == 4 and train[0].X.shape == (64, 4)
     with pytest.raises(ValueError):
-        T.family("gripper")
+        D.family("gripper")
 
 
 # ----------------------------------------------------------------------- perturbed variant
 
 
 def test_lcbench_perturbed_space_and_split():
-    space = T.lcbench_space("perturbed")
+    space = LC.lcbench_space("perturbed")
     lr, alpha = space["params"][0], space["params"][1]
     assert (lr["low"], lr["high"], alpha["low"], alpha["high"]) == (1e-4, 1.0, 1e-6, 1.0)
-    assert [p["name"] for p in space["params"]] == [p["name"] for p in T.lcbench_space()["params"]]
-    X, configs = T.lcbench_configs(64, seed=0, space=space)
+    assert [p["name"] for p in space["params"]] == [p["name"] for p in LC.lcbench_space()["params"]]
+    X, configs = LC.lcbench_configs(64, seed=0, space=space)
     assert X.shape == (64, 5) and max(c["learning_rate_init"] for c in configs) > 0.1
     for x, c in zip(X, configs):
-        np.testing.assert_allclose(T.encode_config(c, space), x, atol=1e-6)
+        np.testing.assert_allclose(LC.encode_config(c, space), x, atol=1e-6)
     with pytest.raises(ValueError):
-        T.lcbench_space("noisy")
-    names = T.lcbench_p_task_names()
+        LC.lcbench_space("noisy")
+    names = LC.lcbench_p_task_names()
     assert len(names) == len(set(names)) == 160 and names[7] == "lcbench-p/007"
-    split = T.lcbench_p_split(0)
+    split = LC.lcbench_p_split(0)
     assert sum(s == "test" for s in split.values()) == 56
-    assert T.lcbench_p_split(0) == split and T.lcbench_p_split(1) != split
+    assert LC.lcbench_p_split(0) == split and LC.lcbench_p_split(1) != split
     with pytest.raises(KeyError):
-        T.lcbench_p_split(0, ["lcbench/iris"])
-    specs = [T.lcbench_p_spec(n) for n in names]
-    assert specs == [T.lcbench_p_spec(n) for n in names]  # deterministic
+        LC.lcbench_p_split(0, ["lcbench/iris"])
+    specs = [LC.lcbench_p_spec(n) for n in names]
+    assert specs == [LC.lcbench_p_spec(n) for n in names]  # deterministic
     assert {s["base"] for s in specs} == {"digits", "wine", "breast_cancer", "iris"}
     assert all(0.0 <= s["noise"] <= 0.4 and 0.1 <= s["scale"] <= 10.0 for s in specs)
     assert all(24 <= s["n_train"] <= 256 for s in specs)
@@ -361,13 +364,13 @@ def test_lcbench_perturbed_space_and_split():
     assert min(ks) == 2 and max(ks) == 10
     assert np.std([np.log10(s["scale"]) for s in specs]) > 0.4
     with pytest.raises(KeyError):
-        T.lcbench_p_spec("lcbench-p/7")
+        LC.lcbench_p_spec("lcbench-p/7")
 
 
 def test_lcbench_perturbed_data():
     for name in ("lcbench-p/007", "lcbench-p/012"):
-        spec = T.lcbench_p_spec(name)
-        d = T.lcbench_data(name)
+        spec = LC.lcbench_p_spec(name)
+        d = LC.lcbench_data(name)
         assert d.X_train.shape[0] == len(d.y_train) == spec["n_train"]
         K = d.n_classes
         assert set(d.y_train.tolist()) <= set(range(K)) and set(d.y_val.tolist()) == set(range(K))
@@ -377,15 +380,15 @@ def test_lcbench_perturbed_data():
         np.testing.assert_allclose(sd[sd > 0], spec["scale"], rtol=1e-6)
         assert d.info["flipped"] == pytest.approx(spec["noise"], abs=0.15)
     # the noise only touches training labels: the validation split is the clean one
-    v = T.lcbench_data("lcbench-p/012")
+    v = LC.lcbench_data("lcbench-p/012")
     assert v.info["noise"] > 0.3 and v.info["n_val"] == len(v.y_val)
 
 
 def test_lcbench_perturbed_family_tiny(tmp_path):
     names = ["lcbench-p/007", "lcbench-p/015"]
     kw = dict(n_configs=3, seed=0, cache_dir=tmp_path, progress=False, epochs=2, parallel=False)
-    train, test = T.lcbench_family(names=names, variant="perturbed", **kw)
-    split = T.lcbench_p_split(0, names)
+    train, test = LC.lcbench_family(names=names, variant="perturbed", **kw)
+    split = LC.lcbench_p_split(0, names)
     assert sorted(t.name for t in test) == sorted(n for n in names if split[n] == "test")
     tasks = train + test
     assert len(tasks) == 2
@@ -396,38 +399,38 @@ def test_lcbench_perturbed_family_tiny(tmp_path):
     assert len(files) == 1 and files[0].name.startswith("mini-lcbench-perturbed-n3-e2-s0-p1")
     meta = json.loads(pq.read_schema(files[0]).metadata[b"auxbo"])
     assert meta["params"]["variant"] == "perturbed"
-    assert meta["params"]["space"] == T.lcbench_space("perturbed")
+    assert meta["params"]["space"] == LC.lcbench_space("perturbed")
     with pytest.raises(ValueError):
-        T.lcbench_family(names=names, variant="noisy", **kw)
+        LC.lcbench_family(names=names, variant="noisy", **kw)
 
 
 def test_split_restriction_rejects_unknown_task_names():
-    split = T.lcbench_p_split()
+    split = LC.lcbench_p_split()
     assert sorted(split.values()).count("test") == 56 and len(split) == 160
     some = list(split)[:3]
-    assert T.lcbench_p_split(names=some) == {n: split[n] for n in some}
+    assert LC.lcbench_p_split(names=some) == {n: split[n] for n in some}
     with pytest.raises(KeyError, match="perturbed mini-LCBench"):
-        T.lcbench_p_split(names=["lcbench-p/nope"])
+        LC.lcbench_p_split(names=["lcbench-p/nope"])
     with pytest.raises(KeyError, match="unknown mini-LCBench"):
-        T.lcbench_split(names=["lcbench/nope"])
+        LC.lcbench_split(names=["lcbench/nope"])
 
 
 def test_extra_perturbed_tasks_are_history_and_the_held_out_ones_stay():
-    base = T.lcbench_p_split(0)
-    names = T.lcbench_p_task_names(200)
-    split = T.lcbench_p_split(0, names)
+    base = LC.lcbench_p_split(0)
+    names = LC.lcbench_p_task_names(200)
+    split = LC.lcbench_p_split(0, names)
     assert {n: split[n] for n in base} == base  # the first 160 keep their assignment
     assert all(split[n] == "train" for n in names[160:])
-    assert T.lcbench_p_spec("lcbench-p/321") != T.lcbench_p_spec("lcbench-p/322")
-    more = T.lcbench_p_split(0, names, extra_test=10)
+    assert LC.lcbench_p_spec("lcbench-p/321") != LC.lcbench_p_spec("lcbench-p/322")
+    more = LC.lcbench_p_split(0, names, extra_test=10)
     assert {n: more[n] for n in base} == base
     assert sum(more[n] == "test" for n in names[160:]) == 10
-    assert T.lcbench_p_split(0, names, extra_test=10) == more  # seeded
+    assert LC.lcbench_p_split(0, names, extra_test=10) == more  # seeded
     with pytest.raises(ValueError, match="only 40 tasks beyond"):
-        T.lcbench_p_split(0, names, extra_test=41)
+        LC.lcbench_p_split(0, names, extra_test=41)
     with pytest.raises(ValueError, match="1..1000"):
-        T.lcbench_p_task_names(1001)
+        LC.lcbench_p_task_names(1001)
     with pytest.raises(ValueError, match="n_tasks must be in"):
-        T.lcbench_family(variant="perturbed", n_tasks=100, progress=False)
+        LC.lcbench_family(variant="perturbed", n_tasks=100, progress=False)
     with pytest.raises(ValueError, match="perturbed variant"):
-        T.lcbench_family(variant="clean", n_tasks=200, progress=False)
+        LC.lcbench_family(variant="clean", n_tasks=200, progress=False)

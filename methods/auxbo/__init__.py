@@ -1,4 +1,4 @@
-"""auxbo: few-shot Bayesian optimisation with auxiliary information (spec: shared/methods/auxbo.md).
+"""auxbo: few-shot Bayesian optimisation with auxiliary information.
 
 Importing the package registers the method and the ``auxbo`` Tune searcher.
 """

@@ -20,11 +20,13 @@ import torch
 from nshot.method import NshotError
 
 
+class SurrogateMismatchError(NshotError):
+    """The surrogate checkpoint was meta-trained for another space or h shape."""
+
+
 def pad_curves(hs: list[np.ndarray], h_len: int, h_dim: int) -> np.ndarray:
     """``[n, h_len, h_dim]`` with NaN frames as padding (the TNP masks non-finite frames); a
     curve longer than ``h_len`` keeps its last ``h_len`` frames. Raises on a width mismatch."""
-    from .searcher import SurrogateMismatchError
-
     out = np.full((len(hs), h_len, h_dim), np.nan, dtype=np.float32)
     for i, h in enumerate(hs):
         h = np.asarray(h, dtype=np.float32)
@@ -50,10 +52,10 @@ def load_surrogate(folder: str | Path) -> tuple[Any, dict[str, Any], dict[str, A
         return load_tnp(folder)
     from nshot.train.checkpoint import load_checkpoint
 
-    from .method import load_from_checkpoint
+    from .model import load_model
 
     ckpt = load_checkpoint(folder, method="auxbo")
-    model, stats = load_from_checkpoint(ckpt)
+    model, stats = load_model(ckpt)
     return model, stats, dict(ckpt.extra)
 
 
@@ -68,7 +70,6 @@ class TNPBackend:
     @classmethod
     def load(cls, folder: str | Path, space: Any) -> TNPBackend:
         from .model import TNPCheckpointError
-        from .searcher import SurrogateMismatchError
 
         try:
             model, stats, extra = load_surrogate(folder)

@@ -1,5 +1,4 @@
-"""The BO loop over a discrete candidate set and the baselines (spec: shared/methods/auxbo.md, §2
-"BO loop", §5, §6).
+"""The BO loop over a discrete candidate set and the baselines.
 
 :func:`run_bo` evaluates ``n_init`` seeded random candidates, then asks a proposer for one
 unevaluated candidate at a time; "evaluating" is a lookup of ``task.f`` (and, for the TNP, of
@@ -144,7 +143,7 @@ class TNPProposer:
     """argmax PI of the frozen TNP with the evaluated designs as context (raw units, ``ξ``).
 
     ``h_shuffle``: the h of each evaluated design is replaced by the h of another random design
-    of the same task, drawn once per evaluated design (the h-shuffle control, spec §7.3).
+    of the same task, drawn once per evaluated design (the h-shuffle control).
     ``h_pool``: instead, the h of a random design of a random task of ``h_pool`` (history tasks
     of the family, same h shape), drawn once per evaluated design: the cross-task control, whose
     h carries neither the design's nor the task's information."""

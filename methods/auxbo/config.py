@@ -1,4 +1,4 @@
-"""auxbo configuration and presets (spec: shared/methods/auxbo.md, section 3)."""
+"""auxbo configuration and presets."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class AuxBOConfig(MethodConfig):
         description="experiments(): add the `h_set` row, a third TNP meta-trained (and run) "
         "with every context h replaced by that of another random design of the same task, so "
         "h can tell it about the task but never about the design; it measures how much of "
-        "aux-BO's advantage the spec's h-shuffle control cannot remove",
+        "aux-BO's advantage the h-shuffle control cannot remove",
     )
 
     # `nshot tune auxbo`: the surrogate's own meta-training can be swept too

@@ -1,8 +1,8 @@
 """A Tune trainable on one task of the synthetic family: a self-contained demo of the searcher.
 
 ``f`` is the distance-to-optimum reward and ``h`` the 10 × 3 "direction to the optimum" frames
-of spec §4, for a task with latent optimum ``tau`` and the family's fixed maps ``A``. Used by
-``examples/auxbo_tune.py`` and the tests (Tune workers import it from the installed package).
+of the synthetic family, for a task with latent optimum ``tau`` and the family's fixed maps
+``A``. Used by ``examples/auxbo_tune.py`` and the tests (Tune workers import it from the installed package).
 """
 
 from __future__ import annotations

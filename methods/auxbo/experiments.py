@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, grid, run_jobs
 from nshot.method import ResultsTable
 
 from .config import AuxBOConfig
@@ -68,8 +69,9 @@ def _train_model(
 ) -> dict[str, Any]:
     import torch
 
-    from .method import AuxBOConfig, load_family, meta_train
+    from .data import load_family
     from .model import family_stats
+    from .train import meta_train
 
     torch.set_num_threads(1)
     cfg = AuxBOConfig.validated(cfg_dict)
@@ -260,211 +262,205 @@ def _wilcoxon(a: np.ndarray, b: np.ndarray, alternative: str = "less") -> float:
     return float(wilcoxon(a, b, alternative=alternative, zero_method="zsplit").pvalue)
 
 
-def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
-    import ray
+def _meta_train_all(cfg: AuxBOConfig, family: str) -> dict[str, dict[str, Any]]:
+    """The family's TNPs: ``full`` (reads h), ``f_only`` and, with ``h_set_control``, ``h_set``
+    (meta-trained on within-task shuffled h), one Ray task each."""
+    kinds = {"full": (True, False), "f_only": (False, False)}
+    if cfg.h_set_control:
+        kinds["h_set"] = (True, True)
+    jobs = [Job((k,), _train_model, (cfg.model_dump(), family, *v)) for k, v in kinds.items()]
+    done = run_jobs(jobs, description=f"auxbo {family}: meta-training")
+    return {k[0]: tr for k, tr in done.items()}
 
-    from nshot.train.runner import ensure_ray
 
-    from .method import load_family
+def _prediction(cfg: AuxBOConfig, trained: dict, train: list, test: list) -> dict[str, dict]:
+    """Held-out NLL/MSE at context sizes 1..20 of every TNP row and control."""
     from .model import evaluate_prediction
 
+    full, stats, sizes = trained["full"], trained["full"]["stats"], (1, 2, 5, 10, 20)
+    m = min(cfg.m_targets, min(len(t.f) for t in test) - max(sizes))
+    runs = {
+        "auxbo": (full, {}),
+        "f_only": (trained["f_only"], {}),
+        "h_shuffle": (full, {"h_shuffle": True}),
+        "h_cross": (full, {"h_pool": train}),
+    }
+    if "h_set" in trained:
+        runs["h_set"] = (trained["h_set"], {"h_shuffle": True})
+    pred = {
+        s: evaluate_prediction(_model(tr), test, sizes, m, stats, seed=cfg.seed, **kw)
+        for s, (tr, kw) in runs.items()
+    }
+    pred["gp_ei"] = {5: {"nll": gp_nll(test, 5, m, stats, cfg.seed)}}
+    return pred
+
+
+def _bo_regrets(cfg: AuxBOConfig, family: str, names: tuple[str, ...], ctx: dict, test: list):
+    """``{system: [task, evaluation] simple regret}``: every system's BO runs on the held-out
+    tasks, in chunks of about an eighth of them per Ray task."""
+    import ray
+
+    ctx_ref = ray.put(ctx)  # the history tasks and the trained TNPs, stored once
+    chunk = max(1, int(np.ceil(len(test) / 8)))
+    starts = range(0, len(test), chunk)
+    jobs = [Job((s, i), _bo_chunk, (s, ctx_ref, test[i : i + chunk], i))
+            for s, i in grid(names, starts)]  # fmt: skip
+    done = run_jobs(jobs, description=f"auxbo {family}: BO on {len(test)} tasks")
+    return {s: np.stack([r for i in starts for r in done[(s, i)]]) for s in names}
+
+
+def _family(cfg: AuxBOConfig, family: str, names: tuple[str, ...], out: dict[str, Any]) -> None:
+    """One family's rows, spreads, per-task samples, extra and notes, written into ``out``."""
+    from .data import load_family
+
+    p, rows, extra = PREFIX[family], out["rows"], out["extra"]
+    out["metrics"].update({f"{p}regret_at_{k}": False for k in (5, 10, 20)})
+    out["metrics"][f"{p}nll_ctx5"] = False
+    train, test, _ = load_family(cfg, family)
+    test = test[: cfg.bo_tasks if family == "synthetic" else cfg.lcbench_bo_tasks]
+    _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
+    trained = _meta_train_all(cfg, family)
+    extra["meta_training"][family] = {
+        f"{name}_{key}": tr[key] for name, tr in trained.items()
+        for key in ("seconds", "losses", "selection")
+    }  # fmt: skip
+    pred = _prediction(cfg, trained, train, test)
+    extra["prediction"][family] = {
+        s: {str(n): v for n, v in r.items()} for s, r in pred.items() if s != "gp_ei"
+    }
+    for s in names:
+        rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"] if s in pred else None
+    regrets = _bo_regrets(cfg, family, names, {"cfg": cfg, "history": train, **trained}, test)
+    n = len(test)
+    extra.setdefault("task_regrets", {})[family] = {"tasks": [t.name for t in test]}
+    for s, k in grid(names, (5, 10, 20)):
+        col = regrets[s][:, min(k, cfg.budget) - 1]
+        rows[s][f"{p}regret_at_{k}"] = float(col.mean())
+        out["stds"][s][f"{p}regret_at_{k}"] = float(col.std(ddof=1) / np.sqrt(n)) if n > 1 else None
+        out["samples"][s][f"{p}regret_at_{k}"] = [float(v) for v in col]  # paired by task
+    for s in names:
+        extra["curves"][f"{family}/{s}"] = regrets[s].mean(0).tolist()
+        extra["task_regrets"][family][s] = regrets[s].tolist()  # per task and evaluation
+    pv = {f"{s}@{k}": _wilcoxon(regrets["auxbo"][:, min(k, cfg.budget) - 1],
+                                regrets[s][:, min(k, cfg.budget) - 1])
+          for s, k in grid(names[1:], (5, 10, 20))}  # fmt: skip
+    extra["pvalues"][family] = pv
+    ctrl_pv = _control_pvalues(regrets, min(10, cfg.budget) - 1)
+    extra.setdefault("control_pvalues", {})[family] = ctrl_pv
+    info = set_information(train, test, seed=cfg.seed)
+    extra.setdefault("set_information", {})[family] = {
+        name: {str(k): v for k, v in r2.items()} for name, r2 in info.items()
+    }
+    out["measured"] += _measured(family, rows, p, pred, pv, ctrl_pv, info, "h_set" in regrets)
+    out["notes"].append(_family_note(cfg, family, len(train), n, trained, pv))
+
+
+def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
-    ensure_ray()
-    cfg_dict = cfg.model_dump()
-    train_remote = ray.remote(num_cpus=1)(_train_model)
-    chunk_remote = ray.remote(num_cpus=1)(_bo_chunk)
-    row_names = systems(cfg)
-    rows: dict[str, dict[str, float | None]] = {s: {} for s in row_names}
-    stds: dict[str, dict[str, float | None]] = {s: {} for s in row_names}
-    metrics: dict[str, bool] = {}
-    notes: list[str] = []
-    extra: dict[str, Any] = {"curves": {}, "pvalues": {}, "prediction": {}, "meta_training": {}}
-    measured: list[str] = []  # the controls' figures, one note each
+    names = systems(cfg)
+    out: dict[str, Any] = {
+        "rows": {s: {} for s in names}, "stds": {s: {} for s in names},
+        "samples": {s: {} for s in names}, "metrics": {}, "notes": [], "measured": [],
+        "extra": {"curves": {}, "pvalues": {}, "prediction": {}, "meta_training": {}},
+    }  # fmt: skip
     for family in cfg.families:
-        p = PREFIX[family]
-        for k in (5, 10, 20):
-            metrics[f"{p}regret_at_{k}"] = False
-        metrics[f"{p}nll_ctx5"] = False
-        train, test, _ = load_family(cfg, family)
-        test = test[: cfg.bo_tasks if family == "synthetic" else cfg.lcbench_bo_tasks]
-        _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
-        jobs = {
-            "full": train_remote.remote(cfg_dict, family, True),
-            "f_only": train_remote.remote(cfg_dict, family, False),
-        }
-        if cfg.h_set_control:
-            jobs["h_set"] = train_remote.remote(cfg_dict, family, True, True)
-        trained = dict(zip(jobs, ray.get(list(jobs.values()))))
-        full, fonly = trained["full"], trained["f_only"]
-        extra["meta_training"][family] = {
-            f"{name}_{key}": tr[key]
-            for name, tr in trained.items()
-            for key in ("seconds", "losses", "selection")
-        }
-        # ---- prediction
-        stats = full["stats"]
-        sizes = (1, 2, 5, 10, 20)
-        m = min(cfg.m_targets, min(len(t.f) for t in test) - max(sizes))
-        pred = {
-            "auxbo": evaluate_prediction(_model(full), test, sizes, m, stats, seed=cfg.seed),
-            "f_only": evaluate_prediction(_model(fonly), test, sizes, m, stats, seed=cfg.seed),
-            "h_shuffle": evaluate_prediction(
-                _model(full), test, sizes, m, stats, seed=cfg.seed, h_shuffle=True
-            ),
-            "h_cross": evaluate_prediction(
-                _model(full), test, sizes, m, stats, seed=cfg.seed, h_pool=train
-            ),
-        }
-        if cfg.h_set_control:
-            pred["h_set"] = evaluate_prediction(
-                _model(trained["h_set"]), test, sizes, m, stats, seed=cfg.seed, h_shuffle=True
-            )
-        extra["prediction"][family] = {
-            s: {str(n): v for n, v in r.items()} for s, r in pred.items()
-        }
-        _log(
-            f"{family}: NLL at context 5: full {pred['auxbo'][5]['nll']:.3f}, f-only "
-            f"{pred['f_only'][5]['nll']:.3f}, h-shuffle {pred['h_shuffle'][5]['nll']:.3f}, "
-            f"h-cross {pred['h_cross'][5]['nll']:.3f}"
-            + (f", h-set {pred['h_set'][5]['nll']:.3f}" if "h_set" in pred else "")
-        )
-        for s in pred:
-            rows[s][f"{p}nll_ctx5"] = pred[s][5]["nll"]
-        rows["gp_ei"][f"{p}nll_ctx5"] = gp_nll(test, 5, m, stats, cfg.seed)
-        for s in ("multitask_gp", "optuna_tpe", "random"):
-            rows[s][f"{p}nll_ctx5"] = None
-        # ---- BO
-        ctx = {"cfg": cfg, "history": train, **trained}
-        ctx_ref = ray.put(ctx)
-        chunk = max(1, int(np.ceil(len(test) / 8)))
-        refs: dict[str, list[Any]] = {}
-        for s in row_names:
-            refs[s] = [
-                chunk_remote.remote(s, ctx_ref, test[i : i + chunk], i)
-                for i in range(0, len(test), chunk)
-            ]
-        regrets: dict[str, np.ndarray] = {}
-        for s in row_names:
-            t1 = time.time()
-            regrets[s] = np.stack([r for part in ray.get(refs[s]) for r in part])
-            _log(f"{family}: {s} done (waited {time.time() - t1:.0f}s)")
-        n = len(test)
-        for s in row_names:
-            for k in (5, 10, 20):
-                kk = min(k, cfg.budget)
-                col = regrets[s][:, kk - 1]
-                rows[s][f"{p}regret_at_{k}"] = float(col.mean())
-                stds[s][f"{p}regret_at_{k}"] = (
-                    float(col.std(ddof=1) / np.sqrt(n)) if n > 1 else None
-                )
-            extra["curves"][f"{family}/{s}"] = regrets[s].mean(0).tolist()
-            extra.setdefault("task_regrets", {}).setdefault(
-                family, {"tasks": [t.name for t in test]}
-            )
-            extra["task_regrets"][family][s] = regrets[s].tolist()  # per task and evaluation
-        pv = {}
-        for s in row_names[1:]:
-            for k in (5, 10, 20):
-                kk = min(k, cfg.budget)
-                pv[f"{s}@{k}"] = _wilcoxon(regrets["auxbo"][:, kk - 1], regrets[s][:, kk - 1])
-        extra["pvalues"][family] = pv
-        kk10 = min(10, cfg.budget) - 1
-        ctrl_pv = {
-            f"{c}_vs_f_only@10": _wilcoxon(
-                regrets[c][:, kk10], regrets["f_only"][:, kk10], alternative="two-sided"
-            )
-            for c in ("h_shuffle", "h_cross", "h_set")
-            if c in regrets
-        }
-        if "h_set" in regrets:
-            ctrl_pv["h_shuffle_vs_h_set@10"] = _wilcoxon(
-                regrets["h_shuffle"][:, kk10], regrets["h_set"][:, kk10], alternative="two-sided"
-            )
-        extra.setdefault("control_pvalues", {})[family] = ctrl_pv
-        pv_cross = ctrl_pv["h_cross_vs_f_only@10"]
-        # ---- the controls' figures (the claims in claims.py judge them; nothing here does)
-        fo = rows["f_only"][f"{p}regret_at_10"]
-        hs = rows["h_shuffle"][f"{p}regret_at_10"]
-        ab = rows["auxbo"][f"{p}regret_at_10"]
-        gap = fo - ab
-        measured.append(
-            f"{family}: h-shuffle control at 10 (auxbo {ab:.3f}, h_shuffle {hs:.3f}, f_only "
-            f"{fo:.3f}): removes {(hs - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of "
-            f"aux-BO's advantage over f-only; h_shuffle is "
-            f"{(hs - fo) / fo * 100 if fo else float('nan'):+.0f} % from f-only"
-        )
-        hx = rows["h_cross"][f"{p}regret_at_10"]
-        measured.append(
-            f"{family}: cross-task control (h from another task) removes "
-            f"{(hx - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of the advantage at 10 "
-            f"(h_cross {hx:.3f}; p vs f-only, two-sided, {pv_cross:.2g})"
-        )
-        info = set_information(train, test, seed=cfg.seed)
-        extra.setdefault("set_information", {})[family] = {
-            name: {str(n): v for n, v in r2.items()} for name, r2 in info.items()
-        }
-        measured.append(
-            f"{family}: what a within-task shuffle leaves: from the mean h of n random designs "
-            "of a task a ridge regression (fitted on the history tasks) predicts, on the "
-            "held-out tasks, where the optimum lies with R² "
-            + " / ".join(f"{v:.2f}" for v in info["optimum"].values())
-            + " and which designs are good (the task's standardised f) with R² "
-            + " / ".join(f"{v:.2f}" for v in info["profile"].values())
-            + f" at n = {' / '.join(str(n) for n in info['optimum'])}"
-        )
-        if "h_set" in regrets:
-            hset = rows["h_set"][f"{p}regret_at_10"]
-            measured.append(
-                f"{family}: set-only control (a TNP meta-trained and run on within-task "
-                f"shuffled h) keeps {(fo - hset) / gap * 100 if gap > 0 else float('nan'):.0f} % "
-                f"of aux-BO's advantage over f-only at 10 (h_set {hset:.3g}; p vs f-only "
-                f"{ctrl_pv['h_set_vs_f_only@10']:.2g}, vs h_shuffle "
-                f"{ctrl_pv['h_shuffle_vs_h_set@10']:.2g}, two-sided; aux-BO below it: p "
-                f"{pv['h_set@10']:.2g} at 10, {pv['h_set@20']:.2g} at 20, one-sided)"
-            )
-        nll_gain = pred["f_only"][5]["nll"] - pred["auxbo"][5]["nll"]
-        measured.append(
-            f"{family}: NLL at context 5 full {pred['auxbo'][5]['nll']:.3f} vs f-only "
-            f"{pred['f_only'][5]['nll']:.3f} (gain {nll_gain:.3f} nats)"
-        )
-        notes.append(
-            f"{family}: {len(train)} history tasks, {n} held-out tasks; meta-training "
-            f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only)"
-            + (f" / {trained['h_set']['seconds']:.0f}s (h-set)" if "h_set" in trained else "")
-            + (
-                f", steps kept by held-back NLL on {cfg.select_tasks} history tasks: full "
-                f"{full['selection']['best_step']}, f-only {fonly['selection']['best_step']}"
-                + (
-                    f", h-set {trained['h_set']['selection']['best_step']}"
-                    if "h_set" in trained
-                    else ""
-                )
-                + f" of {cfg.steps}"
-                if full["selection"]
-                else ""
-            )
-            + "; BO budget "
-            f"{cfg.budget}, n_init {cfg.n_init}; paired one-sided Wilcoxon p (aux-BO lower): "
-            + ", ".join(f"{k} {v:.2g}" for k, v in pv.items() if not k.endswith("@5"))
-        )
-    notes.append(
+        _family(cfg, family, names, out)
+    notes = out["notes"] + [
         "regret = (f* − best so far)/(f* − f_min) per task, mean over held-out tasks; ± is the "
         "standard error over tasks; nll_ctx5 in nats per target on z-scored f (family stats), "
         "context 5, held-out targets; metrics prefixed lc_ are mini-LCBench (scikit-learn MLP "
         "runs), unprefixed the synthetic family."
-    )
-    notes += measured
-    _plot_curves(extra["curves"], row_names, workdir / "regret_curves.png")
+    ]
+    _plot_curves(out["extra"]["curves"], names, workdir / "regret_curves.png")
     return ResultsTable(
-        method="auxbo",
-        preset=cfg.preset,
-        seeds=1,
-        metrics=metrics,
-        rows=rows,
-        stds=stds,
-        runtime_s=time.time() - t0,
-        notes=notes,
-        extra=extra,
+        method="auxbo", preset=cfg.preset, seeds=1, metrics=out["metrics"], rows=out["rows"],
+        stds=out["stds"], samples=out["samples"], runtime_s=time.time() - t0,
+        notes=notes + out["measured"], extra=out["extra"],
+    )  # fmt: skip
+
+
+def _control_pvalues(regrets: dict[str, np.ndarray], kk10: int) -> dict[str, float]:
+    """Two-sided paired p at 10 evaluations: each control against f-only, h_shuffle/h_set."""
+    ctrl_pv = {
+        f"{c}_vs_f_only@10": _wilcoxon(
+            regrets[c][:, kk10], regrets["f_only"][:, kk10], alternative="two-sided"
+        )
+        for c in ("h_shuffle", "h_cross", "h_set")
+        if c in regrets
+    }
+    if "h_set" in regrets:
+        ctrl_pv["h_shuffle_vs_h_set@10"] = _wilcoxon(
+            regrets["h_shuffle"][:, kk10], regrets["h_set"][:, kk10], alternative="two-sided"
+        )
+    return ctrl_pv
+
+
+def _measured(family, rows, p, pred, pv, ctrl_pv, info, has_h_set) -> list[str]:
+    """The controls' figures, one note each (the claims in claims.py judge them)."""
+    fo = rows["f_only"][f"{p}regret_at_10"]
+    hs = rows["h_shuffle"][f"{p}regret_at_10"]
+    ab = rows["auxbo"][f"{p}regret_at_10"]
+    gap = fo - ab
+    measured = [
+        f"{family}: h-shuffle control at 10 (auxbo {ab:.3f}, h_shuffle {hs:.3f}, f_only "
+        f"{fo:.3f}): removes {(hs - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of "
+        f"aux-BO's advantage over f-only; h_shuffle is "
+        f"{(hs - fo) / fo * 100 if fo else float('nan'):+.0f} % from f-only"
+    ]
+    hx = rows["h_cross"][f"{p}regret_at_10"]
+    measured.append(
+        f"{family}: cross-task control (h from another task) removes "
+        f"{(hx - ab) / gap * 100 if gap > 0 else float('nan'):.0f} % of the advantage at 10 "
+        f"(h_cross {hx:.3f}; p vs f-only, two-sided, {ctrl_pv['h_cross_vs_f_only@10']:.2g})"
+    )
+    measured.append(
+        f"{family}: what a within-task shuffle leaves: from the mean h of n random designs "
+        "of a task a ridge regression (fitted on the history tasks) predicts, on the "
+        "held-out tasks, where the optimum lies with R² "
+        + " / ".join(f"{v:.2f}" for v in info["optimum"].values())
+        + " and which designs are good (the task's standardised f) with R² "
+        + " / ".join(f"{v:.2f}" for v in info["profile"].values())
+        + f" at n = {' / '.join(str(n) for n in info['optimum'])}"
+    )
+    if has_h_set:
+        hset = rows["h_set"][f"{p}regret_at_10"]
+        measured.append(
+            f"{family}: set-only control (a TNP meta-trained and run on within-task "
+            f"shuffled h) keeps {(fo - hset) / gap * 100 if gap > 0 else float('nan'):.0f} % "
+            f"of aux-BO's advantage over f-only at 10 (h_set {hset:.3g}; p vs f-only "
+            f"{ctrl_pv['h_set_vs_f_only@10']:.2g}, vs h_shuffle "
+            f"{ctrl_pv['h_shuffle_vs_h_set@10']:.2g}, two-sided; aux-BO below it: p "
+            f"{pv['h_set@10']:.2g} at 10, {pv['h_set@20']:.2g} at 20, one-sided)"
+        )
+    nll_gain = pred["f_only"][5]["nll"] - pred["auxbo"][5]["nll"]
+    measured.append(
+        f"{family}: NLL at context 5 full {pred['auxbo'][5]['nll']:.3f} vs f-only "
+        f"{pred['f_only'][5]['nll']:.3f} (gain {nll_gain:.3f} nats)"
+    )
+    return measured
+
+
+def _family_note(cfg, family, n_train, n, trained, pv) -> str:
+    full, fonly = trained["full"], trained["f_only"]
+    return (
+        f"{family}: {n_train} history tasks, {n} held-out tasks; meta-training "
+        f"{full['seconds']:.0f}s (full) / {fonly['seconds']:.0f}s (f-only)"
+        + (f" / {trained['h_set']['seconds']:.0f}s (h-set)" if "h_set" in trained else "")
+        + (
+            f", steps kept by held-back NLL on {cfg.select_tasks} history tasks: full "
+            f"{full['selection']['best_step']}, f-only {fonly['selection']['best_step']}"
+            + (
+                f", h-set {trained['h_set']['selection']['best_step']}"
+                if "h_set" in trained
+                else ""
+            )
+            + f" of {cfg.steps}"
+            if full["selection"]
+            else ""
+        )
+        + "; BO budget "
+        f"{cfg.budget}, n_init {cfg.n_init}; paired one-sided Wilcoxon p (aux-BO lower): "
+        + ", ".join(f"{k} {v:.2g}" for k, v in pv.items() if not k.endswith("@5"))
     )
 
 

@@ -1,4 +1,4 @@
-"""The TNP-D surrogate P_θ of auxbo and its meta-training pieces (spec: shared/methods/auxbo.md, §2).
+"""The TNP-D surrogate P_θ of auxbo and its meta-training pieces.
 
 The model reads a few-shot context ``{(x_i, f_i, h_i)}`` and predicts ``(μ, σ)`` of f at target
 designs ``x*_j``:
@@ -44,6 +44,7 @@ from torch import nn
 from nshot.hashing import sha256_file
 from nshot.method import NshotError
 from nshot.nn import Encoder
+from nshot.train.checkpoint import LoadedCheckpoint
 
 __all__ = [
     "SIGMA_FLOOR",
@@ -231,7 +232,7 @@ def count_params(cfg: TNPConfig) -> int:
 
 def f_only_plus_params(cfg: TNPConfig) -> TNPConfig:
     """f-only(+p): ``use_h=False`` with the width d widened (in steps of ``heads``) so that the
-    parameter count is closest to the full model's (spec: the gain is not capacity)."""
+    parameter count is closest to the full model's (the gain is not capacity)."""
     target = count_params(replace(cfg, use_h=True))
     best, best_gap = None, math.inf
     for d in range(cfg.d, 4 * cfg.d + 1, cfg.heads):
@@ -571,3 +572,14 @@ def load_tnp(folder: str | Path) -> tuple[TNP, dict[str, Any], dict[str, Any]]:
     model.eval()
     extra = meta.get("extra") or {}
     return model, stats, extra
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[TNP, dict[str, Any]]:
+    """The TNP of an auxbo checkpoint (in eval mode) and the family statistics it reads."""
+    extra = checkpoint.extra
+    if "tnp" not in extra or "stats" not in extra:
+        raise NshotError(f"{checkpoint.path}: not an auxbo surrogate checkpoint (no TNP config)")
+    model = TNP(TNPConfig.from_dict(extra["tnp"]))
+    model.load_state_dict(checkpoint.weights())
+    model.eval()
+    return model, dict(extra["stats"])

@@ -1,4 +1,4 @@
-"""``AuxBOSearcher``: the paper's surrogate as a Ray Tune searcher (spec §2, "Ray Tune searcher").
+"""``AuxBOSearcher``: the paper's surrogate as a Ray Tune searcher.
 
 The searcher keeps the sweep's context ``{(x_i, f_i, h_i)}`` (x in the unit cube of the
 :class:`~nshot.tune.space.SearchSpace`, f oriented so higher is better, h the trial's auxiliary
@@ -30,11 +30,9 @@ from ray.tune.search import Searcher
 from nshot.method import ConfigError, NshotError
 from nshot.tune.space import SearchSpace
 
+from .backends import SurrogateMismatchError
+
 STATE_VERSION = 1
-
-
-class SurrogateMismatchError(NshotError):
-    """The surrogate checkpoint was meta-trained for another space or h shape."""
 
 
 def h_array(h: Any) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""auxbo's predictor: the surrogate itself, for design tools and notebooks (spec §8).
+"""auxbo's predictor: the surrogate itself, for design tools and notebooks.
 
 Given a few-shot context ``[{x, f, h}]`` and candidate designs, it returns the TNP's predictive
 mean and standard deviation of f (in the task's own units), the probability of improvement over
@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, field_validator
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
+
+from .model import load_model
 
 
 def _finite(v: float) -> float:
@@ -79,9 +81,7 @@ class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
         from nshot.tune.space import SearchSpace
 
-        from .method import load_from_checkpoint
-
-        self.model, self.stats = load_from_checkpoint(checkpoint)
+        self.model, self.stats = load_model(checkpoint)
         extra = checkpoint.extra
         self.space = SearchSpace.from_json(extra["space"]) if extra.get("space") else None
         self.xi = float(checkpoint.config.get("xi", 0.01))
@@ -98,6 +98,26 @@ class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return dict(self.meta)
+
+    def example_request(self) -> dict[str, Any]:
+        """Three observed designs (with their h curves when the surrogate reads h) and two
+        candidates, in this surrogate's design and curve widths."""
+        cfg = self.model.cfg
+        frames = min(cfg.h_len, 10)
+
+        def design(k: int) -> list[float]:
+            return [round((k + 1 + j) / (cfg.x_dim + 6) % 1.0, 3) for j in range(cfg.x_dim)]
+
+        context = []
+        for i, f in enumerate((0.2, 0.5, 0.4)):
+            point: dict[str, Any] = {"x": design(i), "f": f}
+            if cfg.use_h:
+                point["h"] = [
+                    [round(f * (t + 1) / frames - 0.1 * c, 3) for c in range(cfg.h_dim)]
+                    for t in range(frames)
+                ]
+            context.append(point)
+        return {"context": context, "candidates": [design(3), design(4)]}
 
     def _x(self, x: list[float] | dict[str, Any], where: str) -> np.ndarray:
         D = self.model.cfg.x_dim

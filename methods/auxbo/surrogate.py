@@ -1,4 +1,4 @@
-"""BoTorch integration of the TNP surrogate (spec: shared/methods/auxbo.md, §2 "BoTorch integration").
+"""BoTorch integration of the TNP surrogate.
 
 :class:`TNPModel` wraps a trained, frozen :class:`~.model.TNP` with a fixed few-shot context as a
 ``botorch.models.model.Model``. Its posterior is in **raw f units** (the TNP's z-scored ``μ, σ``
