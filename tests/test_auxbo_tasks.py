@@ -1,4 +1,4 @@
-"""auxbo task families (methods/auxbo/tasks.py): synthetic and mini-LCBench, Parquet cache."""
+"""auxbo task families (synthetic.py, lcbench.py, taskstore.py): synthetic, mini-LCBench, Parquet store."""
 
 from __future__ import annotations
 
