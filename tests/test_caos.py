@@ -158,6 +158,22 @@ def test_bank_checkpoint_and_predictor(bank_checkpoint):
     assert metrics["caos_coverage_a10"] > 0.8 and "bank_size_a10" in metrics
 
 
+def test_predictor_answers_its_example_request(bank_checkpoint):
+    import json
+
+    from nshot.train import load_checkpoint
+
+    pred = get("caos").predictor(load_checkpoint(bank_checkpoint, method="caos"))
+    example = pred.example_request()
+    req = pred.Request.model_validate(json.loads(json.dumps(example)))
+    assert len(req.images) == 2 and req.alpha == 0.1 and len(req.images[0]) == 16
+    answer = pred(req)
+    assert len(answer.results) == 2 and answer.n_calibration == 20
+    assert all(0 < r.set_size < 256 and not r.trivial for r in answer.results)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+
+
 def test_predictor_rejects_bad_requests(bank_checkpoint):
     from pydantic import ValidationError
 

@@ -75,3 +75,16 @@ def test_more_classes_than_dictionary_is_refused(predictor):
     ep = _episode(K=K, shots=1, labels=tuple(range(K)))
     with pytest.raises(ValueError, match=f"dictionary size M = {K - 1}"):
         predictor(predictor.Request(**ep))
+
+
+def test_example_request_is_answered_like_a_user_request(predictor):
+    import json
+
+    example = predictor.example_request()
+    req = predictor.Request.model_validate(json.loads(json.dumps(example)))
+    assert len(req.support_x) == 25 and len(req.query_x) == 25 and len(req.support_x[0]) == 64
+    assert list(dict.fromkeys(req.support_y)) == [f"digit-{c}" for c in range(5, 10)]
+    answer = predictor(req)
+    assert answer.n_classes == 5 and len(answer.labels) == 25
+    assert predictor.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert predictor.batch([req, req])[0] == answer

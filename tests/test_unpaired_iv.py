@@ -336,6 +336,22 @@ def test_train_loop_checkpoint_and_predictor(smoke_checkpoint) -> None:
     assert np.allclose(sparse.beta, w["beta_l1"].numpy(), atol=1e-9)
 
 
+def test_predictor_answers_its_example_request(smoke_checkpoint) -> None:
+    import json
+
+    from nshot.train import load_checkpoint
+
+    res, _ = smoke_checkpoint
+    pred = get("unpaired_iv").predictor(load_checkpoint(res.checkpoint, method="unpaired_iv"))
+    example = pred.example_request()
+    req = pred.Request.model_validate(json.loads(json.dumps(example)))
+    answer = pred(req)
+    assert answer.n_envs_used == 40 and answer.method == "crossfold_gmm"
+    assert abs(answer.beta[0] - 1.0) < 3 * answer.se[0]  # β* = (1, 0)
+    assert pred.Response.model_validate_json(answer.model_dump_json()) == answer
+    assert pred.batch([req, req])[0] == answer
+
+
 def test_smoke_gate_through_ray_tasks(ray_session, tmp_path) -> None:
     """The smoke claims on the smoke preset (without the reported-only parts), replications as
     Ray tasks; the claims set on the small protocol are not evaluated there."""

@@ -43,10 +43,12 @@ class CAOSConfig(MethodConfig):
         "alphas",
         "trials_per_task",
     }
+    # one training step: the served bank is fitted in closed form (train.py)
+    FIT: ClassVar[dict[str, int]] = {"steps": 1, "checkpoint_every": 1, "log_every": 1}
     PRESETS: ClassVar[dict[str, dict]] = {
-        "smoke": {"trials": 50, "n_test": 5, "trials_per_task": 25, "cls_trials": 40},
-        "small": {"trials": 1000, "n_test": 20, "n_sweep": [10, 20, 40], "cls_trials": 300},
-        "paper": {"trials": 5000, "n_test": 20, "n_sweep": [10, 20, 40], "cls_trials": 1000},
+        "smoke": {**FIT, "trials": 50, "n_test": 5, "trials_per_task": 25, "cls_trials": 40},
+        "small": {**FIT, "trials": 1000, "n_test": 20, "n_sweep": [10, 20, 40], "cls_trials": 300},
+        "paper": {**FIT, "trials": 5000, "n_test": 20, "n_sweep": [10, 20, 40], "cls_trials": 1000},
     }
 
     @field_validator("alphas")

@@ -1,26 +1,27 @@
 """`nshot reproduce caos`: the trial protocol, split across Ray tasks by trial id.
 
+The trials are chunked (``trials_per_task`` per job) and run on the platform's experiment runner
+(:mod:`nshot.experiment`): the main protocol at ``n``, the same trials at every other ``n`` of
+``n_sweep``, and the classification analogue. Rows are means over trials; ``samples`` keeps the
+per-trial values, paired across systems.
+
 The paper's claims over these rows are declared in ``claims.py``; nothing here decides pass or
 fail.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, run_jobs
 from nshot.method import ResultsTable
 
 from .config import CAOSConfig
 from .core import GATED, SYSTEMS, classification_trials, run_trials
-
-
-def _log(msg: str) -> None:
-    print(f"[caos] {msg}", file=sys.stderr, flush=True)
 
 
 def _suffix(alpha: float) -> str:
@@ -31,58 +32,65 @@ def _chunks(total: int, size: int) -> list[list[int]]:
     return [list(range(s, min(total, s + size))) for s in range(0, total, size)]
 
 
-def _gather(refs: list[Any], what: str) -> list[dict[str, np.ndarray]]:
-    """Results of ``refs`` in their order, logging progress as chunks finish."""
-    import ray
-
-    pending, t0 = list(refs), time.time()
-    while pending:
-        _, pending = ray.wait(pending, num_returns=1)
-        _log(f"{what}: {len(refs) - len(pending)}/{len(refs)} chunks ({time.time() - t0:.0f}s)")
-    return ray.get(refs)
+def _joined(results: dict, kind: tuple, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The chunks of one kind of job (``("main",)``, ``("sweep", m)``, ``("cls",)``), joined
+    in trial order."""
+    parts = [r for key, r in results.items() if key[:-1] == kind]
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
 
 
 def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
     t0 = time.time()
-    ensure_ray()
-    cfg_dict = cfg.model_dump()
-    landmark = ray.remote(num_cpus=1)(run_trials)
-    classify = ray.remote(num_cpus=1)(classification_trials)
-    chunks = _chunks(cfg.trials, cfg.trials_per_task)
-    main_refs = [landmark.remote(cfg_dict, c, cfg.n) for c in chunks]
-    sweep_refs = {
-        m: [landmark.remote(cfg_dict, c, m, False) for c in chunks]
+    c, main = cfg.model_dump(), _chunks(cfg.trials, cfg.trials_per_task)
+    jobs = [Job(("main", i), run_trials, (c, ids, cfg.n)) for i, ids in enumerate(main)]
+    jobs += [
+        Job(("sweep", m, i), run_trials, (c, ids, m, False))
         for m in cfg.n_sweep
         if m != cfg.n
-    }
-    cls_refs = [
-        classify.remote(cfg_dict, c) for c in _chunks(cfg.cls_trials, max(1, cfg.trials_per_task))
+        for i, ids in enumerate(main)
     ]
-    main = _gather(main_refs, f"{cfg.trials} trials, n={cfg.n}")
-    cov = np.concatenate([r["coverage"] for r in main])  # (trials, system, alpha)
-    size = np.concatenate([r["size"] for r in main])
-    triv = np.concatenate([r["trivial"] for r in main])
-
-    metrics: dict[str, bool] = {}
-    for a in cfg.alphas:
-        metrics[f"coverage_{_suffix(a)}"] = True
-    for a in cfg.alphas:
-        metrics[f"size_{_suffix(a)}"] = False
+    cls = _chunks(cfg.cls_trials, max(1, cfg.trials_per_task))
+    jobs += [Job(("cls", i), classification_trials, (c, ids)) for i, ids in enumerate(cls)]
+    results = run_jobs(jobs, description=f"caos {cfg.preset}: {len(jobs)} chunks of trials")
+    res = _joined(results, ("main",), ("coverage", "size", "trivial"))  # (trial, system, alpha)
+    metrics = {f"coverage_{_suffix(a)}": True for a in cfg.alphas}
+    metrics.update({f"size_{_suffix(a)}": False for a in cfg.alphas})
     rows: dict[str, dict[str, float | None]] = {}
     stds: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, dict[str, list[float | None]]] = {}
     for s, name in enumerate(SYSTEMS):
-        rows[name], stds[name] = {}, {}
+        rows[name], stds[name], samples[name] = {}, {}, {}
         for a, alpha in enumerate(cfg.alphas):
-            for key, arr in (("coverage", cov), ("size", size)):
-                col = f"{key}_{_suffix(alpha)}"
-                rows[name][col] = float(arr[:, s, a].mean())
+            for key in ("coverage", "size"):
+                col, per_trial = f"{key}_{_suffix(alpha)}", res[key][:, s, a]
+                rows[name][col] = float(per_trial.mean())
                 # standard error of the mean over trials (trials are independent)
-                stds[name][col] = float(arr[:, s, a].std(ddof=1) / np.sqrt(len(arr)))
+                stds[name][col] = float(per_trial.std(ddof=1) / np.sqrt(len(per_trial)))
+                samples[name][col] = per_trial.tolist()
+    sweep = _sweep(results, res, cfg)
+    extra = _extra(rows, res["trivial"], sweep, cfg)
+    if cls:
+        extra["classification"] = _classification(_joined(results, ("cls",), CLS_KEYS), cfg)
+    plot(rows, sweep, cfg, workdir / f"{cfg.preset}-sizes.png")
+    return ResultsTable(
+        method="caos",
+        preset=cfg.preset,
+        seeds=cfg.trials,
+        metrics=metrics,
+        rows=rows,
+        stds=stds,
+        runtime_s=time.time() - t0,
+        notes=_notes(cfg),
+        extra=extra,
+        samples=samples,
+    )
 
+
+CLS_KEYS = ("coverage", "size", "mapie_agree")
+
+
+def _extra(rows: dict, triv: np.ndarray, sweep: dict, cfg: CAOSConfig) -> dict[str, Any]:
+    """Trivial-set rates and the size gains of no-split and of aggregation per alpha."""
     extra: dict[str, Any] = {"n": cfg.n, "k": cfg.k, "trials": cfg.trials, "n_test": cfg.n_test}
     for a, alpha in enumerate(cfg.alphas):
         sfx = _suffix(alpha)
@@ -97,15 +105,22 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
         extra[f"gain_aggregation_pct_{sfx}"] = 100.0 * (sb - sa) / sb
         extra[f"size_ratio_caos_over_agg_{sfx}"] = sc / sa
         extra[f"size_ratio_caos_over_best_{sfx}"] = sc / sb
+    if sweep:
+        extra["n_sweep_alpha"] = cfg.alphas[_a10(cfg)]
+        extra["n_sweep"] = sweep
+    return extra
 
+
+def _a10(cfg: CAOSConfig) -> int:
+    return cfg.alphas.index(0.1) if 0.1 in cfg.alphas else 0
+
+
+def _sweep(results: dict, main: dict[str, np.ndarray], cfg: CAOSConfig) -> dict[str, Any]:
+    """Coverage and size of the gated systems at alpha = 0.1 for every n of ``n_sweep``."""
     sweep: dict[str, Any] = {}
-    a10 = cfg.alphas.index(0.1) if 0.1 in cfg.alphas else 0
+    a10 = _a10(cfg)
     for m in cfg.n_sweep:
-        if m == cfg.n:
-            res = {"coverage": cov, "size": size}
-        else:
-            parts = _gather(sweep_refs[m], f"n sweep n={m}")
-            res = {k: np.concatenate([p[k] for p in parts]) for k in ("coverage", "size")}
+        res = main if m == cfg.n else _joined(results, ("sweep", m), ("coverage", "size"))
         sweep[str(m)] = {
             name: {
                 "coverage": float(res["coverage"][:, i, a10].mean()),
@@ -113,29 +128,27 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
             }
             for i, name in enumerate(GATED)
         }
-    if sweep:
-        extra["n_sweep_alpha"] = cfg.alphas[a10]
-        extra["n_sweep"] = sweep
+    return sweep
 
-    if cls_refs:
-        parts = _gather(cls_refs, "classification analogue")
-        ccov = np.concatenate([p["coverage"] for p in parts])  # (trials, alpha, system)
-        csize = np.concatenate([p["size"] for p in parts])
-        agree = np.concatenate([p["mapie_agree"] for p in parts])
-        extra["classification"] = {
-            "n": cfg.cls_n,
-            "k": cfg.cls_k,
-            "trials": cfg.cls_trials,
-            **{
-                f"{sys_name}_{key}_{_suffix(alpha)}": float(arr[:, a, j].mean())
-                for a, alpha in enumerate(cfg.alphas)
-                for j, sys_name in enumerate(("caos", "split_conformal_agg"))
-                for key, arr in (("coverage", ccov), ("size", csize))
-            },
-            "mapie_split_agreement": float(agree.mean()) if len(agree) else None,
-        }
 
-    notes = [
+def _classification(res: dict[str, np.ndarray], cfg: CAOSConfig) -> dict[str, Any]:
+    ccov, csize, agree = res["coverage"], res["size"], res["mapie_agree"]  # (trial, alpha, sys)
+    return {
+        "n": cfg.cls_n,
+        "k": cfg.cls_k,
+        "trials": cfg.cls_trials,
+        **{
+            f"{sys_name}_{key}_{_suffix(alpha)}": float(arr[:, a, j].mean())
+            for a, alpha in enumerate(cfg.alphas)
+            for j, sys_name in enumerate(("caos", "split_conformal_agg"))
+            for key, arr in (("coverage", ccov), ("size", csize))
+        },
+        "mapie_split_agreement": float(agree.mean()) if len(agree) else None,
+    }
+
+
+def _notes(cfg: CAOSConfig) -> list[str]:
+    return [
         f"{cfg.trials} trials × {cfg.n_test} test images on the {_pool_name(cfg)} substitute; "
         f"n = {cfg.n} labelled examples per trial, k = {cfg.k}; ± is the standard error of the "
         "mean over trials.",
@@ -147,18 +160,6 @@ def run_experiments(cfg: CAOSConfig, workdir: Path) -> ResultsTable:
         "no_loo_control keeps each row's own predictor (self-score 0) in its calibration score: "
         "a negative control for the leave-one-out indexing.",
     ]
-    plot(rows, sweep, cfg, workdir / f"{cfg.preset}-sizes.png")
-    return ResultsTable(
-        method="caos",
-        preset=cfg.preset,
-        seeds=cfg.trials,
-        metrics=metrics,
-        rows=rows,
-        stds=stds,
-        runtime_s=time.time() - t0,
-        notes=notes,
-        extra=extra,
-    )
 
 
 def _pool_name(cfg: CAOSConfig) -> str:

@@ -17,7 +17,8 @@ from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .data import patch_features
+from .data import DigitsLandmarkPool, patch_features
+from .model import load_model
 
 MAX_IMAGES = 256
 Image = list[list[float]]
@@ -102,15 +103,9 @@ class CAOSPredictor(Predictor[CAOSRequest, CAOSResponse]):
     Response = CAOSResponse
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
-        w = checkpoint.weights()
-        ex = checkpoint.extra
-        if "ref" not in w or "loo_sorted" not in w or "k" not in ex:
-            raise ValueError(f"{checkpoint.path}: not a caos bank checkpoint")
-        self.ref = w["ref"].double().numpy()
-        self.bank = CAOSBank(w["loo_sorted"].double().numpy(), int(ex["k"]))
-        self.grid = tuple(int(g) for g in ex["grid"])
-        self.patch = int(ex.get("patch", 7))
-        self.backbone = str(ex.get("backbone", "patch"))
+        model = load_model(checkpoint)
+        self.ref, self.bank, self.grid = model.ref, model.bank, model.grid
+        self.patch, self.backbone = model.patch, model.backbone
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -120,6 +115,18 @@ class CAOSPredictor(Predictor[CAOSRequest, CAOSResponse]):
             "backbone": self.backbone,
             "max_images": MAX_IMAGES,
         }
+
+    def example_request(self) -> dict[str, Any]:
+        """Two query images at alpha = 0.1: digits placed on this bank's canvas by the
+        substitute's generator (or, for a feature bank, two unit-norm random feature maps of
+        its shape)."""
+        rng = np.random.default_rng([0, 4])  # a stream of its own, disjoint from the trials'
+        if self.backbone == "features":
+            F = rng.normal(size=(2, self.grid[0], self.ref.shape[1]))
+            F /= np.linalg.norm(F, axis=-1, keepdims=True)
+            return {"features": np.round(F, 4).tolist(), "alpha": 0.1}
+        images, _ = DigitsLandmarkPool(self.grid[0], self.patch).images(rng, 2)
+        return {"images": np.round(images, 3).tolist(), "alpha": 0.1}
 
     def _features(self, images: list[Image]) -> np.ndarray:
         arr = np.asarray(images, dtype=np.float64)

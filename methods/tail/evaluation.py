@@ -2,7 +2,8 @@
 
 Every system of a comparison sees exactly the same episodes: a setting's episodes come from
 ``eval_rng(seed, "<metric>/<chunk>")``, a stream disjoint from training. Settings run as
-parallel Ray tasks when Ray is initialised (one task per setting), in-process otherwise.
+parallel Ray tasks when Ray is initialised (one job of :mod:`nshot.experiment` per setting),
+in-process otherwise.
 """
 
 from __future__ import annotations
@@ -162,53 +163,25 @@ def evaluate_systems(
     draws: int = 1,
     progress: bool = True,
 ) -> dict[str, dict[str, tuple[float, float] | None]]:
-    """``{system: {metric: (mean, ci95) | None}}``; settings run as parallel Ray tasks."""
+    """``{system: {metric: (mean, ci95) | None}}``; with Ray initialised the settings run as
+    parallel jobs of the platform's experiment runner (:mod:`nshot.experiment`), else in
+    process."""
     import ray
 
     results: dict[str, dict[str, tuple[float, float] | None]] = {s: {} for s in systems}
     kwargs = dict(episodes=episodes, seed=seed, draws=draws)
     if ray.is_initialized():
-        task = ray.remote(num_cpus=1)(evaluate_setting)
-        refs = {task.remote(s, systems, **kwargs): s for s in settings}
-        pending = list(refs)
-        bar = _progress(progress, len(pending))
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            s = refs[ready[0]]
-            for name, val in ray.get(ready[0]).items():
-                results[name][s.metric] = val
-            bar.update(s.metric)
-        bar.close()
+        from nshot.experiment import Job, run_jobs
+
+        jobs = [Job((s.metric,), evaluate_setting, (s, systems), kwargs) for s in settings]
+        done = run_jobs(jobs, description="evaluating settings", progress=progress)
+        per_setting = {s.metric: done[(s.metric,)] for s in settings}
     else:
-        bar = _progress(progress, len(settings))
-        for s in settings:
-            for name, val in evaluate_setting(s, systems, **kwargs).items():
-                results[name][s.metric] = val
-            bar.update(s.metric)
-        bar.close()
+        per_setting = {s.metric: evaluate_setting(s, systems, **kwargs) for s in settings}
+    for metric, res in per_setting.items():
+        for name, val in res.items():
+            results[name][metric] = val
     return results
-
-
-class _progress:
-    """A small rich progress bar over evaluation settings (silent when disabled)."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self._p = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self._p = Progress(transient=True, console=Console(stderr=True))
-            self._p.start()
-            self._task = self._p.add_task("evaluating settings", total=total)
-
-    def update(self, label: str) -> None:
-        if self._p is not None:
-            self._p.update(self._task, advance=1, description=f"done {label}")
-
-    def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
 
 
 def tail_system(predictor: Any) -> dict[str, Any]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from nshot.method import Method, ResultsTable, register
@@ -18,11 +16,6 @@ from .config import TailConfig
 from .evaluation import default_settings, evaluate_systems, tail_system
 from .serve import TailPredictor
 from .train import train_loop
-
-ABLATIONS = {
-    "no_projection": {"projection": "none"},
-    "fixed_label_slots": {"label_mode": "fixed_slots"},
-}
 
 
 @register
@@ -87,109 +80,46 @@ class TailMethod(Method):
 
     def experiments(self, cfg: TailConfig, workdir: Path) -> ResultsTable:
         """TAIL against ProtoHead, LinearProbe and the two ablations on the same episodes."""
-        import ray
+        from .experiments import run_experiments
 
-        from nshot.train import ensure_ray
+        return run_experiments(cfg, workdir)
 
-        t0 = time.time()
-        ensure_ray()
-        variants = {"tail": {}, **ABLATIONS}
-        seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
-        train = ray.remote(num_cpus=1)(_train_variant)
-        refs = {
-            (name, s): train.remote(
-                cfg.replace(seed=s, **over), str(workdir / "runs"), f"{name}-seed{s}"
-            )
-            for name, over in variants.items()
-            for s in seeds
+    def quick_evaluation(self, checkpoint: LoadedCheckpoint, cfg: TailConfig) -> ResultsTable:
+        """TAIL next to ProtoHead on the same ``min(eval_episodes, 200)`` episodes per setting
+        (held-out classes, unseen modalities, real digits and MNIST, 20-way; 2 (π, ρ) draws):
+        the table ``nshot quickstart`` prints. ± is the 95 % confidence interval over
+        episodes."""
+        settings = default_settings(include_text=False)
+        episodes = min(cfg.eval_episodes, 200)
+        systems = {
+            "tail": tail_system(TailPredictor.from_checkpoint(checkpoint)),
+            "protohead": None,
         }
-        ckpts = dict(zip(refs, ray.get(list(refs.values()))))
-        settings = default_settings()
-        per_seed: dict[str, dict[str, list[float | None]]] = {}
-        ci: dict[str, dict[str, list[float]]] = {}
-        draws = max(cfg.eval_draws, 4)
-        for s in seeds:
-            systems: dict[str, Any] = {"protohead": None, "linear_probe": None}
-            for name in variants:
-                from nshot.train import load_checkpoint
-
-                systems[name] = tail_system(
-                    TailPredictor.from_checkpoint(load_checkpoint(ckpts[(name, s)]))
-                )
-            res = evaluate_systems(
-                systems, settings, episodes=cfg.eval_episodes, seed=12345 + s, draws=draws
-            )
-            for system, metrics in res.items():
-                for metric, val in metrics.items():
-                    per_seed.setdefault(system, {}).setdefault(metric, []).append(
-                        None if val is None else val[0]
-                    )
-                    if val is not None:
-                        ci.setdefault(system, {}).setdefault(metric, []).append(val[1])
-        order = ["tail", "protohead", "linear_probe", "no_projection", "fixed_label_slots"]
-        rows: dict[str, dict[str, float | None]] = {}
-        stds: dict[str, dict[str, float | None]] = {}
-        for system in order:
-            rows[system], stds[system] = {}, {}
-            for metric, vals in per_seed[system].items():
-                if any(v is None for v in vals):
-                    rows[system][metric] = stds[system][metric] = None
-                    continue
-                arr = np.asarray(vals, dtype=float)
-                rows[system][metric] = float(arr.mean())
-                stds[system][metric] = (
-                    float(arr.std(ddof=1)) if len(arr) > 1 else float(ci[system][metric][0] / 1.96)
-                )
-        table = ResultsTable(
+        res = evaluate_systems(systems, settings, episodes=episodes, draws=2)
+        rows = {k: {m: None if v is None else v[0] for m, v in r.items()} for k, r in res.items()}
+        cis = {k: {m: None if v is None else v[1] for m, v in r.items()} for k, r in res.items()}
+        return ResultsTable(
             method=self.name,
             preset=cfg.preset,
-            seeds=len(seeds),
+            seeds=1,
             metrics={s.metric: True for s in settings},
             rows=rows,
-            stds=stds,
-            runtime_s=time.time() - t0,
-            notes=_notes(rows, settings, cfg, len(seeds), draws),
-            extra={
-                "settings": {s.metric: s.description for s in settings},
-                "checkpoints": {f"{k[0]}-seed{k[1]}": str(v) for k, v in ckpts.items()},
-            },
+            stds=cis,
+            notes=[
+                f"mean accuracy over {episodes} episodes per setting (5 queries per class, the "
+                "same episodes for both systems); ± is the 95 % confidence interval",
+                *(f"{s.metric}: {s.description}" for s in settings),
+            ],
+            extra={"episodes": episodes, "draws": 2, "spread": "ci95"},
         )
-        return table
 
+    def benchmark(self, *, preset: str = "small", out: str | None = None) -> dict[str, Any]:
+        """``nshot bench tail``: the forward time of inline queries against one sequence per
+        query at 100-way 5-shot with 100 queries (``bench.py``), written to ``out`` (default
+        ``bench-results/tail-inference.json``) with its ratios to the previous file."""
+        from nshot.bench import write_result
 
-def _train_variant(cfg: TailConfig, storage: str, name: str) -> str:
-    """One training run (Ray Train local mode inside a Ray task); returns the checkpoint path."""
-    from nshot.train import Scaling, fit
+        from .bench import COMPARED, inference
 
-    res = fit("tail", cfg, scaling=Scaling(workers=0), storage=storage, name=name, overwrite=True)
-    return str(res.checkpoint)
-
-
-def _notes(rows: dict, settings: list, cfg: TailConfig, seeds: int, draws: int) -> list[str]:
-    notes = [
-        f"{cfg.eval_episodes} episodes per setting and seed, 5 queries per class; TAIL variants "
-        f"average {draws} (π, ρ) draws. Every system sees the same episodes.",
-        "± is the standard deviation over training seeds"
-        if seeds > 1
-        else "± is the standard deviation of the mean over episodes (one training seed)",
-        "fixed_label_slots has max_ways label slots and cannot classify 20 classes: n/a.",
-    ]
-
-    def fmt(system: str, metric: str) -> str:
-        v = rows[system].get(metric)
-        return "n/a" if v is None else f"{v:.3f}"
-
-    m = "acc_unseen_modality_5w5s"
-    if m in rows["tail"]:
-        notes.append(
-            f"unseen modality 5w5s: tail {fmt('tail', m)} vs no_projection "
-            f"{fmt('no_projection', m)}, fixed_label_slots {fmt('fixed_label_slots', m)}, "
-            f"protohead {fmt('protohead', m)}"
-        )
-    t20 = rows["tail"].get("acc_20way")
-    if t20 is not None:
-        notes.append(f"20-way 5-shot: tail {t20:.3f} = {t20 * 20:.1f}x chance")
-    for s in settings:
-        if s.description:
-            notes.append(f"{s.metric}: {s.description}")
-    return notes
+        data = inference(preset=preset)
+        return write_result("bench-results/tail-inference.json", out, data, list(COMPARED))

@@ -10,6 +10,8 @@ pre-LN transformer without positional encoding reads all tokens of an episode in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +21,10 @@ from nshot.nn import Encoder
 from .config import TailConfig
 from .episodes import dictionary_slots
 
-__all__ = ["TailModel", "episode_mask"]
+if TYPE_CHECKING:
+    from nshot.train.checkpoint import LoadedCheckpoint
+
+__all__ = ["TailModel", "episode_mask", "load_model"]
 
 
 def episode_mask(
@@ -126,3 +131,11 @@ class TailModel(nn.Module):
             h = self.encoder(seq.reshape(b * c, n + 1, width), mask)[:, n]
             outs.append(h.view(b, c, width))
         return self._restricted_logits(torch.cat(outs, dim=1), active_slots)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[TailModel, TailConfig]:
+    """The model a checkpoint holds (in eval mode) and the config it was built from."""
+    cfg = TailConfig.validated(checkpoint.config)
+    model = TailModel(cfg)
+    model.load_state_dict(checkpoint.weights())
+    return model.eval(), cfg

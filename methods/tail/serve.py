@@ -15,7 +15,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import TailConfig
 from .episodes import draw_views, preprocess_episode
-from .model import TailModel
+from .model import TailModel, load_model
 
 Label = int | str  # one type per request: all integers or all strings
 MAX_SUPPORT = 1000
@@ -31,6 +31,10 @@ def _safe_scale(x: np.ndarray) -> np.ndarray:
     Smaller inputs are returned unchanged (bit for bit)."""
     top = float(np.max(np.abs(x))) if x.size else 0.0
     return x / np.float32(top) if top > SAFE_MAGNITUDE else x
+
+
+def _digit(c: int) -> str:
+    return f"digit-{c}"
 
 
 class TailRequest(StrictRequest):
@@ -88,10 +92,22 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> TailPredictor:
-        cfg = TailConfig.validated(checkpoint.config)
-        model = TailModel(cfg)
-        model.load_state_dict(checkpoint.weights())
+        model, cfg = load_model(checkpoint)
         return cls(model, cfg)
+
+    def example_request(self) -> dict[str, Any]:
+        """A 5-way 5-shot episode of real scikit-learn digits (classes 5-9, which no training
+        or tuning choice saw; 64 pixel values per row), labelled "digit-5".."digit-9", with 5
+        queries per class in class order: the request ``nshot quickstart`` serves. A fixed-slot
+        model trained for fewer ways gets the first classes only."""
+        from nshot.data import digits_table, episode_from_table
+
+        ways = 5 if self.cfg.label_mode != "fixed_slots" else min(5, self.cfg.max_ways)
+        episode = episode_from_table(
+            digits_table(), (5, 6, 7, 8, 9)[:ways], shots=5, queries=5, label=_digit
+        )
+        episode.pop("query_y")
+        return episode
 
     def metadata(self) -> dict[str, Any]:
         return {

@@ -63,21 +63,24 @@ class UnpairedIVConfig(MethodConfig):
     card_splits: int = Field(200, ge=0, le=100_000, description="Card half splits (0: skip)")
     chunk_reps: int = Field(10, ge=1, le=10_000, description="replications per Ray task")
 
+    # one training step in every preset: the estimators are closed-form (train.py)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": dict(
             d=20, s_star=3, env_large=(800, 4), env_small=(32, 100), replications=10,
             curve_ms=[200, 800], curve_reps=10, card_splits=20, low_rank_k=10, chunk_reps=5,
-            steps=1,
+            steps=1, checkpoint_every=1, log_every=1,
         ),
         "small": dict(
             d=20, s_star=3, env_large=(3200, 4), env_small=(64, 200), replications=50,
             curve_ms=[50, 200, 800, 3200, 12800], curve_reps=50, card_splits=200,
-            low_rank_k=10, chunk_reps=10, steps=1,
+            low_rank_k=10, chunk_reps=10,
+            steps=1, checkpoint_every=1, log_every=1,
         ),
         "paper": dict(
             d=100, s_star=10, rank=60, env_large=(3200, 4), env_small=(400, 32),
             replications=50, curve_ms=[200, 800, 3200, 12800, 51200], curve_reps=50,
-            card_splits=200, low_rank_k=None, chunk_reps=5, steps=1,
+            card_splits=200, low_rank_k=None, chunk_reps=5,
+            steps=1, checkpoint_every=1, log_every=1,
         ),
     }  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 Every replication draws one data set (seeded by ``[seed, setting, replication]``) and runs every
 estimator on it, so all rows are compared on identical replications. Replications are chunked
-(``chunk_reps`` per task) and run as ``ray.remote(num_cpus=1)`` tasks:
+(``chunk_reps`` per task) and run as Ray tasks of one CPU on the platform's experiment runner
+(:mod:`nshot.experiment`):
 
 * env_large and env_small (the table), the low-rank variant (reported only);
 * the consistency curve: d = 1, r = ``curve_r``, m ∈ ``curve_ms``, ``curve_reps`` each;
@@ -18,7 +19,6 @@ or fail.
 
 from __future__ import annotations
 
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from nshot.experiment import Job, run_jobs
 from nshot.method import ResultsTable
 
 from . import estimators as E
@@ -47,10 +48,6 @@ CURVE_ROWS = (
     "jive_paired",
 )
 SETTING_IDS = {"env_large": 1, "env_small": 2, "low_rank": 3}
-
-
-def _log(msg: str) -> None:
-    print(f"[unpaired_iv] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- one replication
@@ -286,45 +283,51 @@ def _chunks(n: int, size: int) -> list[list[int]]:
 
 
 def run_experiments(cfg: UnpairedIVConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
     t0 = time.time()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    ensure_ray()
-    cfg_dict = cfg.model_dump()
-    chunk = ray.remote(num_cpus=1)(run_chunk)
-    card = ray.remote(num_cpus=1)(run_card_chunk)
+    c = cfg.model_dump()
     settings_run = ["env_large", "env_small"] + (["low_rank"] if cfg.low_rank_k else [])
-    refs: dict[str, list[Any]] = {}
     # the curve's large-m points first: they are the longest tasks
-    for m in sorted(cfg.curve_ms, reverse=True):
-        refs[f"curve_{m}"] = [
-            chunk.remote(cfg_dict, f"curve_{m}", reps)
-            for reps in _chunks(cfg.curve_reps, cfg.chunk_reps)
-        ]
-    for s in settings_run:
-        refs[s] = [
-            chunk.remote(cfg_dict, s, reps) for reps in _chunks(cfg.replications, cfg.chunk_reps)
-        ]
-    card_refs = [
-        card.remote(cfg_dict, sp) for sp in _chunks(cfg.card_splits, max(cfg.card_splits // 4, 1))
+    runs = [(f"curve_{m}", cfg.curve_reps) for m in sorted(cfg.curve_ms, reverse=True)]
+    runs += [(s, cfg.replications) for s in settings_run]
+    jobs = [
+        Job((name, i), run_chunk, (c, name, reps))
+        for name, total in runs
+        for i, reps in enumerate(_chunks(total, cfg.chunk_reps))
     ]
-    n_tasks = sum(len(v) for v in refs.values()) + len(card_refs)
-    _log(f"{n_tasks} Ray tasks submitted ({cfg.replications} replications per setting)")
+    card_chunks = _chunks(cfg.card_splits, max(cfg.card_splits // 4, 1))
+    jobs += [Job(("card", i), run_card_chunk, (c, sp)) for i, sp in enumerate(card_chunks)]
+    done = run_jobs(jobs, description=f"unpaired_iv {cfg.preset}: {len(jobs)} chunks")
     results: dict[str, list[dict[str, Any]]] = {}
-    for key, rs in refs.items():
-        results[key] = [x for part in ray.get(rs) for x in part]
-        _log(f"{key}: {len(results[key])} replications done ({time.time() - t0:.0f}s)")
-    card_res = [x for part in ray.get(card_refs) for x in part] if card_refs else []
-
+    for (name, _), part in done.items():  # chunks in replication order
+        results.setdefault(name, []).extend(part)
     settings = {s: summarize_setting(results[s], cfg) for s in settings_run}
     curve = {m: summarize_curve(results[f"curve_{m}"], cfg) for m in sorted(cfg.curve_ms)}
+    rows, stds, samples = _table(settings, results)
+    extra = _extra(cfg, settings, curve, results.get("card", []))
+    _plot_curve(curve, cfg, workdir / "curve.png")
+    return ResultsTable(
+        method="unpaired_iv",
+        preset=cfg.preset,
+        seeds=cfg.replications,
+        metrics=METRICS,
+        rows=rows,
+        stds=stds,
+        runtime_s=time.time() - t0,
+        notes=_notes(cfg, len(jobs)),
+        extra=extra,
+        samples=samples,
+    )
 
+
+def _table(settings: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> tuple:
+    """``(rows, stds, samples)`` of the four rows on env_large and env_small. ``samples`` holds
+    per replication the error ‖β̂_r − β*‖ (rmse columns) and the support F1 (None where the
+    estimator was not identified), paired across rows by replication."""
     rows: dict[str, dict[str, float | None]] = {}
     stds: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, dict[str, list[float | None]]] = {}
     L, S = settings["env_large"], settings["env_small"]
     for name in ROWS:
         rows[name] = {
@@ -339,6 +342,46 @@ def run_experiments(cfg: UnpairedIVConfig, workdir: Path) -> ResultsTable:
             "rmse_env_small": S[name].get("rmse_std"),
             "support_f1": L[name].get("support_f1_std"),
         }
+        large = per_replication(results["env_large"], name)
+        samples[name] = {
+            "rmse_env_large": large["error"],
+            "rmse_env_small": per_replication(results["env_small"], name)["error"],
+            "support_f1": large["support_f1"],
+        }
+    return rows, stds, samples
+
+
+def per_replication(results: list[dict[str, Any]], name: str) -> dict[str, list[float | None]]:
+    """The error ‖β̂_r − β*‖ and support F1 of ``name`` in every replication (None where it was
+    not identified); the support of a dense fit is |β̂_j| > 0.5·min|β*_S|, as in the table."""
+    beta = np.asarray(results[0]["beta_star"], float)
+    true = beta != 0
+    thr = 0.5 * np.min(np.abs(beta[true]))
+    out: dict[str, list[float | None]] = {"error": [], "support_f1": []}
+    for r in results:
+        fit = r["fits"].get(name, {})
+        b = fit.get("beta")
+        if b is None or np.isnan(b).any():
+            out["error"].append(None)
+            out["support_f1"].append(None)
+            continue
+        if fit.get("support") is not None:
+            pred = np.zeros(len(beta), bool)
+            pred[fit["support"]] = True
+        else:
+            pred = np.abs(b) > thr
+        out["error"].append(float(np.linalg.norm(b - beta)))
+        out["support_f1"].append(float(E.support_f1(pred, true)))
+    return out
+
+
+def _extra(
+    cfg: UnpairedIVConfig,
+    settings: dict[str, Any],
+    curve: dict[int, Any],
+    card_res: list[dict[str, float]],
+) -> dict[str, Any]:
+    L = settings["env_large"]
     extra: dict[str, Any] = {
         "settings": settings,
         "curve": {
@@ -362,8 +405,11 @@ def run_experiments(cfg: UnpairedIVConfig, workdir: Path) -> ResultsTable:
             "paired_iv2sls_all_rows": card_paired_iv2sls(),
         }
     extra["markdown"] = _markdown(cfg, settings, curve, extra.get("card"))
-    _plot_curve(curve, cfg, workdir / "curve.png")
-    notes = [
+    return extra
+
+
+def _notes(cfg: UnpairedIVConfig, n_tasks: int) -> list[str]:
+    return [
         f"Generator (many environments, hidden confounder): d = {cfg.d}, s* = {cfg.s_star}, β*_j = {cfg.beta_value:g} on the "
         f"support, confounding {cfg.confounding:g}; env_large (m, r) = {tuple(cfg.env_large)}, "
         f"env_small = {tuple(cfg.env_small)} (r units per environment in each sample); "
@@ -378,17 +424,6 @@ def run_experiments(cfg: UnpairedIVConfig, workdir: Path) -> ResultsTable:
         f"Replications ran as {n_tasks} Ray tasks (num_cpus=1, {cfg.chunk_reps} replications "
         f"each); consistency curve in curve.png and extra.curve.",
     ]
-    return ResultsTable(
-        method="unpaired_iv",
-        preset=cfg.preset,
-        seeds=cfg.replications,
-        metrics=METRICS,
-        rows=rows,
-        stds=stds,
-        runtime_s=time.time() - t0,
-        notes=notes,
-        extra=extra,
-    )
 
 
 # --------------------------------------------------------------------------- report

@@ -151,6 +151,25 @@ class UnpairedIVPredictor(Predictor[UnpairedIVRequest, UnpairedIVResponse]):
             "checkpoint": self.info,
         }
 
+    def example_request(self) -> dict[str, Any]:
+        """A small unpaired problem from the method's own generator: 40 environments (named
+        "e0".."e39") with 4 X-units and 4 other Y-units each, d = 2 covariates, β* = (1, 0) and
+        a hidden confounder; the dense SplitUP fit with this checkpoint's K, H and W."""
+        from .data import generate
+
+        r = max(4, self.cfg.folds)  # every fold needs a unit of every environment
+        data = generate(40, r, 2, 1, np.random.default_rng([0, 9]))
+        return {
+            "x_sample": {
+                "env": [f"e{e}" for e in data.x_env.tolist()],
+                "x": np.round(data.x, 4).tolist(),
+            },
+            "y_sample": {
+                "env": [f"e{e}" for e in data.y_env.tolist()],
+                "y": np.round(data.y, 4).tolist(),
+            },
+        }
+
     def __call__(self, request: UnpairedIVRequest) -> UnpairedIVResponse:
         cfg = self.cfg
         codes: dict[tuple[str, Env], int] = {}

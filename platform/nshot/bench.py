@@ -3,6 +3,11 @@
 ``nshot bench train --method tail`` trains the same config with 1 and with 2 Ray Train
 workers (one CPU and one torch thread each; the per-worker batch is fixed, so 2 workers
 process twice the samples per step) and reports the group's samples/s and their ratio.
+``nshot bench serve`` drives the Serve app with and without batching and a bare FastAPI app with
+the predictor's own example request; ``nshot bench deepspeed`` measures ZeRO's memory per rank.
+``nshot bench <method>`` runs the method's own benchmark
+(:meth:`~nshot.method.Method.benchmark`, e.g. TAIL's inline against per-query inference), which
+writes through :func:`write_result` like the others.
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def _write(default: str, out: str | os.PathLike | None, data: dict[str, Any], keys: list[str]):
-    """Write ``data`` as JSON (with its ratios to the previous file's ``keys``) and return it."""
+def write_result(
+    default: str, out: str | os.PathLike | None, data: dict[str, Any], keys: list[str]
+) -> dict[str, Any]:
+    """Write a benchmark's ``data`` as JSON to ``out`` (else ``default``), with the environment
+    and its ratios to the previous file's figures ``keys``, and return it (with
+    ``written_to``). A method's :meth:`~nshot.method.Method.benchmark` writes through it too."""
+    data.setdefault("environment", _environment())
     path = Path(out or default)
     data["compared_to_previous"] = _compare(path, data, keys)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +114,7 @@ def train(
         "target_ratio": 1.6,
         "environment": _environment(),
     }
-    return _write(
+    return write_result(
         f"bench-results/train-{method_name}.json",
         out,
         data,
@@ -191,7 +201,7 @@ def serve(
     if checkpoint is None:
         cfg = get(method_name).config("smoke")
         checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
-    payload = _bench_payload(method_name)
+    payload = _bench_payload(method_name, checkpoint)
     port = free_port()
     ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
     systems: dict[str, str] = {}
@@ -233,83 +243,43 @@ def serve(
         "environment": _environment(),
     }
     keys = ["throughput_a_over_b_top", "throughput_a_over_c_top", "p50_b_over_c_one_client"]
-    return _write(f"bench-results/serve-{method_name}.json", out, data, keys)
+    return write_result(f"bench-results/serve-{method_name}.json", out, data, keys)
 
 
-def _bench_payload(method_name: str) -> bytes:
-    """A representative request: a 5-way 5-shot episode of real digits with 25 queries."""
-    from nshot.data import digits_table, episode_from_table
+def _bench_payload(method_name: str, checkpoint: str) -> bytes:
+    """A representative request: the served predictor's own example request."""
+    from nshot.train import load_checkpoint
 
-    if method_name != "tail":
-        raise ValueError(f"no serve benchmark payload for {method_name!r} yet")
-    episode = episode_from_table(digits_table(), (5, 6, 7, 8, 9), shots=5, queries=5)
-    episode.pop("query_y")
-    return json.dumps(episode).encode()
-
-
-# --------------------------------------------------------------------------- tail inference
+    predictor = get(method_name).predictor(load_checkpoint(checkpoint, method=method_name))
+    example = predictor.example_request()
+    if example is None:
+        raise ValueError(f"{method_name}: its predictor publishes no example_request()")
+    return json.dumps(example).encode()
 
 
-def tail(
-    *,
-    preset: str = "small",
-    ways: int = 100,
-    shots: int = 5,
-    queries: int = 100,
-    reps: int = 5,
-    out: str | os.PathLike | None = None,
-) -> dict[str, Any]:
-    """TAIL forward time at ``ways``-way ``shots``-shot with ``queries`` queries: inline query
-    processing (one sequence) against one sequence per query (CAML-style), same weights, one
-    torch thread; medians over ``reps`` after a warm-up."""
-    import numpy as np
-    import torch
+# --------------------------------------------------------------------------- a method's own
 
-    from nshot.methods.tail.episodes import make_batch, modality_a
-    from nshot.methods.tail.model import TailModel
 
-    torch.set_num_threads(1)
-    cfg = get("tail").config(preset, dictionary_size=max(ways, 100), max_ways=5)
-    torch.manual_seed(0)
-    model = TailModel(cfg).eval()
-    per_class = max(1, queries // ways)
-    batch = make_batch(
-        modality_a(), cfg, batch=1, K=ways, shots=shots, queries=per_class,
-        rng=np.random.default_rng(0),
-    )  # fmt: skip
-    args = (batch["support_x"], batch["support_slot"], batch["query_x"], batch["active_slots"])
+def methods_with_benchmarks() -> list[str]:
+    """The registered methods that implement :meth:`~nshot.method.Method.benchmark`."""
+    from nshot.method import Method, available
 
-    def timed(fn) -> tuple[float, torch.Tensor]:
-        with torch.no_grad():
-            out_ = fn(*args)  # warm-up
-            times = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                out_ = fn(*args)
-                times.append(time.perf_counter() - t)
-        return float(np.median(times)), out_
+    return [n for n in available() if type(get(n)).benchmark is not Method.benchmark]
 
-    t_inline, a = timed(model)
-    t_per_query, b = timed(lambda *x: model.forward_per_query(*x, query_chunk=25))
-    data: dict[str, Any] = {
-        "benchmark": "tail_inference",
-        "preset": preset,
-        "ways": ways,
-        "shots": shots,
-        "queries": int(batch["query_x"].shape[1]),
-        "inline_s": t_inline,
-        "per_query_s": t_per_query,
-        "speedup_inline": t_per_query / t_inline,
-        "max_abs_logit_diff": float((a - b).abs().max()),
-        "target_speedup": 10.0,
-        "environment": _environment(),
-    }
-    return _write(
-        "bench-results/tail-inference.json",
-        out,
-        data,
-        ["inline_s", "per_query_s", "speedup_inline"],
-    )
+
+def method(name: str, *, preset: str = "small", out: str | os.PathLike | None = None):
+    """``nshot bench <method>``: the method's own benchmark, or a clear error naming the
+    benchmarks there are."""
+    from nshot.errors import NshotError, UnknownMethodError
+
+    names = ", ".join(["train", "serve", "deepspeed", *methods_with_benchmarks()])
+    try:
+        data = get(name).benchmark(preset=preset, out=None if out is None else str(out))
+    except UnknownMethodError:
+        raise NshotError(f"unknown benchmark {name!r}: choose one of {names}") from None
+    if data is None:
+        raise NshotError(f"{name} has no benchmark of its own: choose one of {names}")
+    return data
 
 
 # --------------------------------------------------------------------------- deepspeed
@@ -419,7 +389,7 @@ def deepspeed(
         "moments, after two optimizer steps (largest rank)",
         "environment": _environment(),
     }
-    return _write(
+    return write_result(
         f"bench-results/deepspeed-{shape}.json",
         out,
         data,
