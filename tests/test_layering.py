@@ -1,5 +1,6 @@
-"""The import graph of nshot (platform and methods) has no loops, except the ones listed here,
-which are known debts: the list must shrink, never grow.
+"""The import graph of nshot (platform and methods): no loops, no method importing another, no
+platform module reaching into a method (only the contract), and inside a method only its
+package imports ``method.py`` (the face that imports the rest).
 
 The graph is read from the source with :mod:`ast` (nothing is imported): every ``import`` and
 ``from ... import`` counts, at module level or inside a function (a lazy import is still a
@@ -14,40 +15,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = ((ROOT / "platform" / "nshot", "nshot"), (ROOT / "methods", "nshot.methods"))
-
-# Known loops, each a set of modules that import each other; fixing one means removing it here.
-KNOWN_CYCLES = [
-    # nn.lm's loader builds a tiny LM on first use ("tiny-*"), which trains it with nshot.train
-    {"nshot.nn.lm", "nshot.nn.tinylm", "nshot.train.deepspeed", "nshot.train.runner",
-     "nshot.train.session"},
-    # methods whose serve/experiments import a model loader back from method.py
-    {"nshot.methods.auxbo.backends", "nshot.methods.auxbo.experiments",
-     "nshot.methods.auxbo.method", "nshot.methods.auxbo.searcher", "nshot.methods.auxbo.serve"},
-    {"nshot.methods.front.experiments", "nshot.methods.front.method",
-     "nshot.methods.front.serve"},
-    {"nshot.methods.iclft.experiments", "nshot.methods.iclft.method",
-     "nshot.methods.iclft.serve"},
-    {"nshot.methods.modhnn.method", "nshot.methods.modhnn.serve"},
-    {"nshot.methods.urs.bench", "nshot.methods.urs.experiments", "nshot.methods.urs.method",
-     "nshot.methods.urs.serve"},
-    {"nshot.methods.weightspace.method", "nshot.methods.weightspace.serve"},
-]  # fmt: skip
-
-# Known debts: platform modules that reach into a method's internals instead of the contract.
-KNOWN_PLATFORM_REACH = {
-    "nshot.quickstart": {"nshot.methods.tail.evaluation", "nshot.methods.tail.serve"},
-    "nshot.bench": {"nshot.methods.tail.episodes", "nshot.methods.tail.model"},
-}
-
-# Known debts: modules inside a method that import its method.py (only the package's
-# __init__ should: method.py is the face that imports the rest).
-KNOWN_METHOD_PY_IMPORTERS = {
-    "nshot.methods.auxbo.backends", "nshot.methods.auxbo.experiments",
-    "nshot.methods.auxbo.serve", "nshot.methods.front.experiments", "nshot.methods.front.serve",
-    "nshot.methods.front.tool", "nshot.methods.iclft.experiments", "nshot.methods.iclft.serve",
-    "nshot.methods.modhnn.serve", "nshot.methods.urs.bench", "nshot.methods.urs.experiments",
-    "nshot.methods.urs.serve", "nshot.methods.weightspace.serve",
-}  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:
@@ -150,15 +117,11 @@ def test_the_cycle_finder_finds_a_loop_and_nothing_else():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_loop_beyond_the_known_ones():
-    found = cycles(import_graph())
-    new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in found]
-    assert new == [], f"new import loops: {new}"
-    assert gone == [], f"fixed (or changed) loops: update KNOWN_CYCLES: {gone}"
+def test_no_import_loop():
+    assert [sorted(c) for c in cycles(import_graph())] == []
 
 
-def test_no_method_imports_another_and_the_platform_reaches_none_beyond_the_known():
+def test_no_method_imports_another_and_the_platform_reaches_none():
     graph = import_graph()
     for mod, deps in graph.items():
         if not mod.startswith("nshot.methods."):
@@ -167,13 +130,12 @@ def test_no_method_imports_another_and_the_platform_reaches_none_beyond_the_know
         for dep in deps:
             if dep.startswith("nshot.methods.") and dep != "nshot.methods":
                 assert dep.startswith(own), f"{mod} imports another method: {dep}"
-    platform = [m for m in graph if not m.startswith("nshot.methods")]
     reach = {
-        mod: {d for d in graph[mod] if d.startswith("nshot.methods.")}
-        for mod in platform
-        if any(d.startswith("nshot.methods.") for d in graph[mod])
+        mod: sorted(d for d in deps if d.startswith("nshot.methods."))
+        for mod, deps in graph.items()
+        if not mod.startswith("nshot.methods") and any(d.startswith("nshot.methods.") for d in deps)
     }
-    assert reach == KNOWN_PLATFORM_REACH, "the platform reaches a method only through the contract"
+    assert reach == {}, "the platform reaches a method only through the contract"
 
 
 def test_inside_a_method_only_its_package_imports_method_py():
@@ -185,4 +147,4 @@ def test_inside_a_method_only_its_package_imports_method_py():
         for dep in deps
         if dep.startswith("nshot.methods.") and dep.endswith(".method")
     }
-    assert importers == KNOWN_METHOD_PY_IMPORTERS
+    assert importers == set()
