@@ -272,13 +272,15 @@ def method(name: str, *, preset: str = "small", out: str | os.PathLike | None = 
     benchmarks there are."""
     from nshot.errors import NshotError, UnknownMethodError
 
-    names = ", ".join(["train", "serve", "deepspeed", *methods_with_benchmarks()])
+    def choices() -> str:
+        return ", ".join(["train", "serve", "deepspeed", *methods_with_benchmarks()])
+
     try:
         data = get(name).benchmark(preset=preset, out=None if out is None else str(out))
     except UnknownMethodError:
-        raise NshotError(f"unknown benchmark {name!r}: choose one of {names}") from None
+        raise NshotError(f"unknown benchmark {name!r}: choose one of {choices()}") from None
     if data is None:
-        raise NshotError(f"{name} has no benchmark of its own: choose one of {names}")
+        raise NshotError(f"{name} has no benchmark of its own: choose one of {choices()}")
     return data
 
 
