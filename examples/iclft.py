@@ -1,5 +1,5 @@
 """Pretrain a linear-attention in-context regressor, fine-tune it on one task, and watch what
-fine-tuning does to in-context learning (spec: shared/methods/iclft.md).
+fine-tuning does to in-context learning (see methods/iclft/README.md).
 
     python examples/iclft.py                       # ~1 min on one core: pretrain + zs/v + zs/all
     python examples/iclft.py --workers 2           # the same under Ray Train DDP, 2 workers

@@ -1,4 +1,4 @@
-"""auxbo surrogate unit tests (spec: shared/methods/auxbo.md, §2 and §9): TNP-D masks, the BoTorch
+"""auxbo surrogate unit tests (the TNP-D surrogate and the BO loop around it): TNP-D masks, the BoTorch
 wrapper, checkpoints and the BO loop. Fast, no Ray, tiny models."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ATOL = 1e-5
 
 
 def _tasks(k: int, seed: int = 0, n: int = 60, T: int = 10, dh: int = 3, D: int = 4) -> list[Task]:
-    """A miniature of the synthetic family (spec §4): h reveals the direction f hides."""
+    """A miniature of the synthetic family: h reveals the direction f hides."""
     fam = np.random.default_rng(1234)
     grid = fam.uniform(-1, 1, (n, D))
     A = fam.normal(size=(T, dh, D))

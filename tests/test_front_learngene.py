@@ -1,5 +1,5 @@
 """front: the unnormalised DCT, the learngene (extraction, depth transfer, reconstruction,
-save/load), the copy baselines and the spectral regulariser (spec §2, §5, §7 checks 4-5)."""
+save/load), the copy baselines and the spectral regulariser (the DCT, the learngene transfer, the round-trip and amplitude claims)."""
 
 from __future__ import annotations
 
