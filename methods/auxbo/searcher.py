@@ -289,10 +289,9 @@ class AuxBOSearcher(Searcher):
         self._rng = rng
 
     def save(self, checkpoint_path: str) -> None:
-        tmp = f"{checkpoint_path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.get_state(), fh)
-        os.replace(tmp, checkpoint_path)
+        from nshot.fileio import atomic_write
+
+        atomic_write(checkpoint_path, json.dumps(self.get_state()))
 
     def restore(self, checkpoint_path: str) -> None:
         try:

@@ -6,8 +6,6 @@ history format that families are cached in and sweeps are saved as (``task_id``,
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,21 +168,15 @@ def write_tasks(
     test: Sequence[Task],
     metadata: dict | None = None,
 ) -> Path:
-    """Write tasks as one history-format Parquet file, atomically (temp file, then os.replace)."""
+    """Write tasks as one history-format Parquet file, atomically (nshot.fileio.atomic_path)."""
     import pyarrow.parquet as pq
 
+    from nshot.fileio import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = tasks_to_table({"train": train, "test": test}, metadata)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -39,11 +39,21 @@ def start(
 
     app = build_app(method, checkpoint, options)
     ensure_ray()
-    serve.start(http_options={"host": host, "port": port})
+    # Serve's controller, proxy and replicas log every start-up step and request at INFO: those
+    # lines go to Ray's session logs, the terminal keeps warnings and errors (NSHOT_VERBOSE=1
+    # shows them all)
+    verbose = os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes")
+    logging_config = {"log_level": "INFO" if verbose else "WARNING"}
+    if not verbose:  # this process's own "Started Serve ...", "Application ... is ready" lines
+        import logging
+
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
     serve.run(
         app,
         name=method,
         route_prefix=f"/{method}",
         blocking=blocking,
+        logging_config=logging_config,
     )
     return f"http://{host}:{port}/{method}"
