@@ -51,8 +51,8 @@ class WeightspaceConfig(MethodConfig):
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
             "grid": 64, "n_train": 200, "n_test": 50, "res_layers": 1, "steps": 300,
-            "eval_every": 100, "k_sweep": [1, 4], "oracle_targets": 10, "oracle_restarts": 1,
-            "oracle_steps": 500, "width": None,
+            "eval_every": 100, "checkpoint_every": 100, "k_sweep": [1, 4], "oracle_targets": 10,
+            "oracle_restarts": 1, "oracle_steps": 500, "width": None,
         },
         "small": {"steps": 30000, "log_every": 500, "checkpoint_every": 5000},
         "paper": {"steps": 30000, "seeds": 3, "log_every": 500, "checkpoint_every": 5000},
@@ -62,6 +62,11 @@ class WeightspaceConfig(MethodConfig):
     def _check(self) -> WeightspaceConfig:
         if self.lr_min > self.lr:
             raise ValueError("field 'lr_min': must not exceed lr")
+        if self.checkpoint_every % self.eval_every:
+            raise ValueError(
+                "field 'checkpoint_every': must be a multiple of eval_every (checkpoints are "
+                f"written with the reports, every {self.eval_every} steps)"
+            )
         if self.zero_init_control and 4 not in self.k_sweep and self.preset != "smoke":
             raise ValueError("field 'zero_init_control': needs k = 4 in k_sweep")
         if self.width is None and self.preset != "smoke":
