@@ -87,3 +87,25 @@ def test_progress_line_says_step_of_total_and_eta():
     info._progress_start = (50, info._progress_start[1] - 20)  # 20 s for 50 steps: 100 left
     later = _progress_line(info, 100, {"loss": 0.4})
     assert "step 100/200 (50%)" in later and "ETA 40s" in later
+
+
+def test_benign_ray_error_lines_are_dropped_and_others_printed(monkeypatch):
+    from ray._private import worker as ray_worker
+    from ray._private.ray_logging import WorkerStandardStreamDispatcher
+
+    from nshot.train.runner import _drop_benign_ray_lines
+
+    printed: list[list[str]] = []
+    dispatcher = WorkerStandardStreamDispatcher()
+    dispatcher.add_handler("ray_print_logs", lambda data: printed.append(data["lines"]))
+    monkeypatch.setattr(ray_worker, "global_worker_stdstream_dispatcher", dispatcher)
+    monkeypatch.delenv("NSHOT_VERBOSE", raising=False)
+    _drop_benign_ray_lines()
+    _drop_benign_ray_lines()  # idempotent: one filter
+    benign = (
+        "[E core_worker.cc:2465] Actor with class name: 'PreemptionWatcher' and ID: 'ab' has "
+        "constructor arguments in the object store and max_restarts > 0."
+    )
+    dispatcher.emit({"lines": [benign, "a real error"], "pid": 1, "is_err": True})
+    dispatcher.emit({"lines": [benign], "pid": 1, "is_err": True})
+    assert printed == [["a real error"]]

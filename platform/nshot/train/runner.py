@@ -287,6 +287,45 @@ def ensure_ray(**init_kwargs: Any) -> None:
     kwargs.update(init_kwargs)
     with _loopback_only():
         ray.init(**kwargs)
+    _drop_benign_ray_lines()
+
+
+# Lines Ray prints at ERROR level although nothing is wrong, so that nshot's terminal shows
+# errors that are errors. Ray Train's controller starts its PreemptionWatcher actor with its
+# arguments in the object store and restarts allowed, and Ray's core worker then logs that a
+# restart "will fail" should those arguments be lost: every `nshot train` run printed it.
+_BENIGN_RAY_LINES = (("Actor with class name: 'PreemptionWatcher'", "constructor arguments"),)
+
+
+def _drop_benign_ray_lines() -> None:
+    """Wrap Ray's printing of worker log lines so that the lines of ``_BENIGN_RAY_LINES`` are
+    dropped (they stay in Ray's session logs); every other line is printed as Ray prints it.
+    ``NSHOT_VERBOSE=1`` keeps them all."""
+    if _env_verbose():
+        return
+    try:
+        from ray._private import worker as ray_worker
+
+        dispatcher = ray_worker.global_worker_stdstream_dispatcher
+        handlers = dict(dispatcher.handlers)
+        printer = handlers.get("ray_print_logs")
+    except (ImportError, AttributeError):  # another Ray version: its lines stay
+        return
+    if printer is None or getattr(printer, "_nshot_filtered", False):
+        return
+
+    def filtered(data: dict[str, Any]) -> None:
+        lines = [
+            line
+            for line in data.get("lines", [])
+            if not any(all(part in line for part in parts) for parts in _BENIGN_RAY_LINES)
+        ]
+        if lines:
+            printer({**data, "lines": lines})
+
+    filtered._nshot_filtered = True  # type: ignore[attr-defined]
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", filtered)
 
 
 @contextlib.contextmanager
