@@ -109,3 +109,20 @@ def test_benign_ray_error_lines_are_dropped_and_others_printed(monkeypatch):
     dispatcher.emit({"lines": [benign, "a real error"], "pid": 1, "is_err": True})
     dispatcher.emit({"lines": [benign], "pid": 1, "is_err": True})
     assert printed == [["a real error"]]
+
+
+def test_a_run_records_where_rays_own_logs_are(ray_session, tmp_path, capsys):
+    """Ray's INFO lines leave the terminal; the run's marker and the last line say where they
+    are kept."""
+    import json
+    from pathlib import Path
+
+    from nshot.cli import main
+
+    argv = ["train", "tail", "--preset", "smoke", "--storage", str(tmp_path), "--name", "r"]
+    assert main([*argv, "--set", "steps=4", "--set", "log_every=2", "--set",
+                 "checkpoint_every=2"]) == 0  # fmt: skip
+    marker = json.loads((tmp_path / "r" / "nshot_run.json").read_text())
+    assert Path(marker["ray_logs"]).is_dir()
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert f"Ray's own logs of this run: {marker['ray_logs']}" in out

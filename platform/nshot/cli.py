@@ -128,7 +128,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         args,
         payload,
         f"[bold]trained[/bold] {args.method} ({cfg.preset}) in {res.wall_s:.1f}s\n"
-        f"checkpoint: {payload['checkpoint']}\nfinal metrics: {_short(res.metrics)}",
+        f"checkpoint: {payload['checkpoint']}\nfinal metrics: {_short(res.metrics)}"
+        + (f"\nRay's own logs of this run: {ray_logs}" if (ray_logs := _ray_logs()) else ""),
     )
     return 0
 
@@ -168,6 +169,12 @@ def _interrupted_train(args: argparse.Namespace, cfg) -> str:
     return f"run {run_dir} stopped; last checkpoint: {found[-1]}; resume with: " + shlex.join(
         ["nshot", *argv]
     )
+
+
+def _ray_logs() -> str | None:
+    from nshot.train.runner import ray_logs_dir
+
+    return ray_logs_dir()
 
 
 def _short(metrics: dict[str, Any]) -> str:

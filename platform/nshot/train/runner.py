@@ -562,6 +562,9 @@ def fit(
                 "method": method_name,
                 "config": cfg.model_dump(),
                 "scaling": scaling.__dict__,
+                # where Ray keeps its own logs of this run (the driver's node), which the
+                # terminal does not show unless --verbose
+                "ray_logs": ray_logs_dir(),
             }
         ),
     )
@@ -587,6 +590,17 @@ def fit(
     return TrainResult(
         run_dir=run_dir, checkpoint=ckpt, metrics=dict(result.metrics or {}), wall_s=wall
     )
+
+
+def ray_logs_dir() -> str | None:
+    """The log folder of the Ray session this process is connected to (on this node)."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        return None if node is None else str(node.get_logs_dir_path())
+    except (ImportError, AttributeError):
+        return None
 
 
 def _check_resumable(run_dir: Path, *, local: bool, allow_earlier: bool) -> None:
