@@ -4,7 +4,8 @@ package imports ``method.py`` (the face that imports the rest).
 
 The graph is read from the source with :mod:`ast` (nothing is imported): every ``import`` and
 ``from ... import`` counts, at module level or inside a function (a lazy import is still a
-dependency), except those under ``if TYPE_CHECKING:``. ``from pkg import name`` depends on the
+dependency), and so does one under ``if TYPE_CHECKING:`` (a type the module names is one it
+depends on). ``from pkg import name`` depends on the
 submodule ``pkg.name`` when there is one, else on the package ``pkg`` (its ``__init__``).
 """
 
@@ -33,18 +34,8 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         tree = ast.parse(path.read_text())
-        typing_only = {
-            id(n)
-            for block in ast.walk(tree)
-            if isinstance(block, ast.If)
-            and isinstance(block.test, ast.Name)
-            and block.test.id == "TYPE_CHECKING"
-            for n in ast.walk(block)
-        }
         package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -46,6 +46,17 @@ __all__ = [
 INF = float("inf")
 
 
+@dataclass
+class OneShotEpisode:
+    """One few-shot classification request as frozen per-row features (what a predictor's
+    ``one_shot_embeddings`` returns for prediction sets around it)."""
+
+    support_emb: np.ndarray  # [n, D]
+    support_labels: np.ndarray  # [n] class indices into `classes`
+    query_emb: np.ndarray  # [q, D]
+    classes: list[Any]  # class names, in the predictor's order
+
+
 def _check_alpha(alpha: float) -> None:
     if not (0.0 < float(alpha) < 1.0) or not math.isfinite(float(alpha)):
         raise ValueError(f"alpha: must lie in (0, 1), got {alpha}")

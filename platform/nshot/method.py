@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,10 +41,28 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from nshot.claims import Claim
-    from nshot.serve.conformal import OneShotEpisode
-    from nshot.train.checkpoint import LoadedCheckpoint
+    from nshot.conformal import OneShotEpisode
     from nshot.train.limits import ModelBudget
     from nshot.tune.space import TuneSpec
+
+
+class LoadedCheckpoint(Protocol):
+    """What the contract reads of a verified checkpoint
+    (:class:`nshot.train.checkpoint.LoadedCheckpoint` is the one nshot builds); declared here so
+    that the contract does not depend on the checkpoint module, which looks methods up."""
+
+    path: Path
+    method: str
+    method_version: str
+    config: dict[str, Any]
+    step: int
+    metrics: dict[str, float]
+    extra: dict[str, Any]
+
+    def weights(self) -> dict[str, Any]: ...
+
+    def optimizer_state(self) -> dict[str, Any] | None: ...
+
 
 ENTRY_POINT_GROUP = "nshot.methods"
 PRESETS = ("smoke", "small", "paper")

@@ -21,25 +21,17 @@ A request may override the served ``alpha`` with its own ``conformal_alpha``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field, create_model
 
+from nshot.conformal import OneShotEpisode as OneShotEpisode
 from nshot.conformal import classification_sets
 from nshot.errors import NshotError
 from nshot.method import Predictor
 
 CONFORMAL_METHODS = ("caos",)
-
-
-@dataclass
-class OneShotEpisode:
-    support_emb: np.ndarray  # [n, D]
-    support_labels: np.ndarray  # [n] class indices into `classes`
-    query_emb: np.ndarray  # [q, D]
-    classes: list[Any]  # class names, in the predictor's order
 
 
 class ConformalPredictor(Predictor):

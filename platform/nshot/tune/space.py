@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from nshot.errors import ConfigError
-from nshot.method import MethodConfig
 
 
 class SearchSpaceError(ConfigError):
@@ -206,7 +206,7 @@ class SearchSpace:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     # ------------------------------------------------------------------ validation
-    def validate_for(self, config_cls: type[MethodConfig], base: Mapping[str, Any]) -> None:
+    def validate_for(self, config_cls: type[BaseModel], base: Mapping[str, Any]) -> None:
         """Every parameter must be a field of ``config_cls`` and every value it can take (both
         bounds, every choice) must give a valid config on top of ``base``."""
         fields = config_cls.model_fields
