@@ -9,8 +9,6 @@ same: a resumed run continues after its last checkpoint, and the base config's f
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -20,16 +18,8 @@ from .config import CAOSConfig
 from .model import fit_bank
 
 
-class _Restored(torch.nn.Module):
-    """Receives a checkpoint's tensors on a resume: the fit has no partial state to continue,
-    only the step it reached."""
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        self.state = dict(state_dict)
-
-
 def train_loop(cfg: CAOSConfig) -> None:
-    restored = session.restore(_Restored())
+    restored = session.restore()
     start = restored.step if restored else 0
     for step in range(start + 1, cfg.steps + 1):
         session.maybe_inject_fault(step, restored)

@@ -5,20 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from .config import KeystoneConfig
 from .evaluation import Evaluator
 from .model import checkpoint_state, log
 from .probe import probe_model
-
-
-class _Received(torch.nn.Module):
-    """Receives a restored checkpoint's tensors (K* ids, Δ rows): no module of the loop holds
-    them, and a resumed run redoes its one step anyway."""
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: ARG002
-        self.tensors = dict(state_dict)
 
 
 def train_loop(cfg: KeystoneConfig) -> None:
@@ -30,7 +20,7 @@ def train_loop(cfg: KeystoneConfig) -> None:
     from nshot.train import session
 
     t0 = time.time()
-    restored = session.restore(_Received())
+    restored = session.restore()
     session.maybe_inject_fault(1, restored)
     model, tok, space, ev, res = probe_model(
         cfg.model, cfg, controls=False, calibration=False, stability=False

@@ -94,16 +94,8 @@ def _errors(fits: dict[str, Any], beta: np.ndarray | None) -> dict[str, float]:
     return out
 
 
-class _Restored(torch.nn.Module):
-    """Receives a checkpoint's tensors on a resume: the fit has no partial state to continue,
-    only the step it reached."""
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        self.state = dict(state_dict)
-
-
 def train_loop(cfg: UnpairedIVConfig) -> None:
-    restored = session.restore(_Restored())
+    restored = session.restore()
     start = restored.step if restored else 0
     for step in range(start + 1, cfg.steps + 1):
         session.maybe_inject_fault(step, restored)

@@ -24,14 +24,6 @@ from .serve import ZeroUnlearnPredictor
 __all__ = ["METRICS", "ZeroUnlearnMethod"]
 
 
-class _Received(torch.nn.Module):
-    """Receives a restored checkpoint's tensors (the edited down_proj weights): no module of
-    the loop holds them, and a resumed run redoes its one step anyway."""
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # noqa: ARG002
-        self.tensors = dict(state_dict)
-
-
 @register
 class ZeroUnlearnMethod(Method):
     name = "zerounlearn"
@@ -73,7 +65,7 @@ class ZeroUnlearnMethod(Method):
         from .pipeline import run_systems, setup
 
         ctx = session.context()
-        restored = session.restore(_Received())
+        restored = session.restore()
         session.maybe_inject_fault(1, restored)
         s = setup(cfg, cfg.seed)
         system = {"zerounlearn": "zerounlearn", "gd": "zerounlearn_gd"}.get(

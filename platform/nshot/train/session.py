@@ -130,9 +130,12 @@ class Restored:
 
 
 def restore(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+    model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None
 ) -> Restored | None:
-    """Load the latest checkpoint of this run into ``model``/``optimizer`` if there is one."""
+    """Load the latest checkpoint of this run into ``model``/``optimizer`` if there is one.
+
+    Without a ``model`` (a loop whose one step is redone on a resume: a closed-form fit, an
+    edit) only the step, extra state and metrics are restored; no tensor is read."""
     import ray.train
 
     info = run_info()
@@ -156,10 +159,12 @@ def restore(
 
 
 def _apply(
-    loaded: LoadedCheckpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    loaded: LoadedCheckpoint,
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
 ) -> Restored:
-    weights = loaded.weights()
-    unwrap(model).load_state_dict(weights)
+    if model is not None:
+        unwrap(model).load_state_dict(loaded.weights())
     if optimizer is not None:
         state = loaded.optimizer_state()
         if state is not None:
