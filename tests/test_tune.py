@@ -126,7 +126,7 @@ def test_history_round_trip_and_corruption(tmp_path):
 
 
 @pytest.mark.ray
-def test_sweep_reports_f_and_h_into_the_history(ray_session, tmp_path):
+def test_sweep_reports_f_and_h_into_the_history(ray_session, tmp_path, capfd):
     from nshot.tune.run import tune
 
     tail = get("tail")
@@ -140,6 +140,10 @@ def test_sweep_reports_f_and_h_into_the_history(ray_session, tmp_path):
         assert h.shape == (4, 2)  # 4 reports (every 5 of 20 steps) × (episode_acc, loss)
         assert t.f == pytest.approx(float(h[-1, 0]))  # f is the last value of the curve
         assert np.all(h[:, 1] > 0)  # the loss column
+    # the terminal shows nshot's line per finished trial, not Tune's tables or the trials' steps
+    err = capfd.readouterr().err
+    assert "[nshot tune] trial 1/2" in err and "[nshot tune] trial 2/2" in err, err[-2000:]
+    assert "Trial status" not in err and "[nshot tail] step" not in err, err[-2000:]
     # the same sweep name again is refused instead of mixing two sweeps
     from nshot.method import NshotError
 
@@ -166,3 +170,26 @@ def test_cli_rejects_a_bad_space_before_starting_anything(capsys):
     assert "parameter 'depth': value 99 is not a valid config" in capsys.readouterr().err
     assert main(["tune", "tail", "--preset", "smoke", "--search", "nope"]) == 2
     assert "unknown searcher 'nope'" in capsys.readouterr().err
+
+
+def test_sweep_progress_line_tracks_best_and_eta_and_pickles():
+    import pickle
+    import sys
+
+    from nshot.tune.progress import SweepProgress
+
+    p = SweepProgress(4, "min", stream=sys.stderr)
+    p._start = 100.0
+    p._finished = 1
+    first = p.line("a", 0.5, failed=False, now=110.0)
+    assert first.startswith("[nshot tune] trial 1/4 a done  f=0.5  best f=0.5 (trial a)")
+    assert first.endswith("| 10s, ETA 30s")
+    p._finished = 2
+    assert "best f=0.5 (trial a)" in p.line("b", 0.9, failed=False, now=120.0)
+    p._finished = 3
+    assert "best f=0.2 (trial c)" in p.line("c", 0.2, failed=False, now=130.0)
+    p._finished = 4
+    last = p.line("d", None, failed=True, now=140.0)
+    assert "trial 4/4 d failed" in last and "ETA" not in last
+    clone = pickle.loads(pickle.dumps(p))  # Tune stores the callbacks with the sweep
+    assert clone.stream is None and clone._best == (0.2, "c")

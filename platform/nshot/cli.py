@@ -129,7 +129,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         payload,
         f"[bold]trained[/bold] {args.method} ({cfg.preset}) in {res.wall_s:.1f}s\n"
         f"checkpoint: {payload['checkpoint']}\nfinal metrics: {_short(res.metrics)}"
-        + (f"\nRay's own logs of this run: {ray_logs}" if (ray_logs := _ray_logs()) else ""),
+        + (f"\nRay's own logs of this run: {res.ray_logs}" if res.ray_logs else "")
+        + (f"\nRay's session logs: {ray_logs}" if (ray_logs := _ray_logs()) else ""),
     )
     return 0
 
@@ -366,7 +367,8 @@ def _run_tune(tune, cfg, space, args: argparse.Namespace):
         save_history=not args.no_history,
         search_options=parse_overrides(args.search_options),
         seed=args.seed,
-        verbose=0 if args.json else 1,
+        verbose=1 if args.verbose and not args.json else 0,
+        progress=not args.json,
     )
 
 
@@ -595,6 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--history", default=None, help="history directory (default $NSHOT_CACHE/history)"
     )
     s.add_argument("--no-history", action="store_true", help="do not save the sweep to the history")
+    s.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Tune's own status tables instead of nshot's line per finished trial",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_tune)
 

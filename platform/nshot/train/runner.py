@@ -82,6 +82,7 @@ class TrainResult:
     metrics: dict[str, Any]
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    ray_logs: Path | None = None  # Ray's own log lines of the run, copied into the run folder
 
 
 def is_uri(path: str | os.PathLike) -> bool:
@@ -389,20 +390,52 @@ def run_loop(
     method.train_loop(cfg)
 
 
+def _route_info_to_file(loggers: list, log_dir: str | None) -> None:
+    """Send the INFO lines of ``loggers`` to ``<log_dir>/<this process>.log`` and only their
+    warnings and errors to the terminal (stderr). Without a writable ``log_dir`` the INFO lines
+    are dropped (they were never more than Ray's bookkeeping)."""
+    import logging
+
+    handler: logging.Handler | None = None
+    if log_dir:
+        try:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(Path(log_dir) / f"train-pid{os.getpid()}.log")
+            handler.setLevel(logging.INFO)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s -- %(message)s")
+            )
+        except OSError:
+            handler = None
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s -- %(message)s"))
+    for lg in loggers:
+        for old in getattr(lg, "_nshot_handlers", ()):  # an earlier run in this process
+            lg.removeHandler(old)
+            old.close()
+        lg.setLevel(logging.INFO if handler else logging.WARNING)
+        lg.propagate = False
+        lg._nshot_handlers = [console] + ([handler] if handler else [])
+        for h in lg._nshot_handlers:
+            lg.addHandler(h)
+
+
 def _worker_entry(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (or in-process in local mode)."""
     import logging
 
     # Ray Train logs every report and every persisted checkpoint at INFO; nshot prints its own
-    # progress line (the session's log files keep Ray's lines)
+    # progress line, and Ray Train's lines go to the run folder (ray_logs/<process>.log)
     if not loop_config.get("verbose"):
-        logging.getLogger("ray.train").setLevel(logging.WARNING)
+        loggers = [logging.getLogger("ray.train")]
         try:  # its per-report line is logged under the module's file name, not "ray.train..."
             from ray.train.v2._internal.execution import context as train_context
 
-            train_context.logger.setLevel(logging.WARNING)
+            loggers.append(train_context.logger)
         except (ImportError, AttributeError):  # another Ray version: its lines stay
             pass
+        _route_info_to_file(loggers, loop_config.get("log_dir"))
     if loop_config.get("local_dir") is None:  # a worker group: say where each rank runs
         import ray
         import ray.train
@@ -453,6 +486,8 @@ def build_trainer(
         "config": cfg.model_dump(),
         "verbose": verbose,
     }
+    if not is_uri(storage_path):  # Ray Train's INFO lines of each process go to the run folder
+        loop_config["log_dir"] = str(Path(storage_path) / name / "ray_logs")
     if scaling.workers == 0:
         loop_config["local_dir"] = local_dir
         scaling_config = ray.train.ScalingConfig(num_workers=0)
@@ -581,15 +616,71 @@ def fit(
         verbose=verbose,
     )
     t0 = time.time()
-    result = trainer.fit()
+    copied = None
+    try:
+        result = trainer.fit()
+    finally:
+        if run.local:
+            logs = Path(run_dir) / "ray_logs"
+            copy_ray_logs(logs, since=t0)
+            copied = logs if logs.is_dir() and any(logs.iterdir()) else None
     wall = time.time() - t0
     ckpt = _final_checkpoint(result, run_dir) if run.local else _final_uri(result, str(run_dir))
     if local:
         _prune_local(run_dir, keep_checkpoints)
         ckpt = find_checkpoints(run_dir)[-1] if find_checkpoints(run_dir) else None
     return TrainResult(
-        run_dir=run_dir, checkpoint=ckpt, metrics=dict(result.metrics or {}), wall_s=wall
+        run_dir=run_dir,
+        checkpoint=ckpt,
+        metrics=dict(result.metrics or {}),
+        wall_s=wall,
+        ray_logs=copied,
     )
+
+
+# Ray's log files a run's folder keeps: the processes' stdout/stderr (where Ray Train's and
+# Serve's INFO lines, and every worker's prints, go) and the Train controller's own log
+_RAY_LOG_PATTERNS = ("worker-*.out", "worker-*.err", "*controller*.log", "*controller*.err")
+_RAY_LOG_FILE_CAP = 4 << 20  # the tail of a longer file
+_RAY_LOG_TOTAL_CAP = 32 << 20
+
+
+def copy_ray_logs(dest: Path, *, since: float) -> Path | None:
+    """Copy the Ray log files written since ``since`` (on this node) into ``dest``.
+
+    The terminal shows nshot's own lines; Ray's lines of the run stay readable in the run's
+    folder (``<storage>/<run>/ray_logs/``). Only files of the Ray session this process is
+    connected to, modified since the run started, are copied: the tail of each (at most 4 MiB)
+    and at most 32 MiB in all, newest first. Returns ``dest``, or None when there was nothing to
+    copy (no Ray on this node, a remote cluster's logs, an empty session). Never raises: a run's
+    result does not depend on its logs."""
+    logs = ray_logs_dir()
+    if logs is None or not Path(logs).is_dir():
+        return None
+    try:
+        found: dict[Path, os.stat_result] = {}
+        for pattern in _RAY_LOG_PATTERNS:
+            for path in Path(logs).glob(pattern):
+                st = path.stat()
+                if path.is_file() and st.st_size > 0 and st.st_mtime >= since - 1:
+                    found[path] = st
+        if not found:
+            return None
+        dest.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for path, st in sorted(found.items(), key=lambda kv: -kv[1].st_mtime):
+            size = min(st.st_size, _RAY_LOG_FILE_CAP)
+            if total + size > _RAY_LOG_TOTAL_CAP:
+                break
+            with open(path, "rb") as fh:
+                if st.st_size > size:
+                    fh.seek(st.st_size - size)
+                data = fh.read(size)
+            (dest / path.name).write_bytes(data)
+            total += len(data)
+        return dest
+    except OSError:
+        return None
 
 
 def ray_logs_dir() -> str | None:

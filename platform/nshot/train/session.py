@@ -257,7 +257,9 @@ def report(
             if now > info._t_first:
                 rate = info._samples_since_first * ctx.world_size / (now - info._t_first)
                 metrics["samples_per_s"] = rate
-    if ctx.rank == 0:
+    # a sweep shows one line per finished trial (nshot.tune.progress), not every trial's steps
+    quiet = info.in_tune and os.environ.get("NSHOT_VERBOSE", "").lower() not in ("1", "true", "yes")
+    if ctx.rank == 0 and not quiet:
         print(_progress_line(info, step, metrics), file=sys.stderr, flush=True)
     reported = metrics
     if info.tune is not None and ctx.rank == 0 and info.in_tune:

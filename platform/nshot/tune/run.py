@@ -130,9 +130,13 @@ def tune(
     search_options: dict[str, Any] | None = None,
     dataset: str | None = None,
     seed: int | None = None,
-    verbose: int = 1,
+    verbose: int = 0,
+    progress: bool = True,
 ) -> TuneResult:
-    """Sweep ``cfg``'s method over its declared search space (or ``space``)."""
+    """Sweep ``cfg``'s method over its declared search space (or ``space``).
+
+    ``verbose`` is Tune's own verbosity (0: silent, 1: its status tables); ``progress`` prints
+    nshot's line per finished trial to stderr when Tune is silent."""
     from ray import tune as rtune
 
     method = get(method_name)
@@ -213,7 +217,14 @@ def tune(
         num_samples=num_samples,
         max_concurrent_trials=max_concurrent,
     )
-    run_config = rtune.RunConfig(name=name, storage_path=str(storage_path), verbose=verbose)
+    from nshot.tune.progress import SweepProgress
+
+    # Tune's status tables only with verbose >= 1 (`nshot tune --verbose`); otherwise nshot
+    # prints one line per finished trial
+    callbacks = [SweepProgress(num_samples, mode)] if progress and not verbose else []
+    run_config = rtune.RunConfig(
+        name=name, storage_path=str(storage_path), verbose=verbose, callbacks=callbacks
+    )
     t0 = time.time()
     if resume:
         if not rtune.Tuner.can_restore(str(exp_dir)):
