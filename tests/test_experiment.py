@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from nshot.errors import NshotError
@@ -72,3 +73,10 @@ def test_aggregate_ci95_and_missing_values():
     assert samples["s"]["x"] == [None, 1.0]
     with pytest.raises(ValueError):
         aggregate(res, spread="iqr")
+
+
+def test_aggregate_sample_std_is_numpys_ddof1_and_none_for_one_seed():
+    res = {("a", 0): {"x": 1.0}, ("a", 1): {"x": 2.5}, ("a", 2): {"x": 4.0}, ("b", 0): {"x": 3.0}}
+    rows, stds, _ = aggregate(res, spread="sample_std")
+    assert stds["a"]["x"] == float(np.std(np.array([1.0, 2.5, 4.0]), ddof=1)) == 1.5
+    assert rows["b"]["x"] == 3.0 and stds["b"]["x"] is None

@@ -105,10 +105,10 @@ def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
     results = {**pre, **ft}  # keys (row, seed): every row's seeds in order
     _log(f"all runs done in {time.time() - t0:.0f}s")
     metrics = {f"err_{task}_n{n}": False for task in ("target", "unseen") for n in cfg.eval_n}
-    rows, _, samples = aggregate(
-        {k: {m: r["metrics"][m] for m in metrics} for k, r in results.items()}
+    rows, stds, samples = aggregate(
+        {k: {m: r["metrics"][m] for m in metrics} for k, r in results.items()},
+        spread="sample_std",
     )
-    stds = sample_stds(samples)
     by_row = {row: [results[(row, s)] for s in seeds] for row in rows}
     random_tasks = {
         row: {f"n{n}": float(np.mean([r["metrics"][f"err_random_n{n}"] for r in runs]))
@@ -133,20 +133,6 @@ def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
             "plot": png.name,
         },
     )  # fmt: skip
-
-
-def sample_stds(
-    samples: dict[str, dict[str, list[float | None]]],
-) -> dict[str, dict[str, float | None]]:
-    """The standard deviation over seeds with Bessel's correction (None for one seed), as the
-    committed results report it."""
-    out: dict[str, dict[str, float | None]] = {}
-    for row, per in samples.items():
-        out[row] = {}
-        for m, vals in per.items():
-            ok = len(vals) > 1 and all(v is not None for v in vals)
-            out[row][m] = float(np.std(np.array(vals, dtype=np.float64), ddof=1)) if ok else None
-    return out
 
 
 def _closed_forms(cfg: ICLFTConfig) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -163,8 +163,7 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
         for row in cfg.rows
         for r in pick(row)
     }
-    rows, _, samples = aggregate(per_seed)
-    stds = sample_stds(samples)
+    rows, stds, samples = aggregate(per_seed, spread="sample_std")
     extra = _extra(cfg, pick)
     examples = {row: pick(row)[0]["rollouts"] for row in cfg.rows if pick(row)}
     fig = workdir / "rollouts.png"
@@ -193,20 +192,6 @@ def _finite(v: float | None) -> float | None:
     """A seed's mean, or None where it is not finite (a diverged or undefined metric: the
     row's mean is then n/a)."""
     return None if v is None or not np.isfinite(v) else float(v)
-
-
-def sample_stds(
-    samples: dict[str, dict[str, list[float | None]]],
-) -> dict[str, dict[str, float | None]]:
-    """The standard deviation over seeds with Bessel's correction (None for one seed or a
-    missing value), as the committed results report it."""
-    out: dict[str, dict[str, float | None]] = {}
-    for row, per in samples.items():
-        out[row] = {}
-        for m, vals in per.items():
-            ok = len(vals) > 1 and all(v is not None for v in vals)
-            out[row][m] = float(np.std(np.array(vals, dtype=np.float64), ddof=1)) if ok else None
-    return out
 
 
 def _extra(cfg: ModHNNConfig, pick: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from nshot.experiment import Job, aggregate, run_jobs
@@ -58,14 +57,7 @@ def results_table(
         for system in SYSTEMS
         for o in outs
     }
-    rows, _, samples = aggregate(per_job)
-    stds: dict[str, dict[str, float | None]] = {
-        system: {
-            m: float(np.std(np.array(v, dtype=float), ddof=1)) if len(v) > 1 else None
-            for m, v in per.items()
-        }
-        for system, per in samples.items()
-    }
+    rows, stds, samples = aggregate(per_job, spread="sample_std")
     return ResultsTable(
         method=method,
         preset=cfg.preset,

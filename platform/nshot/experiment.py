@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from nshot.errors import NshotError
 
 Key = tuple[Hashable, ...]
@@ -154,11 +156,12 @@ def aggregate(
 
     ``rows[system][metric]`` is the mean over the system's jobs (``None`` when any job gave no
     value), ``stds`` the spread: ``"std"`` (population standard deviation, as numpy's
-    default) or ``"ci95"`` (1.96 standard errors, for per-episode results), and
+    default), ``"sample_std"`` (with Bessel's correction; ``None`` for a single job) or
+    ``"ci95"`` (1.96 standard errors, for per-episode results), and
     ``samples[system][metric]`` the values in key order (seeds paired by position across
     systems)."""
-    if spread not in ("std", "ci95"):
-        raise ValueError("spread must be 'std' or 'ci95'")
+    if spread not in ("std", "sample_std", "ci95"):
+        raise ValueError("spread must be 'std', 'sample_std' or 'ci95'")
     per: dict[str, dict[str, list[float | None]]] = {}
     for key in results:  # job order: for a grid, every system's seeds in the same order
         system = str(key[0])
@@ -180,10 +183,13 @@ def aggregate(
             var = sum((v - mean) ** 2 for v in vals) / n  # type: ignore[operator]
             sd = math.sqrt(var)
             rows[system][metric] = mean
+            sample_sd = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
             if spread == "std":
                 stds[system][metric] = sd
+            elif spread == "sample_std":  # numpy's ddof=1, bit for bit
+                arr = np.asarray(vals, dtype=np.float64)
+                stds[system][metric] = float(np.std(arr, ddof=1)) if n > 1 else None
             else:
-                sample_sd = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
                 stds[system][metric] = 1.96 * sample_sd / math.sqrt(n)
     samples = {s: per[s] for s in order}
     return rows, stds, samples
