@@ -1,0 +1,87 @@
+"""ReCoG's claims as data, evaluated over the results of ``nshot reproduce recog``.
+
+The rows are the real-label track (MoleculeACE: 8 held-out ChEMBL targets). The paper publishes
+no number for ReCoG itself: the thresholds are this reproduction's targets for the abstract's
+claims (beats the context-aware state of the art at 1-shot; both modules needed; the
+bottleneck suppresses task-irrelevant context), stated before the run. The no-leakage claim
+holds at any preset; the others need the ``small`` (or ``paper``) training scale.
+"""
+
+from __future__ import annotations
+
+from nshot.claims import Claim
+
+TRAINED = ("small", "paper")
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        id="context_helps",
+        statement="Precondition: the context graph (GS-Meta style) beats ECFP + logistic "
+        "regression on the support by at least 1 ROC-AUC point at 1-shot on real labels.",
+        source="Introduction (context-aware FSMPP); GS-Meta baseline",
+        expr="context_graph.auc_1shot >= fp_logreg.auc_1shot + 0.01",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="beats_context_graph",
+        statement="ReCoG beats the context-graph baseline by at least 1 ROC-AUC point at 1-shot.",
+        source="Abstract (outperforms context-aware state of the art); experiments, 1-shot",
+        expr="recog.auc_1shot >= context_graph.auc_1shot + 0.01",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="cpr_needed",
+        statement="Removing the cross-property relational module loses at least 0.5 ROC-AUC "
+        "points at 1-shot.",
+        source="Ablation (both modules are needed jointly)",
+        expr="recog_no_cpr.auc_1shot <= recog.auc_1shot - 0.005",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="cgib_needed",
+        statement="Removing the context-graph information bottleneck loses at least 0.5 ROC-AUC "
+        "points at 1-shot.",
+        source="Ablation (both modules are needed jointly)",
+        expr="recog_no_cgib.auc_1shot <= recog.auc_1shot - 0.005",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="gates_separate_distractors",
+        statement="The bottleneck's gates π_a separate informative auxiliaries from injected "
+        "random-label distractors with ROC-AUC at least 0.8.",
+        source="Abstract (suppresses task-irrelevant auxiliary context)",
+        expr="recog.gate_auc >= 0.8",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="distractors_hurt_baseline",
+        statement="Ten injected distractor auxiliaries cost the context-graph baseline more "
+        "than 1.5 ROC-AUC points at 1-shot.",
+        source="Introduction (redundant auxiliary context is absorbed)",
+        expr="context_graph.distractor_drop > 0.015",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="recog_robust_to_distractors",
+        statement="ReCoG loses less than half of the baseline's drop from the same distractors.",
+        source="Abstract (suppresses task-irrelevant auxiliary context)",
+        expr="recog.distractor_drop < 0.5 * context_graph.distractor_drop",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="shuffled_context_no_gain",
+        statement="Negative control: with every molecule's auxiliary label vector permuted "
+        "across molecules, ReCoG gains no more than 0.5 points over fingerprints + logistic "
+        "regression.",
+        source="Negative control (the gain must come from the context)",
+        expr="recog_shuffled_context.auc_1shot <= fp_logreg.auc_1shot + 0.005",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="no_query_label_leakage",
+        statement="Flipping every query's target label in the label matrix leaves every "
+        "prediction and gate bit-identical.",
+        source="Method: the query's edge to the target is withheld (paper §3)",
+        expr="extra('unit', 'leakage_max_abs_diff') == 0",
+    ),
+)
