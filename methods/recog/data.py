@@ -108,9 +108,7 @@ def _rdkit_files() -> list[tuple[str, str]]:
     return out
 
 
-def _build_rdkit_pool(bits: int) -> pa.Table:
-    """RDKit's shipped molecules: parsed, 5-50 heavy atoms, unique canonical SMILES, in a fixed
-    shuffled order (so a prefix mixes both files)."""
+def _build_pool_smiles() -> pa.Table:
     Chem = require_rdkit()
     seen: dict[str, None] = {}
     dropped = 0
@@ -123,11 +121,26 @@ def _build_rdkit_pool(bits: int) -> pa.Table:
     smiles = list(seen)
     order = np.random.default_rng(20260).permutation(len(smiles))
     print(f"[nshot recog] RDKit pool: {len(smiles)} molecules ({dropped} dropped)", flush=True)
-    return _molecule_table([smiles[i] for i in order], bits)
+    return pa.table({"smiles": [smiles[i] for i in order]})
 
 
-def rdkit_pool(bits: int = 1024) -> pa.Table:
-    return cached_table(f"recog-rdkit-pool-{bits}", lambda: _build_rdkit_pool(bits), version="1")
+@cache
+def _rdkit_pool_smiles() -> tuple[str, ...]:
+    """RDKit's shipped molecules: parsed, 5-50 heavy atoms, unique canonical SMILES, in a fixed
+    shuffled order (so that a prefix mixes both files)."""
+    table = cached_table("recog-rdkit-smiles", _build_pool_smiles, version="1")
+    return tuple(table.column("smiles").to_pylist())
+
+
+def rdkit_pool(bits: int = 1024, limit: int = 0) -> pa.Table:
+    """The first ``limit`` molecules of the pool (0: all) with fingerprints and properties."""
+    key = f"recog-rdkit-pool-{bits}-{limit or 'all'}"
+
+    def build() -> pa.Table:
+        smiles = list(_rdkit_pool_smiles())
+        return _molecule_table(smiles[:limit] if limit else smiles, bits)
+
+    return cached_table(key, build, version="1")
 
 
 # --------------------------------------------------------------------------- MoleculeACE
@@ -258,9 +271,7 @@ def _distractors(n_mol: int, count: int, prevalences: np.ndarray, hide: float, s
 
 def build_synthetic(cfg: RecogConfig) -> Track:
     """RDKit's molecules with the computed properties as (noisy, partly hidden) labels."""
-    table = rdkit_pool(cfg.fp_bits)
-    if cfg.synthetic_pool:
-        table = table.slice(0, cfg.synthetic_pool)
+    table = rdkit_pool(cfg.fp_bits, cfg.synthetic_pool)
     n = table.num_rows
     rng = np.random.default_rng([cfg.split_seed, 31])
     props = np.stack([table.column(c).to_numpy() for c in COMPUTED], axis=1).astype(np.float32)
