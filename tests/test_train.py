@@ -130,3 +130,21 @@ def test_a_run_records_where_rays_own_logs_are(ray_session, tmp_path, capsys):
     copied = tmp_path / "r" / "ray_logs"
     assert f"Ray's own logs of this run: {copied}" in out
     assert any(p.suffix in (".out", ".err", ".log") for p in copied.iterdir())
+
+
+def test_embedded_rays_workers_know_its_address(ray_session):
+    """Ray's State API (polled by Ray Train's placement-group cleaner in a worker) must find
+    this cluster even when the machine runs several Ray instances: the embedded Ray's workers
+    carry RAY_ADDRESS, the address of its own GCS."""
+    import os
+
+    if os.environ.get("RAY_ADDRESS"):
+        pytest.skip("connected to an external cluster")
+
+    @ray_session.remote
+    def address() -> str | None:
+        return os.environ.get("RAY_ADDRESS")
+
+    got = ray_session.get(address.remote())
+    assert got is not None and got == ray_session.get_runtime_context().gcs_address
+    assert "RAY_GCS_SERVER_PORT" not in os.environ  # set only while ray.init ran

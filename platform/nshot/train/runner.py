@@ -286,9 +286,40 @@ def ensure_ray(**init_kwargs: Any) -> None:
     # polls; it binds to loopback only.
     kwargs: dict[str, Any] = {"include_dashboard": True, "dashboard_host": "127.0.0.1"}
     kwargs.update(init_kwargs)
-    with _loopback_only():
+    with _loopback_only(), _own_gcs_address(kwargs):
         ray.init(**kwargs)
     _drop_benign_ray_lines()
+
+
+@contextlib.contextmanager
+def _own_gcs_address(kwargs: dict[str, Any]):
+    """Give the embedded Ray's processes its own address (``RAY_ADDRESS``).
+
+    Ray's State API, which Ray Train's placement-group cleaner polls from a worker process,
+    finds "the" local cluster by looking for running GCS processes when ``RAY_ADDRESS`` is not
+    set; on a machine running several Ray instances it fails ("Found multiple active Ray
+    instances") and the cleaner dies with a traceback. The GCS port is chosen here (a free
+    loopback port, ``RAY_GCS_SERVER_PORT`` while ``ray.init`` runs) and the job's runtime
+    environment carries ``RAY_ADDRESS=127.0.0.1:<port>`` to every worker it starts (runtime
+    environments merge ``env_vars`` into tasks' and actors' own)."""
+    import socket
+
+    from ray._private import ray_constants
+
+    if os.environ.get(ray_constants.GCS_PORT_ENVIRONMENT_VARIABLE):
+        yield  # the user chose the port
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(kwargs.get("runtime_env") or {})
+    env["env_vars"] = {"RAY_ADDRESS": f"127.0.0.1:{port}", **(env.get("env_vars") or {})}
+    kwargs["runtime_env"] = env
+    os.environ[ray_constants.GCS_PORT_ENVIRONMENT_VARIABLE] = str(port)
+    try:
+        yield
+    finally:
+        os.environ.pop(ray_constants.GCS_PORT_ENVIRONMENT_VARIABLE, None)
 
 
 # Lines Ray prints at ERROR level although nothing is wrong, so that nshot's terminal shows
