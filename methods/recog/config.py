@@ -83,7 +83,7 @@ class RecogConfig(MethodConfig):
     seeds: int = Field(5, ge=1, le=20, description="seeds of the reproduction")
     synthetic_seeds: int = Field(3, ge=1, le=20, description="seeds of the synthetic track")
     synthetic_steps: int = Field(
-        600, ge=1, description="training episodes per model on the synthetic track"
+        500, ge=1, description="training episodes per model on the synthetic track"
     )
     exp_tracks: list[Track] = Field(
         ["moleculeace", "synthetic"], min_length=1, description="tracks `experiments` runs"
@@ -116,8 +116,8 @@ class RecogConfig(MethodConfig):
             "synthetic_seeds": 1, "synthetic_steps": 20,
         },
         "small": {
-            "fetch_data": True, "steps": 1500, "log_every": 100, "checkpoint_every": 500,
-            "val_every": 250,
+            "fetch_data": True, "steps": 1000, "log_every": 100, "checkpoint_every": 500,
+            "val_every": 250, "synthetic_steps": 500,
         },
         "paper": {
             "fetch_data": True, "encoder": "gin", "d": 300, "n_aux": 50, "steps": 2000,

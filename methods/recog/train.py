@@ -32,7 +32,7 @@ def new_model(cfg: RecogConfig, track: Track, system: str | None = None) -> torc
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(cfg, len(track.props), system)
     if isinstance(model, RecogModel):
-        model.pair_counts.copy_(torch.from_numpy(track.pair_counts))
+        model.pair_counts.copy_(torch.from_numpy(np.array(track.pair_counts, dtype=np.float32)))
     return model
 
 
