@@ -101,9 +101,7 @@ _BACKGROUND_JITTER = 10
 _NOISE_STD = 3.0
 
 
-def caption_text(
-    *, shape: int, colour: int, size: int, background: int, template: int = 0
-) -> str:
+def caption_text(*, shape: int, colour: int, size: int, background: int, template: int = 0) -> str:
     """The caption of one image's attributes (indices into the tuples above) in one of
     :data:`CAPTION_TEMPLATES`."""
     return CAPTION_TEMPLATES[template].format(

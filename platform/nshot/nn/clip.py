@@ -476,5 +476,7 @@ def load_clip(folder: str | Path) -> TinyCLIP:
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{Path(folder) / MODEL_FILE}: does not match its config ({e})")
+        raise CheckpointError(
+            f"{Path(folder) / MODEL_FILE}: does not match its config ({e})"
+        ) from None
     return model.eval()

@@ -490,8 +490,8 @@ def pretrain(
     ``workers=0`` trains in this process; ``workers >= 1`` runs the same loop on that many Ray
     Train workers (the embedded local Ray, or the cluster at ``RAY_ADDRESS``). Each process
     uses ``threads`` torch threads (default 1: these models are too small to gain from more,
-    and on a shared machine extra threads only wait for each other), restarted up to ``max_failures`` times (each restart
-    resumes from the newest checkpoint). ``steps`` overrides the preset's; ``stop_at`` stops
+    and on a shared machine extra threads only wait for each other). Ray Train restarts the
+    workers up to ``max_failures`` times; each restart resumes from the newest checkpoint. ``steps`` overrides the preset's; ``stop_at`` stops
     early (a checkpoint is written; call again to continue). ``finished`` says whether the
     model (``model.safetensors`` + ``clip.json``) was written.
     """
