@@ -116,7 +116,7 @@ class RecogConfig(MethodConfig):
             "synthetic_seeds": 1, "synthetic_steps": 20,
         },
         "small": {
-            "fetch_data": True, "steps": 1000, "log_every": 100, "checkpoint_every": 500,
+            "fetch_data": True, "d": 64, "steps": 1000, "log_every": 100, "checkpoint_every": 500,
             "val_every": 250, "synthetic_steps": 500,
         },
         "paper": {

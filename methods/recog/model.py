@@ -101,7 +101,7 @@ class RecogModel(nn.Module):
         self.t_token = nn.Parameter(torch.randn(d) * 0.1)
         self.read = nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d)])  # by support label
         self.type_emb = nn.Embedding(3, d)  # NEG, POS, UNMEASURED edges
-        self.sim = mlp(d, d, 1)
+        self.sim = mlp(d, 16, 1)  # a narrow MLP: it runs on every molecule × support pair
         self.drop = nn.Dropout(cfg.dropout)
         L = cfg.layers
         self.p_root = nn.ModuleList(nn.Linear(d, d) for _ in range(L))
@@ -232,10 +232,9 @@ class RecogModel(nn.Module):
             y01 = (st == POS).float()
             ind = [obs01 * (1 - y01), obs01 * y01]  # label 0 / 1 observed, gated
             off = 1.0 - torch.eye(P)
-            pairs = [
-                torch.einsum("mp,mq->mpq", ind[a], ind[b]) * off for a in (0, 1) for b in (0, 1)
-            ]
-            n_pairs = sum(p.sum((1, 2)) for p in pairs).clamp_min(1.0).unsqueeze(1)
+            iu = torch.triu_indices(P, P, 1)  # unordered property pairs p < p'
+            pairs = [ind[a][:, iu[0]] * ind[b][:, iu[1]] for a in (0, 1) for b in (0, 1)]
+            n_pairs = sum(p.sum(1) for p in pairs).clamp_min(1.0).unsqueeze(1)
         h_m = h_mol
         for layer in range(self.n_layers):
             h_s = h_m[:S]
@@ -254,11 +253,8 @@ class RecogModel(nn.Module):
             msg_m = msg_m + w_mm @ self.m_mol[layer](h_s)
             new_m = F.relu(self.m_root[layer](h_m) + msg_m)
             if self.use_cpr:
-                z = F.relu(self.tri[layer](pair))  # [P, P, d]
-                tri = sum(
-                    torch.einsum("mpq,pqd->md", pairs[r], z) * self.tri_rel[layer, r]
-                    for r in range(4)
-                )
+                z = F.relu(self.tri[layer](pair[iu[0], iu[1]]))  # [K, d]
+                tri = sum((pairs[r] @ z) * self.tri_rel[layer, r] for r in range(4))
                 new_m = new_m + tri / n_pairs
             h_p, h_m = self.drop(new_p), self.drop(new_m)
         logits = self.head(torch.cat([h_m[S:], h_p[0].expand(Q, -1)], dim=1)).squeeze(-1)
