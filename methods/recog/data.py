@@ -108,39 +108,32 @@ def _rdkit_files() -> list[tuple[str, str]]:
     return out
 
 
-def _build_pool_smiles() -> pa.Table:
+def pool_smiles(limit: int = 0) -> list[str]:
+    """RDKit's shipped molecules in a fixed shuffled order of the files' lines (so that a prefix
+    mixes both files): parsed, 5-50 heavy atoms, unique canonical SMILES; the first ``limit``
+    (0: all). Only as many lines are parsed as the prefix needs."""
     Chem = require_rdkit()
+    lines = _rdkit_files()
+    order = np.random.default_rng(20260).permutation(len(lines))
     seen: dict[str, None] = {}
     dropped = 0
-    for _, smi in _rdkit_files():
-        mol = Chem.MolFromSmiles(smi)
+    for i in order:
+        mol = Chem.MolFromSmiles(lines[i][1])
         if mol is None or not 5 <= mol.GetNumHeavyAtoms() <= 50:
             dropped += 1
             continue
         seen.setdefault(Chem.MolToSmiles(mol), None)
-    smiles = list(seen)
-    order = np.random.default_rng(20260).permutation(len(smiles))
-    print(f"[nshot recog] RDKit pool: {len(smiles)} molecules ({dropped} dropped)", flush=True)
-    return pa.table({"smiles": [smiles[i] for i in order]})
-
-
-@cache
-def _rdkit_pool_smiles() -> tuple[str, ...]:
-    """RDKit's shipped molecules: parsed, 5-50 heavy atoms, unique canonical SMILES, in a fixed
-    shuffled order (so that a prefix mixes both files)."""
-    table = cached_table("recog-rdkit-smiles", _build_pool_smiles, version="1")
-    return tuple(table.column("smiles").to_pylist())
+        if limit and len(seen) == limit:
+            break
+    if not limit:
+        print(f"[nshot recog] RDKit pool: {len(seen)} molecules ({dropped} dropped)", flush=True)
+    return list(seen)
 
 
 def rdkit_pool(bits: int = 1024, limit: int = 0) -> pa.Table:
     """The first ``limit`` molecules of the pool (0: all) with fingerprints and properties."""
     key = f"recog-rdkit-pool-{bits}-{limit or 'all'}"
-
-    def build() -> pa.Table:
-        smiles = list(_rdkit_pool_smiles())
-        return _molecule_table(smiles[:limit] if limit else smiles, bits)
-
-    return cached_table(key, build, version="1")
+    return cached_table(key, lambda: _molecule_table(pool_smiles(limit), bits), version="2")
 
 
 # --------------------------------------------------------------------------- MoleculeACE
