@@ -32,7 +32,15 @@ from nshot.nn.clip import (
     load_clip,
     save_clip,
 )
-from nshot.train.clip import EXTRA_WORDS, clip_config, ensure_clip, pretrain, pretrained_clip
+from nshot.train.clip import (
+    EXTRA_WORDS,
+    _batch_captions,
+    clip_config,
+    digits_split,
+    ensure_clip,
+    pretrain,
+    pretrained_clip,
+)
 
 
 def test_generator_is_deterministic_and_captions_match_labels():
@@ -108,10 +116,11 @@ def test_model_shapes_tokenizer_and_loss():
     with pytest.raises(ValueError, match=r"\[B, 3, 32, 32\]"):
         model.encode_image(torch.rand(2, 1, 32, 32))
 
-    tok = WordTokenizer(caption_vocabulary() + list(EXTRA_WORDS), context=6)
+    tok = WordTokenizer(caption_vocabulary() + list(EXTRA_WORDS), context=8)
     ids, eot = tok.encode(["a photo of a zebra", "a b c d e f g h"])
-    assert ids[0, 0] == tok.SOS and ids[0, eot[0]] == tok.EOS and ids[0, 4] == tok.UNK
-    assert eot.tolist() == [5, 5] and ids[1, -1] == tok.EOS  # truncated, end kept
+    assert ids[0, 0] == tok.SOS and ids[0, eot[0]] == tok.EOS and ids[0, 5] == tok.UNK
+    assert ids[0, 7] == tok.PAD and ids[0, 2] == tok.index["photo"]
+    assert eot.tolist() == [6, 7] and ids[1, -1] == tok.EOS  # truncated, end kept
     assert tok.unknown_words(["a photo of a zebra", "seven circles"]) == 2
 
     # the loss: right pairs are cheaper than wrong ones; shared captions are not negatives
@@ -123,6 +132,21 @@ def test_model_shapes_tokenizer_and_loss():
     )
     shared = torch.tensor([[10.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
     assert clip_contrastive_loss(shared, torch.tensor([0, 0, 1])) < 0.01 + math.log(2) / 2
+
+
+def test_digits_preset_serves_8x8_grey_images(nshot_cache):
+    x_tr, y_tr, x_te, y_te = digits_split(0)
+    assert x_tr.shape == (1200, 1, 8, 8) and x_te.shape == (597, 1, 8, 8)
+    assert 0 <= x_tr.min() and x_tr.max() <= 1 and set(y_tr.tolist()) == set(range(10))
+    assert np.array_equal(digits_split(0)[3], y_te) and not np.array_equal(digits_split(1)[3], y_te)
+    model = TinyCLIP(clip_config("digits"))
+    names = [f"{n}" for n in ("zero", "one", "two")]
+    clf = ZeroShotClassifier(model, names, ["this is a photo of a {}"])
+    assert clf.unknown_words() == 0
+    assert clf.predict_proba(torch.from_numpy(x_te[:4])).shape == (4, 3)
+    caps = _batch_captions(y_tr[:6, None], step=0, seed=0, source="digits")
+    names = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    assert all(names[d] in c.split() for d, c in zip(y_tr[:6], caps, strict=True))
 
 
 def test_zero_shot_helper_checks_and_probabilities():

@@ -17,10 +17,17 @@ no weight decay on gains, biases and the temperature.
     pretrain("small", out=folder, stop_at=200); pretrain("small", out=folder)  # resumes at 200
     report = zero_shot_report(model, "small")   # acc_src_8way and the held-out measurements
 
-Presets (:data:`PRESETS`): ``smoke`` (2-block towers of width 32, 16 tokens, 512 images, 60
-steps; seconds) and ``small`` (the ATHA plan's tiny CLIP: ViT width 64 × 4 blocks on 64 tokens of
-32² RGB, word tower width 64 × 4 blocks with context 16, joint dimension 64; 20,000 images, the
-plan's 5 epochs trimmed to fit a few minutes on two cores). Text towers: ``"word"`` (no extra
+Presets (:data:`PRESETS`):
+
+* ``smoke``: 2-block towers of width 32, 16 tokens of 32² RGB, 512 shapes, 60 steps; seconds;
+* ``small``: the ATHA plan's tiny CLIP: ViT width 64 × 4 blocks on 64 tokens (patch 4) of 32²
+  RGB, word tower width 64 × 4 blocks with context 16, joint dimension 64; 20,000 shapes, the
+  plan's 5 epochs (780 steps) trimmed to 600 steps of 128 (3.8 epochs);
+* ``digits``: the same towers on scikit-learn's 8 × 8 grey digits (patch 2, 16 tokens,
+  ``in_chans=1``), pre-trained on the dirclip plan's 1,200-image training split
+  (:func:`digits_split`) with captions such as "this is a photo of a seven"; zero-shot on the
+  597 test digits (and the same rolled by one pixel). For dirclip, whose images are 64 floats
+  in [0, 1]: reshape them to ``[B, 1, 8, 8]``. Text towers: ``"word"`` (no extra
 dependency) and ``"minilm"`` (frozen MiniLM + projection, ``nshot[tail-text]``);
 :data:`DEFAULT_TEXT` is the one that measured better (see :data:`TEXT_TOWER_MEASUREMENT`).
 
@@ -136,6 +143,30 @@ SYNONYM_NAMES: tuple[str, ...] = (
 )
 
 
+#: The digits preset's split of scikit-learn's 1,797 digits (the dirclip plan's: 1,200 / 597).
+DIGITS_TRAIN = 1200
+DIGIT_NAMES: tuple[str, ...] = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+)
+#: Caption forms of the digits preset (a reconstruction; the dirclip plan's template first).
+DIGIT_TEMPLATES: tuple[str, ...] = (
+    "this is a photo of a {}",
+    "a photo of the digit {}",
+    "the number {}",
+    "a handwritten {}",
+    "a photo of a {}",
+)
+
+
 @dataclass(frozen=True)
 class ClipPreset:
     images: int
@@ -149,6 +180,8 @@ class ClipPreset:
     lr: float
     warmup: int
     side: int = 32
+    in_chans: int = 3
+    source: str = "shapes"
     context: int = 16
     weight_decay: float = 0.05
     test_images: int = 2000
@@ -184,6 +217,22 @@ PRESETS: dict[str, ClipPreset] = {
         lr=1e-3,
         warmup=40,
     ),
+    "digits": ClipPreset(
+        images=DIGITS_TRAIN,
+        side=8,
+        in_chans=1,
+        source="digits",
+        patch=2,
+        width=64,
+        depth=4,
+        heads=4,
+        embed_dim=64,
+        steps=300,
+        batch=128,
+        lr=1e-3,
+        warmup=20,
+        checkpoint_every=100,
+    ),
 }
 
 #: The text tower of :func:`pretrained_clip` when none is named (see the module docstring).
@@ -198,7 +247,7 @@ def clip_config(preset: str, text: str = DEFAULT_TEXT) -> CLIPConfig:
     return CLIPConfig(
         img_size=p.side,
         patch=p.patch,
-        in_chans=3,
+        in_chans=p.in_chans,
         vision_width=p.width,
         vision_depth=p.depth,
         vision_heads=p.heads,
@@ -233,18 +282,26 @@ def _batch_rows(n: int, batch: int, step: int, seed: int) -> np.ndarray:
     return np.asarray(rows)
 
 
-def _batch_captions(attrs: np.ndarray, step: int, seed: int) -> list[str]:
-    """One caption per row of ``attrs`` (``[B, 4]``: shape, colour, size, background), its
-    template drawn from the generator of (seed, step)."""
-    tpl = np.random.default_rng([seed, 2, step]).integers(0, len(CAPTION_TEMPLATES), len(attrs))
+def _batch_captions(attrs: np.ndarray, step: int, seed: int, source: str = "shapes") -> list[str]:
+    """One caption per row of ``attrs`` (shapes: ``[B, 4]`` shape, colour, size, background;
+    digits: ``[B, 1]`` the digit), its template drawn from the generator of (seed, step)."""
+    templates = CAPTION_TEMPLATES if source == "shapes" else DIGIT_TEMPLATES
+    tpl = np.random.default_rng([seed, 2, step]).integers(0, len(templates), len(attrs))
+    if source == "digits":
+        return [
+            DIGIT_TEMPLATES[t].format(DIGIT_NAMES[d])
+            for d, t in zip(attrs[:, 0].tolist(), tpl, strict=True)
+        ]
     return [
         caption_text(shape=s, colour=c, size=z, background=b, template=int(t))
         for (s, c, z, b), t in zip(attrs.tolist(), tpl, strict=True)
     ]
 
 
-def all_captions() -> list[str]:
+def all_captions(source: str = "shapes") -> list[str]:
     """Every caption the pre-training can draw (for precomputing MiniLM embeddings)."""
+    if source == "digits":
+        return sorted({t.format(n) for t in DIGIT_TEMPLATES for n in DIGIT_NAMES})
     out = []
     for t in range(len(CAPTION_TEMPLATES)):
         for s in range(len(SHAPES)):
@@ -257,10 +314,12 @@ def all_captions() -> list[str]:
     return sorted(set(out))
 
 
-def _lr_at(p: ClipPreset, step: int) -> float:
-    if step < p.warmup:
-        return p.lr * (step + 1) / p.warmup
-    frac = (step - p.warmup) / max(1, p.steps - p.warmup)
+def _lr_at(p: ClipPreset, step: int, steps: int) -> float:
+    """Linear warm-up over ``p.warmup`` steps, then cosine decay to 0 at ``steps``."""
+    warmup = min(p.warmup, max(1, steps // 10))
+    if step < warmup:
+        return p.lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
     return p.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
@@ -330,6 +389,35 @@ def _load_resume(folder: Path, model: TinyCLIP, opt: torch.optim.Optimizer) -> d
 
 
 # --------------------------------------------------------------------------------------------
+# sources
+
+
+def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits as images, split 1,200 / 597 by ``numpy.random.default_rng(seed)``
+    (the dirclip plan's split): ``(x_train, y_train, x_test, y_test)`` with ``x`` float32
+    ``[n, 1, 8, 8]`` in [0, 1] (pixels / 16) and int64 labels."""
+    from nshot.data.cache import table_to_numpy
+    from nshot.data.sources import digits_table
+
+    x, y = table_to_numpy(digits_table())
+    x = (x / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    order = np.random.default_rng(seed).permutation(len(y))
+    tr, te = order[:DIGITS_TRAIN], order[DIGITS_TRAIN:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _source(p: ClipPreset, seed: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, attrs)`` of a preset's pre-training data: shapes as uint8 ``[n, 3, s, s]``
+    with ``attrs`` ``[n, 4]``; digits as float32 ``[n, 1, 8, 8]`` with ``attrs`` ``[n, 1]``."""
+    if p.source == "digits":
+        x_tr, y_tr, x_te, y_te = digits_split(seed)
+        return (x_tr, y_tr[:, None]) if split == "train" else (x_te, y_te[:, None])
+    table = shapes_table(p.images, seed=seed, side=p.side, split="train")
+    attrs = np.stack([table.column(c).to_numpy().astype(np.int64) for c in SHAPE_ATTRS], axis=1)
+    return shapes_arrays(table, uint8=True)[0], attrs
+
+
+# --------------------------------------------------------------------------------------------
 # the training loop: one function for Ray Train workers and in-process runs
 
 
@@ -360,12 +448,8 @@ def _train(config: dict[str, Any]) -> None:
         raise ConfigError(f"batch {p.batch} is not divisible by {world} workers")
     per = p.batch // world
 
-    table = shapes_table(p.images, seed=seed, side=p.side, split="train")
-    images_u8 = shapes_arrays(table, uint8=True)[0]
-    attrs = np.stack(
-        [table.column(c).to_numpy().astype(np.int64) for c in SHAPE_ATTRS], axis=1
-    )  # [n, 4]
-    n = len(images_u8)
+    images, attrs = _source(p, seed, "train")
+    n = len(images)
 
     torch.manual_seed(seed)
     model = TinyCLIP(clip_config(config["preset"], config["text"]))
@@ -385,9 +469,11 @@ def _train(config: dict[str, Any]) -> None:
     model.train()
     for step in range(start, stop_at):
         rows = _batch_rows(n, p.batch, step, seed)
-        captions = _batch_captions(attrs[rows], step, seed)
+        captions = _batch_captions(attrs[rows], step, seed, p.source)
         mine = rows[rank * per : (rank + 1) * per]
-        x = torch.from_numpy(images_u8[mine]).float() / 255.0
+        x = torch.from_numpy(images[mine]).float()
+        if images.dtype == np.uint8:
+            x = x / 255.0
         texts = sorted(set(captions))
         col = {t: i for i, t in enumerate(texts)}
         text_of_image = torch.tensor([col[c] for c in captions])
@@ -398,7 +484,7 @@ def _train(config: dict[str, Any]) -> None:
             img = torch.cat(all_gather(img))  # differentiable: the global batch's features
         loss = clip_contrastive_loss(model.logits(img, model.encode_text(texts)), text_of_image)
         for group in opt.param_groups:
-            group["lr"] = _lr_at(p, step)
+            group["lr"] = _lr_at(p, step, steps)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         if world > 1:  # each rank's loss is the global one: average the gradients
@@ -452,7 +538,7 @@ def _train(config: dict[str, Any]) -> None:
 
 def _seed_minilm(model: TinyCLIP, config: dict[str, Any]) -> None:
     """Give the MiniLM tower every caption's embedding at once (one batched encoding)."""
-    texts = all_captions()
+    texts = all_captions(_preset(config["preset"]).source)
     emb_path = config.get("minilm_embeddings")
     if emb_path and Path(emb_path).is_file():
         from safetensors.torch import load_file
@@ -491,9 +577,10 @@ def pretrain(
     Train workers (the embedded local Ray, or the cluster at ``RAY_ADDRESS``). Each process
     uses ``threads`` torch threads (default 1: these models are too small to gain from more,
     and on a shared machine extra threads only wait for each other). Ray Train restarts the
-    workers up to ``max_failures`` times; each restart resumes from the newest checkpoint. ``steps`` overrides the preset's; ``stop_at`` stops
-    early (a checkpoint is written; call again to continue). ``finished`` says whether the
-    model (``model.safetensors`` + ``clip.json``) was written.
+    workers up to ``max_failures`` times; each restart resumes from the newest checkpoint.
+    ``steps`` overrides the preset's; ``stop_at`` stops early (a checkpoint is written; call
+    again to continue). ``finished`` says whether the model (``model.safetensors`` +
+    ``clip.json``) was written.
     """
     _preset(preset)
     if text not in ("word", "minilm"):
@@ -525,7 +612,8 @@ def pretrain(
             from nshot.data.sources import embed_texts
 
             emb_path = out / "minilm-captions.safetensors"
-            save_file({"embeddings": torch.from_numpy(embed_texts(all_captions()))}, emb_path)
+            emb = torch.from_numpy(embed_texts(all_captions(PRESETS[preset].source)))
+            save_file({"embeddings": emb}, emb_path)
             config["minilm_embeddings"] = str(emb_path)
         ensure_ray()
         storage = out.parent / f".{out.name}-ray"
@@ -566,7 +654,9 @@ def _accuracy(model: TinyCLIP, images: torch.Tensor, labels: np.ndarray, names, 
 @torch.no_grad()
 def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> dict[str, Any]:
     """Zero-shot accuracies of ``model`` on fresh source-style images (the ``test`` split,
-    rendered with another seed than pre-training): prompts ``"a photo of a {name}"``.
+    rendered with another seed than pre-training): prompts ``"a photo of a {name}"``. (For the
+    ``digits`` preset: ``acc_digits_10way`` and ``acc_digits_rolled_10way`` on the 597 test
+    digits, prompt "this is a photo of a {name}".)
 
     * ``acc_src_8way``: the 8 shapes, on images of the (shape, colour) pairs seen in training
       (the ATHA plan's precondition, ≥ 0.80);
@@ -577,6 +667,8 @@ def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> d
     * ``unknown_words``: how many words of those held-out names the tokenizer did not know.
     """
     p = _preset(preset)
+    if p.source == "digits":
+        return _digits_report(model, seed)
     table = shapes_table(p.test_images, seed=10_000 + seed, side=p.side, split="test")
     x, y = shapes_arrays(table)
     images = torch.from_numpy(x)
@@ -599,6 +691,21 @@ def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> d
         0 if tok is None else tok.unknown_words(list(PLURAL_NAMES) + list(SYNONYM_NAMES))
     )
     return report
+
+
+@torch.no_grad()
+def _digits_report(model: TinyCLIP, seed: int) -> dict[str, Any]:
+    _, _, x_te, y_te = digits_split(seed)
+    images = torch.from_numpy(x_te)
+    tpl = (DIGIT_TEMPLATES[0],)
+    model = model.eval()
+    return {
+        "acc_digits_10way": _accuracy(model, images, y_te, DIGIT_NAMES, tpl),
+        "acc_digits_rolled_10way": _accuracy(
+            model, torch.roll(images, 1, dims=-1), y_te, DIGIT_NAMES, tpl
+        ),
+        "test_images": int(len(y_te)),
+    }
 
 
 # --------------------------------------------------------------------------------------------
