@@ -93,7 +93,7 @@ __all__ = [
     "zero_shot_report",
 ]
 
-VERSION = "1"
+VERSION = "2"
 
 #: Words in the word tower's vocabulary that the captions never use (their embeddings stay as
 #: initialised): class names of later target domains (digits "zero" … "nine", the ATHA plan's
@@ -167,6 +167,17 @@ DIGIT_TEMPLATES: tuple[str, ...] = (
 )
 
 
+#: How often each of :data:`nshot.data.shapes.CAPTION_TEMPLATES` is drawn: half the captions
+#: name the shape only ("a photo of a star"), the rest share the other forms. With uniform
+#: forms the ``small`` image tower learned colour, size and background and not shape in 600
+#: steps (linear probe of shape 0.17, zero-shot 0.20): colour alone picks most captions of a
+#: batch. (A reconstruction, in the spirit of CLIP's class-name captions, §3.1.4.)
+SHAPE_TEMPLATE_WEIGHTS: tuple[float, ...] = tuple(
+    0.5 if t == "a photo of a {shape}" else 0.5 / (len(CAPTION_TEMPLATES) - 1)
+    for t in CAPTION_TEMPLATES
+)
+
+
 @dataclass(frozen=True)
 class ClipPreset:
     images: int
@@ -214,7 +225,7 @@ PRESETS: dict[str, ClipPreset] = {
         embed_dim=64,
         steps=600,
         batch=128,
-        lr=1e-3,
+        lr=1.5e-3,
         warmup=40,
     ),
     "digits": ClipPreset(
@@ -285,8 +296,11 @@ def _batch_rows(n: int, batch: int, step: int, seed: int) -> np.ndarray:
 def _batch_captions(attrs: np.ndarray, step: int, seed: int, source: str = "shapes") -> list[str]:
     """One caption per row of ``attrs`` (shapes: ``[B, 4]`` shape, colour, size, background;
     digits: ``[B, 1]`` the digit), its template drawn from the generator of (seed, step)."""
-    templates = CAPTION_TEMPLATES if source == "shapes" else DIGIT_TEMPLATES
-    tpl = np.random.default_rng([seed, 2, step]).integers(0, len(templates), len(attrs))
+    rng = np.random.default_rng([seed, 2, step])
+    if source == "digits":
+        tpl = rng.integers(0, len(DIGIT_TEMPLATES), len(attrs))
+    else:
+        tpl = rng.choice(len(CAPTION_TEMPLATES), len(attrs), p=SHAPE_TEMPLATE_WEIGHTS)
     if source == "digits":
         return [
             DIGIT_TEMPLATES[t].format(DIGIT_NAMES[d])
