@@ -264,16 +264,42 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     assert "predicted: tree" in out and "predicted: caveman" in out
 
 
+def test_rank_shares_sum_to_the_full_batch_gradient():
+    """What the workers all-reduce: each rank's loss on its slice of a batch (the diversity term
+    divided by the world size) has gradients that sum to the full batch's."""
+    from nshot.methods.scgfm import train as T
+
+    cfg = get("scgfm").config("smoke")
+    src, stats = T.source_data(cfg)
+    model = T.init_model(cfg, 0, src, stats)
+    idx = np.arange(8)
+    solver = T.GWSolver.from_config(cfg)
+
+    def grads(sel, world):
+        model.zero_grad()
+        l_gw, l_rec, _ = T.batch_loss(model, [src[i] for i in sel], stats[sel], solver, cfg)
+        div = T.diversity_loss(model.bases(), cfg.margin)
+        ((l_gw + cfg.alpha * l_rec) / len(idx) + cfg.beta * div / world).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    full = grads(idx, 1)
+    shares = [grads(idx[r::2], 2) for r in range(2)]
+    for f, a, b in zip(full, *shares, strict=True):
+        torch.testing.assert_close(a + b, f, rtol=1e-10, atol=1e-14)
+
+
 def test_pretraining_on_two_ray_train_workers(scgfm_run):
-    """Data-parallel pre-training: each worker solves its share of every batch and the
-    gradients are summed; the run matches one worker's up to float summation order."""
+    """Data-parallel pre-training on two Ray Train workers. Exact GW is discontinuous in its
+    inputs (ties of the transport LP), so a last-bit difference of the summed gradients moves
+    some plans: the run is compared with one worker's loosely."""
     from nshot.train import Scaling, fit, load_checkpoint
 
     storage, cfg, res = scgfm_run
     one = load_checkpoint(res.checkpoint, method="scgfm")
     two = fit("scgfm", cfg, scaling=Scaling(workers=2), storage=storage, name="two")
     ck = load_checkpoint(two.checkpoint, method="scgfm")
-    assert ck.step == 2 and math.isfinite(ck.metrics["L_gw"])
+    assert ck.step == 2 and ck.extra["solver"] == one.extra["solver"]
     h1, h2 = one.extra["history"], ck.extra["history"]
-    assert h2[0]["L_gw"] == pytest.approx(h1[0]["L_gw"], rel=1e-6)
-    torch.testing.assert_close(ck.weights()["theta"], one.weights()["theta"], rtol=1e-5, atol=1e-6)
+    assert len(h2) == 2 and all(math.isfinite(h["L_gw"]) for h in h2)
+    assert h2[0]["L_gw"] == pytest.approx(h1[0]["L_gw"], rel=0.05)
+    assert h2[-1]["sigma_delta"] == pytest.approx(h1[-1]["sigma_delta"], rel=0.2)
