@@ -200,3 +200,28 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     out = capsys.readouterr().out
     assert "held-out targets:" in out and "P(phenol-like | Oc1ccc(Cl)cc1)" in out
     assert "auxiliary labels:" in out
+
+
+def test_conformal_sets_wrap_the_predictor(trained):
+    """`nshot serve recog --conformal caos`: the encoder's per-molecule embeddings give CAOS
+    prediction sets over the classes 0 and 1."""
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, _, res = trained
+    inner = get("recog").predictor(load_checkpoint(res.checkpoint, method="recog"))
+    wrapped = ConformalPredictor(inner, alpha=0.2)
+    phenols = ["Oc1ccccc1", "Cc1ccc(O)cc1", "Oc1ccc(Cl)cc1", "Oc1cccc(C)c1", "Oc1ccc(N)cc1"]
+    others = ["CCO", "CCN(CC)CC", "CCOC(C)=O", "CCCCCC", "CC(C)O"]
+    support = [{"smiles": s, "label": 1} for s in phenols] + [
+        {"smiles": s, "label": 0} for s in others
+    ]
+    req = wrapped.Request.model_validate({"support": support, "query": ["Oc1ccccc1C", "CCCO"]})
+    answer = wrapped(req)
+    assert len(answer.sets) == 2 and all(set(s) <= {0, 1} for s in answer.sets)
+    assert (
+        answer.probs
+        == inner(
+            inner.Request.model_validate({"support": support, "query": ["Oc1ccccc1C", "CCCO"]})
+        ).probs
+    )
