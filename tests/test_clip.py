@@ -100,6 +100,9 @@ def test_model_shapes_tokenizer_and_loss():
     x = torch.rand(5, 3, 32, 32)
     texts = ["a photo of a red circle", "a large star", "a photo of a zebra"]
     fi, ft = model.encode_image(x), model.encode_text(texts)
+    tokens = model.image_tokens((x - 0.5) / 0.25)  # avg pooling: token 0 is the patch mean
+    assert tokens.shape == (5, 1 + 16, cfg.vision_width) and cfg.pool == "avg"
+    torch.testing.assert_close(fi, tokens[:, 0] @ model.visual_proj)
     assert fi.shape == (5, cfg.embed_dim) and ft.shape == (3, cfg.embed_dim)
     assert fi.dtype == ft.dtype == torch.float32
     logits = model(x, texts)
@@ -140,6 +143,9 @@ def test_digits_preset_serves_8x8_grey_images(nshot_cache):
     assert 0 <= x_tr.min() and x_tr.max() <= 1 and set(y_tr.tolist()) == set(range(10))
     assert np.array_equal(digits_split(0)[3], y_te) and not np.array_equal(digits_split(1)[3], y_te)
     model = TinyCLIP(clip_config("digits"))
+    x = torch.from_numpy(x_te[:3])  # class-token pooling: the ViT's own features, projected
+    ref = model.visual.features((x - 0.5) / 0.25) @ model.visual_proj
+    torch.testing.assert_close(model.encode_image(x), ref)
     names = [f"{n}" for n in ("zero", "one", "two")]
     clf = ZeroShotClassifier(model, names, ["this is a photo of a {}"])
     assert clf.unknown_words() == 0

@@ -4,8 +4,9 @@ Visual Models From Natural Language Supervision", §2.4–2.5).
 Two towers map images and texts into one joint space where matching pairs have a high cosine:
 
 * the image tower is :class:`nshot.nn.vit.ViT` (timm's parameter names) without its head: the
-  class token after the final LayerNorm (``visual.norm``, CLIP's ``ln_post``) times the
-  projection ``visual_proj`` (CLIP's ``proj``, no bias). Images are pixels in [0, 1],
+  class token (``pool="token"``, CLIP's choice) or the mean of the patch tokens (``pool="avg"``)
+  after the final LayerNorm (``visual.norm``, CLIP's ``ln_post``) times the projection
+  ``visual_proj`` (CLIP's ``proj``, no bias); :meth:`TinyCLIP.image_tokens` gives every token. Images are pixels in [0, 1],
   ``[B, C, H, W]``; the model normalises them itself (``(x - pixel_mean) / pixel_std``), so
   attacks and augmentations work in pixel space;
 * the text tower is one of
@@ -89,6 +90,7 @@ class CLIPConfig:
     vision_width: int = 64
     vision_depth: int = 4
     vision_heads: int = 4
+    pool: str = "token"
     text: str = "word"
     vocab: tuple[str, ...] = ()
     context: int = 16
@@ -103,6 +105,8 @@ class CLIPConfig:
     pixel_std: float = 0.25
 
     def __post_init__(self) -> None:
+        if self.pool not in ("token", "avg"):
+            raise ConfigError(f"pool: {self.pool!r} is not 'token' or 'avg'")
         if self.text not in TEXT_TOWERS:
             raise ConfigError(f"text: {self.text!r} is not one of {TEXT_TOWERS}")
         if self.text == "word" and not self.vocab:
@@ -293,11 +297,26 @@ class TinyCLIP(nn.Module):
                 f"images must be [B, {c}, {s}, {s}] pixels in [0, 1], got {tuple(images.shape)}"
             )
 
+    def image_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The image tower's tokens after ``visual.norm`` (CLIP's ``ln_post``), ``[B, 1 + N, W]``
+        for normalised pixels ``x``; token 0 is the pooled one: the class token
+        (``pool="token"``) or the mean of the patch tokens (``pool="avg"``, timm's
+        ``global_pool="avg"``)."""
+        v = self.visual
+        t = v.patch_embed(x)
+        t = torch.cat([v.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + v.pos_embed
+        for blk in v.blocks:
+            t = blk(t)
+        if self.cfg.pool == "avg":
+            pooled = v.norm(t[:, 1:].mean(dim=1, keepdim=True))
+            return torch.cat([pooled, v.norm(t[:, 1:])], dim=1)
+        return v.norm(t)
+
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """Image features ``[B, embed_dim]`` of pixels in [0, 1] ``[B, C, H, W]``."""
         self.check_images(images)
         x = (images - self.cfg.pixel_mean) / self.cfg.pixel_std
-        f = self.visual.features(x) @ self.visual_proj
+        f = self.image_tokens(x)[:, 0] @ self.visual_proj
         return F.normalize(f, dim=-1) if normalize else f
 
     def encode_text(self, texts: Sequence[str], normalize: bool = False) -> torch.Tensor:

@@ -93,7 +93,7 @@ __all__ = [
     "zero_shot_report",
 ]
 
-VERSION = "2"
+VERSION = "3"
 
 #: Words in the word tower's vocabulary that the captions never use (their embeddings stay as
 #: initialised): class names of later target domains (digits "zero" … "nine", the ATHA plan's
@@ -192,6 +192,7 @@ class ClipPreset:
     warmup: int
     side: int = 32
     in_chans: int = 3
+    pool: str = "avg"
     source: str = "shapes"
     context: int = 16
     weight_decay: float = 0.05
@@ -233,6 +234,7 @@ PRESETS: dict[str, ClipPreset] = {
         side=8,
         in_chans=1,
         source="digits",
+        pool="token",
         patch=2,
         width=64,
         depth=4,
@@ -262,6 +264,7 @@ def clip_config(preset: str, text: str = DEFAULT_TEXT) -> CLIPConfig:
         vision_width=p.width,
         vision_depth=p.depth,
         vision_heads=p.heads,
+        pool=p.pool,
         text=text,
         vocab=tuple(caption_vocabulary()) + EXTRA_WORDS,
         context=p.context,
