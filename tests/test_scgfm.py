@@ -222,7 +222,10 @@ def test_experiments_smoke_has_every_row_and_claim(ray_session, tmp_path):
     from nshot.methods.scgfm.experiments import METRICS, SYSTEMS, run_experiments
     from nshot.reproduce import with_claims
 
-    cfg = get("scgfm").config("smoke", episodes=3, gin_epochs=5)
+    cfg = get("scgfm").config(
+        "smoke", episodes=2, gin_epochs=3, stability_graphs=6, stability_pairs=8, perm_graphs=2,
+        dict_graphs=8,
+    )  # fmt: skip
     res = run_experiments(cfg, tmp_path)
     assert list(res.rows) == list(SYSTEMS)
     for s in SYSTEMS:
