@@ -225,3 +225,19 @@ def test_conformal_sets_wrap_the_predictor(trained):
             inner.Request.model_validate({"support": support, "query": ["Oc1ccccc1C", "CCCO"]})
         ).probs
     )
+
+
+def test_the_paper_presets_gin_encoder_trains_and_predicts(smoke):
+    """encoder=gin (the paper preset's molecule encoder) on the molecular graphs."""
+    from nshot.methods.recog.data import sample_episode
+    from nshot.methods.recog.evaluation import model_system
+    from nshot.methods.recog.train import fit_model
+
+    cfg, track, _ = smoke
+    gin = cfg.replace(encoder="gin", gin_layers=2, steps=3)
+    model = fit_model(gin, track, "recog")
+    ep = sample_episode(track, track.test_targets[0], 1, 6, np.random.default_rng(1),
+                        n_aux=gin.n_aux, n_distractors=gin.n_distractors)  # fmt: skip
+    probs, gates = model_system(model)(ep)
+    assert probs.shape == (len(ep.yq),) and np.all((probs > 0) & (probs < 1))
+    assert gates is not None
