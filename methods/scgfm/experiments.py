@@ -409,7 +409,7 @@ def unit_measurements(cfg: ScgfmConfig) -> dict[str, float]:
     # non-trivial automorphism), without canonical order: only summation order differs
     ent = GWSolver("entropic", epsilon=cfg.epsilon, max_iter=cfg.entropic_iter, canonical=False)
     mixed = [src[i] for i in rng.permutation(len(src))]
-    e = perm_errors(model, ent, cfg.tau, asymmetric(mixed)[:4], 1)
+    e = perm_errors(model, ent, cfg.tau, asymmetric(mixed)[: min(4, cfg.perm_graphs)], 1)
     out |= {"entropic_max_ddelta": e["max_ddelta"], "entropic_perm_err_w": e["perm_err_w"],
             "entropic_perm_err_z": e["perm_err_z"]}  # fmt: skip
     ex = perm_errors(model, GWSolver("exact", starts=cfg.starts), cfg.tau, picks, 1)
