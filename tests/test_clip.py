@@ -95,7 +95,7 @@ def test_cached_table_round_trip(nshot_cache):
 
 def test_model_shapes_tokenizer_and_loss():
     torch.manual_seed(0)
-    cfg = clip_config("smoke")
+    cfg = clip_config("smoke", text="word")
     model = TinyCLIP(cfg)
     x = torch.rand(5, 3, 32, 32)
     texts = ["a photo of a red circle", "a large star", "a photo of a zebra"]
@@ -142,7 +142,7 @@ def test_digits_preset_serves_8x8_grey_images(nshot_cache):
     assert x_tr.shape == (1200, 1, 8, 8) and x_te.shape == (597, 1, 8, 8)
     assert 0 <= x_tr.min() and x_tr.max() <= 1 and set(y_tr.tolist()) == set(range(10))
     assert np.array_equal(digits_split(0)[3], y_te) and not np.array_equal(digits_split(1)[3], y_te)
-    model = TinyCLIP(clip_config("digits"))
+    model = TinyCLIP(clip_config("digits", text="word"))
     x = torch.from_numpy(x_te[:3])  # class-token pooling: the ViT's own features, projected
     ref = model.visual.features((x - 0.5) / 0.25) @ model.visual_proj
     torch.testing.assert_close(model.encode_image(x), ref)
@@ -157,7 +157,7 @@ def test_digits_preset_serves_8x8_grey_images(nshot_cache):
 
 def test_zero_shot_helper_checks_and_probabilities():
     torch.manual_seed(0)
-    model = TinyCLIP(clip_config("smoke")).eval()
+    model = TinyCLIP(clip_config("smoke", text="word")).eval()
     for bad, msg in (([], "empty"), (["circle", "circle"], "unique"), (["", "x"], "non-empty")):
         with pytest.raises(ValueError, match=msg):
             ZeroShotClassifier(model, bad)
@@ -169,23 +169,23 @@ def test_zero_shot_helper_checks_and_probabilities():
 
 
 def test_pretraining_reduces_loss_resumes_exactly_and_caches(nshot_cache, tmp_path):
-    full = pretrain("smoke", out=tmp_path / "full", steps=24)
+    full = pretrain("smoke", out=tmp_path / "full", steps=24, text="word")
     assert full.finished and len(full.losses) == 24
     assert np.mean(full.losses[-6:]) < np.mean(full.losses[:6]) - 0.1
 
-    part = pretrain("smoke", out=tmp_path / "resumed", steps=24, stop_at=10)
+    part = pretrain("smoke", out=tmp_path / "resumed", steps=24, stop_at=10, text="word")
     assert not part.finished and len(part.losses) == 10
-    rest = pretrain("smoke", out=tmp_path / "resumed", steps=24)
+    rest = pretrain("smoke", out=tmp_path / "resumed", steps=24, text="word")
     assert rest.finished and rest.losses == full.losses
     a, b = load_clip(tmp_path / "full"), load_clip(tmp_path / "resumed")
     for (k, v), (k2, v2) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(v, v2), k
 
-    folder = ensure_clip("smoke")
+    folder = ensure_clip("smoke", text="word")
     meta = json.loads((folder / "clip.json").read_text())
     assert meta["losses"][-1] < meta["losses"][0] and 0 <= meta["zero_shot"]["acc_src_8way"] <= 1
-    assert ensure_clip("smoke") == folder  # cached: not trained again
-    m1, m2 = pretrained_clip("smoke"), load_clip(folder)
+    assert ensure_clip("smoke", text="word") == folder  # cached: not trained again
+    m1, m2 = pretrained_clip("smoke", text="word"), load_clip(folder)
     for (k, v), v2 in zip(m1.state_dict().items(), m2.state_dict().values(), strict=True):
         assert torch.equal(v, v2), k
     x = torch.rand(4, 3, 32, 32)
@@ -204,8 +204,8 @@ def test_pretraining_reduces_loss_resumes_exactly_and_caches(nshot_cache, tmp_pa
 
 
 def test_two_ray_train_workers_match_one_process(ray_session, nshot_cache, tmp_path):
-    one = pretrain("smoke", out=tmp_path / "one", steps=3)
-    two = pretrain("smoke", out=tmp_path / "two", steps=3, workers=2)
+    one = pretrain("smoke", out=tmp_path / "one", steps=3, text="word")
+    two = pretrain("smoke", out=tmp_path / "two", steps=3, workers=2, text="word")
     assert two.finished
     meta = json.loads((tmp_path / "two" / "clip.json").read_text())
     assert meta["world_size"] == 2
@@ -231,7 +231,7 @@ def test_minilm_text_tower():
 
 def test_example(run_example, tmp_path, capsys, nshot_cache):
     out = tmp_path / "tiny.json"
-    run_example("tiny_clip", ["--preset", "smoke", "--output", str(out)])
+    run_example("tiny_clip", ["--preset", "smoke", "--text", "word", "--output", str(out)])
     report = json.loads(out.read_text())["results"]["word"]
     assert 0 <= report["acc_src_8way"] <= 1 and report["steps"] == 60
     assert "acc_src_8way" in capsys.readouterr().out

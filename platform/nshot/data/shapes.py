@@ -48,7 +48,7 @@ __all__ = [
     "shapes_table",
 ]
 
-VERSION = "1"
+VERSION = "2"
 
 SHAPES: tuple[str, ...] = (
     "circle",
@@ -77,7 +77,9 @@ BACKGROUNDS: dict[str, tuple[int, int, int]] = {
     "grey": (128, 128, 128),
 }
 #: size word -> shape radius as a fraction of the image side
-SIZES: dict[str, tuple[float, float]] = {"small": (0.17, 0.25), "large": (0.31, 0.42)}
+#: (radius 0.17-0.25 at first: a from-scratch ViT with 4-pixel patches did not learn the small
+#: shapes' identity within the ``small`` pre-training budget, even with a supervised shape loss)
+SIZES: dict[str, tuple[float, float]] = {"small": (0.22, 0.30), "large": (0.34, 0.44)}
 #: (shape index, colour index) pairs never shown in the ``train`` split
 HELDOUT_COMBOS: tuple[tuple[int, int], ...] = tuple((s, (s + 3) % 8) for s in range(8))
 
