@@ -44,8 +44,8 @@ ViT with 4-pixel patches learning shape identity in a few hundred steps, more th
 tower or the contrastive loss. What was tried, in recipe versions 1 → 3 → 4: uniform
 caption forms → half the captions naming the shape only, and mean pooling of the patch tokens
 → larger shapes (word tower 0.197 → 0.190 → 0.149; MiniLM 0.376 → 0.362 → 0.392). The
-``digits`` preset, where the classes are coarse pixel patterns, reaches 0.941 zero-shot (0.374 on the
-test digits rolled by one pixel; 300 steps, the word tower).
+``digits`` preset, where the classes are coarse pixel patterns, reaches 0.941 zero-shot
+(0.374 on the test digits rolled by one pixel; 300 steps, the word tower).
 
 Training runs in this process (``workers=0``) or on Ray Train workers (``TorchTrainer``; the
 workers all-gather image features, so the loss is the one of the global batch). Every
