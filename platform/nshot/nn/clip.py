@@ -6,9 +6,9 @@ Two towers map images and texts into one joint space where matching pairs have a
 * the image tower is :class:`nshot.nn.vit.ViT` (timm's parameter names) without its head: the
   class token (``pool="token"``, CLIP's choice) or the mean of the patch tokens (``pool="avg"``)
   after the final LayerNorm (``visual.norm``, CLIP's ``ln_post``) times the projection
-  ``visual_proj`` (CLIP's ``proj``, no bias); :meth:`TinyCLIP.image_tokens` gives every token. Images are pixels in [0, 1],
-  ``[B, C, H, W]``; the model normalises them itself (``(x - pixel_mean) / pixel_std``), so
-  attacks and augmentations work in pixel space;
+  ``visual_proj`` (CLIP's ``proj``, no bias); :meth:`TinyCLIP.image_tokens` gives every
+  token. Images are pixels in [0, 1], ``[B, C, H, W]``; the model normalises them itself
+  (``(x - pixel_mean) / pixel_std``), so attacks and augmentations work in pixel space;
 * the text tower is one of
 
   - ``"word"``: a word-level tokenizer over a fixed vocabulary (``<sos>``/``<eos>``/``<unk>``/
