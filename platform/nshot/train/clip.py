@@ -533,9 +533,13 @@ def _train(config: dict[str, Any]) -> None:
         text_of_image = torch.tensor([col[c] for c in captions])
         img = model.encode_image(x)
         if world > 1:
+            import warnings
+
             from torch.distributed.nn.functional import all_gather
 
-            img = torch.cat(all_gather(img))  # differentiable: the global batch's features
+            with warnings.catch_warnings():  # torch 2.13 marks it deprecated; it still works
+                warnings.simplefilter("ignore", FutureWarning)
+                img = torch.cat(all_gather(img))  # differentiable: the global batch's features
         loss = clip_contrastive_loss(model.logits(img, model.encode_text(texts)), text_of_image)
         for group in opt.param_groups:
             group["lr"] = _lr_at(p, step, steps)
