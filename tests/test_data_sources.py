@@ -187,7 +187,8 @@ def text(session_cache: Path) -> Iterator[pa.Table]:
         # to embed on 2 cores); 18 large modules with 15 texts each keep this test quick.
         mp.setattr(sources, "STDLIB_DOC_MODULES", _TEST_MODULES)
         mp.setattr(sources, "_MAX_PER_CLASS", 15)
-        yield nd.text_table()
+        table = nd.text_table()
+    yield table  # outside the context: the tests after this one keep the run's own cache
 
 
 def test_text_table(text: pa.Table) -> None:
