@@ -3,7 +3,7 @@
 Images of 8 shapes (:data:`SHAPES`) in 8 colours (:data:`COLOURS`), two sizes, random position
 and a small rotation, on a plain black, white or grey background with a little pixel noise, each
 with the caption ``"a photo of a {size} {colour} {shape} on a {background} background"`` (the
-source domain of the ATHA plan's offline substitute, a reconstruction of the paper's CLIP
+source domain of the atha method's offline substitute, a reconstruction of the paper's CLIP
 pre-training data at toy scale). Everything is plain NumPy: a shape is a polygon or an analytic
 disc/ring, rasterised with 4 × 4 supersampling for anti-aliasing, so the same seed gives the same
 bytes on every machine.
@@ -83,7 +83,7 @@ SIZES: dict[str, tuple[float, float]] = {"small": (0.22, 0.30), "large": (0.34, 
 #: (shape index, colour index) pairs never shown in the ``train`` split
 HELDOUT_COMBOS: tuple[tuple[int, int], ...] = tuple((s, (s + 3) % 8) for s in range(8))
 
-#: Caption forms; template 0 is the plan's full caption. Pre-training samples one per image and
+#: Caption forms; template 0 is the full caption. Pre-training samples one per image and
 #: step (fewer attributes in the shorter forms), so class-name prompts like "a photo of a circle"
 #: are in the caption distribution (a reconstruction; CLIP's alt-texts vary the same way).
 CAPTION_TEMPLATES: tuple[str, ...] = (

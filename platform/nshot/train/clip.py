@@ -20,12 +20,12 @@ no weight decay on gains, biases and the temperature.
 Presets (:data:`PRESETS`):
 
 * ``smoke``: 2-block towers of width 32, 16 tokens of 32² RGB, 512 shapes, 60 steps; seconds;
-* ``small``: the ATHA plan's tiny CLIP: ViT width 64 × 4 blocks on 64 tokens (patch 4) of 32²
+* ``small``: the atha method's tiny CLIP: ViT width 64 × 4 blocks on 64 tokens (patch 4) of 32²
   RGB, word tower width 64 × 4 blocks with context 16, joint dimension 64; 20,000 shapes,
-  1,500 steps of 128 (9.6 epochs; the plan's 780 steps were not enough, see below), about
+  1,500 steps of 128 (9.6 epochs; the 780 steps first budgeted were not enough, see below), about
   9 minutes on one thread;
 * ``digits``: the same towers on scikit-learn's 8 × 8 grey digits (patch 2, 16 tokens,
-  ``in_chans=1``), pre-trained on the dirclip plan's 1,200-image training split
+  ``in_chans=1``), pre-trained on the dirclip method's 1,200-image training split
   (:func:`digits_split`) with captions such as "this is a photo of a seven"; zero-shot on the
   597 test digits (and the same rolled by one pixel). For dirclip, whose images are 64 floats
   in [0, 1]: reshape them to ``[B, 1, 8, 8]``. Text towers: ``"word"`` (no extra
@@ -33,7 +33,7 @@ dependency) and ``"minilm"`` (frozen MiniLM + projection, ``nshot[tail-text]``);
 :data:`DEFAULT_TEXT` is the one that measured better (see :data:`TEXT_TOWER_MEASUREMENT`).
 
 Measured (``small``, seed 0, 1,500 steps, one thread, on a 2-core machine shared with other
-work): zero-shot 8-way shape accuracy on source-style images (``acc_src_8way``, the ATHA plan's
+work): zero-shot 8-way shape accuracy on source-style images (``acc_src_8way``, the atha method's
 precondition ≥ 0.80) is **0.771 with the MiniLM tower and 0.233 with the word tower: short of
 0.80 with both** (pre-training 552 s and 697 s wall). MiniLM / word: held-out (shape, colour)
 pairs 0.187 / 0.064, colours 0.999 / 0.818, class names never used in pre-training: plurals
@@ -115,8 +115,22 @@ __all__ = [
 
 VERSION = "5"
 
+#: The class names of the digits preset (also words of the word tower's vocabulary).
+DIGIT_NAMES: tuple[str, ...] = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+)
+
 #: Words in the word tower's vocabulary that the captions never use (their embeddings stay as
-#: initialised): class names of later target domains (digits "zero" … "nine", the ATHA plan's
+#: initialised): class names of later target domains (digits "zero" … "nine", the atha method's
 #: class names unseen in pre-training) and common prompt words.
 EXTRA_WORDS: tuple[str, ...] = (
     "this",
@@ -137,16 +151,7 @@ EXTRA_WORDS: tuple[str, ...] = (
     "digit",
     "number",
     "handwritten",
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
+    *DIGIT_NAMES,
 )
 
 #: Held-out class names for the zero-shot measurement: plurals and synonyms of the shapes.
@@ -163,21 +168,9 @@ SYNONYM_NAMES: tuple[str, ...] = (
 )
 
 
-#: The digits preset's split of scikit-learn's 1,797 digits (the dirclip plan's: 1,200 / 597).
+#: The digits preset's split of scikit-learn's 1,797 digits (the dirclip method's: 1,200 / 597).
 DIGITS_TRAIN = 1200
-DIGIT_NAMES: tuple[str, ...] = (
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-)
-#: Caption forms of the digits preset (a reconstruction; the dirclip plan's template first).
+#: Caption forms of the digits preset (a reconstruction; the dirclip method's template first).
 DIGIT_TEMPLATES: tuple[str, ...] = (
     "this is a photo of a {}",
     "a photo of the digit {}",
@@ -274,7 +267,7 @@ PRESETS: dict[str, ClipPreset] = {
 DEFAULT_TEXT = "minilm"
 #: What chose :data:`DEFAULT_TEXT`: ``python examples/tiny_clip.py --preset small --text both``
 #: (seed 0, recipe version 5: 1,500 steps), zero-shot accuracy on 2,000 fresh test images (267
-#: of held-out pairs). Neither tower reaches the ATHA plan's precondition ``acc_src_8way >= 0.80``.
+#: of held-out pairs). Neither tower reaches the atha method's precondition ``acc_src_8way >= 0.80``.
 TEXT_TOWER_MEASUREMENT: dict[str, dict[str, float]] = {
     "word": {
         "acc_src_8way": 0.233,
@@ -452,7 +445,7 @@ def _load_resume(folder: Path, model: TinyCLIP, opt: torch.optim.Optimizer) -> d
 
 def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's digits as images, split 1,200 / 597 by ``numpy.random.default_rng(seed)``
-    (the dirclip plan's split): ``(x_train, y_train, x_test, y_test)`` with ``x`` float32
+    (the dirclip method's split): ``(x_train, y_train, x_test, y_test)`` with ``x`` float32
     ``[n, 1, 8, 8]`` in [0, 1] (pixels / 16) and int64 labels."""
     from nshot.data.cache import table_to_numpy
     from nshot.data.sources import digits_table
@@ -721,7 +714,7 @@ def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> d
     digits, prompt "this is a photo of a {name}".)
 
     * ``acc_src_8way``: the 8 shapes, on images of the (shape, colour) pairs seen in training
-      (the ATHA plan's precondition, ≥ 0.80);
+      (the atha method's precondition, ≥ 0.80);
     * ``acc_heldout_combo_8way``: the 8 shapes, on the held-out pairs only;
     * ``acc_colour_8way``: the 8 colour names, all images;
     * ``acc_plural_names_8way`` / ``acc_synonym_names_8way``: the shapes under class names never

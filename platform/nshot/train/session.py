@@ -210,11 +210,11 @@ def _progress_line(info: RunInfo, step: int, metrics: dict[str, float]) -> str:
         where += f"/{total} ({100 * step / total:.0f}%)"
         if step > first_step and now > t_first:
             left = (now - t_first) / (step - first_step) * (total - step)
-            eta = f", ETA {_duration(left)}"
-    return f"[nshot {info.method}] {where} {shown} | {_duration(now - info.started)}{eta}"
+            eta = f", ETA {format_duration(left)}"
+    return f"[nshot {info.method}] {where} {shown} | {format_duration(now - info.started)}{eta}"
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"

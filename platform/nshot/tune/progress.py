@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from nshot.train.session import _duration
+from nshot.train.session import format_duration
 
 
 class SweepProgress(Callback):
@@ -59,8 +59,10 @@ class SweepProgress(Callback):
         k, n = self._finished, self.num_samples
         eta = ""
         if 0 < k < n and now > start:
-            eta = f", ETA {_duration((now - start) / k * (n - k))}"
-        return f"[nshot tune] trial {k}/{n} {trial_id} {shown} | {_duration(now - start)}{eta}"
+            eta = f", ETA {format_duration((now - start) / k * (n - k))}"
+        return (
+            f"[nshot tune] trial {k}/{n} {trial_id} {shown} | {format_duration(now - start)}{eta}"
+        )
 
     def _print(self, text: str) -> None:
         print(text, file=self.stream or sys.stderr, flush=True)
