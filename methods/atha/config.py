@@ -1,0 +1,177 @@
+"""ATHA configuration and presets.
+
+``smoke`` / ``small`` use nshot's own tiny CLIP (:mod:`nshot.train.clip`, the preset of the same
+name: ``small`` with the frozen MiniLM text tower, ``smoke`` with the word tower); ``paper`` is
+CLIP ViT-B/16 loaded from an open_clip checkpoint (``clip_path``) on a GPU environment that has
+``open_clip_torch`` and ``torchvision`` (the paper's setting: 800 / 400 episodes of 100 epochs).
+
+A step of ``nshot train atha`` is one step of the tiny CLIP's contrastive pre-training; the
+episodes (adaptation on a support set, classification of its queries) run in ``evaluate``,
+``experiments`` and the predictor.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+from nshot.tune.space import Float, Int, TuneSpec
+
+VERSION = "1"  # of the checkpoint format
+
+Domain = Literal["textured", "sketch", "digits", "mnist"]
+System = Literal[
+    "atha",
+    "coop_lora",
+    "coop",
+    "clip_lora",
+    "zero_shot",
+    "atha_head_only",
+    "atha_tail_only",
+    "random_tokens",
+]
+SYSTEMS: tuple[str, ...] = (
+    "atha",
+    "coop_lora",
+    "coop",
+    "clip_lora",
+    "zero_shot",
+    "atha_head_only",
+    "atha_tail_only",
+    "random_tokens",
+)
+
+
+class AthaConfig(MethodConfig):
+    # the backbone
+    backbone: Literal["tiny", "open_clip"] = Field(
+        "tiny",
+        description="tiny: nshot's tiny CLIP, pre-trained by `nshot train atha` (or taken from "
+        "the cache); open_clip: a real CLIP checkpoint at clip_path (GPU environment)",
+    )
+    clip_preset: Literal["smoke", "small"] = Field(
+        "small", description="the tiny CLIP preset (nshot.train.clip.PRESETS)"
+    )
+    text: Literal["word", "minilm"] = Field(
+        "minilm", description="the tiny CLIP's text tower: word (no extra) or frozen MiniLM"
+    )
+    clip_path: str | None = Field(
+        None, description="open_clip checkpoint (.pt / .safetensors) for backbone=open_clip"
+    )
+    clip_arch: str = Field("ViT-B-16", description="open_clip architecture of clip_path")
+    # ATHA (paper §3; the authors' options txtlayer, add_ratio, minus_ratio)
+    txtlayer: int = Field(
+        4,
+        ge=0,
+        le=47,
+        description="text block whose output makes the anchors (0-based; MiniLM has 6)",
+    )
+    rho_block: int = Field(2, ge=0, le=47, description="visual block whose rho+ starts non-zero")
+    rho_plus_init: float = Field(0.8, ge=0.0, le=10.0, description="initial rho+ of rho_block")
+    add_ratio: float = Field(0.3, ge=0.0, le=1.0, description="share of head tokens")
+    minus_ratio: float = Field(0.2, ge=0.0, le=1.0, description="share of tail tokens")
+    use_all_texts: bool = Field(
+        False, description="softmax(tau * S) mix of anchors instead of argmax / argmin"
+    )
+    tau: float = Field(0.1, gt=0.0, le=100.0, description="temperature of use_all_texts")
+    # CoOp + CLIP-LoRA (paper §4.1)
+    n_ctx: int = Field(4, ge=1, le=16, description="learnable context vectors")
+    ctx_init: str = Field("a photo of a", description="words the context starts from")
+    lora_r: int = Field(4, ge=1, le=64, description="LoRA rank")
+    lora_alpha: float = Field(4.0, gt=0.0, description="LoRA alpha (scaling alpha / sqrt(r))")
+    lora_dropout: float = Field(0.25, ge=0.0, lt=1.0, description="dropout on the LoRA input")
+    lr_lora: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate of LoRA")
+    lr_ctx: float = Field(2e-3, gt=0.0, le=10.0, description="SGD learning rate of the context")
+    lr_rates: float = Field(1e-3, gt=0.0, le=10.0, description="SGD learning rate of rho")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum (context, rates)")
+    sgd_weight_decay: float = Field(5e-4, ge=0.0, le=1.0, description="SGD weight decay")
+    scale_1shot: float = Field(2.0, gt=0.0, le=100.0, description="logit scale at 1 shot")
+    scale_kshot: float = Field(4.0, gt=0.0, le=100.0, description="logit scale above 1 shot")
+    epochs: int = Field(20, ge=1, le=1000, description="full-support steps per episode")
+    max_epochs: int = Field(100, ge=1, le=1000, description="the predictor's cap on epochs")
+    # episodes
+    n_way: int = Field(5, ge=2, le=20, description="classes per episode")
+    queries: int = Field(15, ge=1, le=100, description="queries per class")
+    pool_per_class: int = Field(60, ge=16, le=1000, description="images per class and domain")
+    domains: list[Domain] = Field(
+        ["textured", "sketch", "digits"],
+        min_length=1,
+        description="target domains (mnist: the larger drop-in variant of digits)",
+    )
+    episodes_1shot: int = Field(30, ge=1, le=10_000, description="1-shot episodes per domain")
+    episodes_5shot: int = Field(30, ge=0, le=10_000, description="5-shot episodes per domain")
+    systems: list[System] = Field(list(SYSTEMS), min_length=1, description="rows to run")
+    systems_5shot: list[System] = Field(
+        ["atha", "coop_lora"], description="rows also run at 5 shots"
+    )
+    eval_episodes: int = Field(10, ge=1, le=10_000, description="episodes per domain (evaluate)")
+    episodes_per_job: int = Field(10, ge=1, le=10_000, description="episodes per Ray task")
+
+    TUNE: ClassVar[TuneSpec] = TuneSpec(
+        space={
+            "add_ratio": Float(0.1, 0.5),
+            "minus_ratio": Float(0.05, 0.4),
+            "rho_plus_init": Float(0.0, 1.5),
+            "lr_lora": Float(1e-4, 3e-3, log=True),
+            "txtlayer": Int(0, 5),
+        },
+        metric="acc_1shot_avg",
+        mode="max",
+        curve=("loss",),
+    )
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_episodes",
+        "epochs",
+        "domains",
+        "add_ratio",
+        "minus_ratio",
+        "rho_plus_init",
+        "rho_block",
+        "txtlayer",
+        "lr_lora",
+        "lr_ctx",
+        "lr_rates",
+        "use_all_texts",
+        "tau",
+    }
+
+    # A step is one pre-training step of the tiny CLIP (nshot.train.clip.PRESETS[clip_preset]).
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": {
+            "clip_preset": "smoke", "text": "word", "steps": 60, "checkpoint_every": 20,
+            "log_every": 20, "txtlayer": 0, "rho_block": 1, "lora_r": 2, "lora_alpha": 2.83,
+            "lora_dropout": 0.0, "epochs": 2, "max_epochs": 10, "episodes_1shot": 2,
+            "episodes_5shot": 1, "queries": 3, "pool_per_class": 16, "eval_episodes": 1,
+            "episodes_per_job": 2,
+        },
+        "small": {"steps": 1500, "checkpoint_every": 100, "log_every": 25},
+        "paper": {
+            "backbone": "open_clip", "txtlayer": 10, "rho_block": 6, "lora_r": 16,
+            "lora_alpha": 8.0, "lr_lora": 2e-4, "epochs": 100, "episodes_1shot": 800,
+            "episodes_5shot": 400, "steps": 1, "checkpoint_every": 1, "log_every": 1,
+            "pool_per_class": 200, "eval_episodes": 100, "episodes_per_job": 20,
+        },
+    }  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> AthaConfig:
+        if self.add_ratio + self.minus_ratio > 1.0:
+            raise ValueError(
+                "field 'minus_ratio': add_ratio + minus_ratio must be <= 1 "
+                f"(got {self.add_ratio} + {self.minus_ratio})"
+            )
+        if len(set(self.domains)) != len(self.domains):
+            raise ValueError("field 'domains': a domain is listed twice")
+        if not set(self.systems_5shot) <= set(self.systems):
+            raise ValueError("field 'systems_5shot': every system must also be in systems")
+        if self.n_way > 8 and any(d in ("textured", "sketch") for d in self.domains):
+            raise ValueError("field 'n_way': the shape domains have 8 classes")
+        if self.queries + 10 > self.pool_per_class:
+            raise ValueError("field 'pool_per_class': must hold 10 shots + queries per class")
+        if self.epochs > self.max_epochs:
+            raise ValueError("field 'epochs': must be <= max_epochs")
+        if self.backbone == "tiny" and self.clip_path is not None:
+            raise ValueError("field 'clip_path': only for backbone=open_clip")
+        return self

@@ -1,0 +1,264 @@
+"""ATHA predictor: one request is one few-shot episode.
+
+The predictor builds a fresh episode model from the pre-trained CLIP of the checkpoint, adapts
+it on the request's support set (CoOp + LoRA, with ATHA's token update when ``use_atha``), and
+classifies the queries. The cost is bounded: at most ``max_epochs`` steps over at most
+``20 × 10`` support images, and 500 queries. Answers are deterministic (a fixed seed).
+
+Images are base64 PNG strings or ``H × W × 3`` arrays of integers in [0, 255]; any size up to
+1024 × 1024 is resized (bilinear) to the model's 32 × 32.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
+
+from .model import Backbone, load_model
+from .train import adapt
+
+MAX_CLASSES = 20
+MAX_SHOTS = 10
+MAX_QUERIES = 500
+MAX_SIDE = 1024
+SEED = 0
+
+Image = str | list[list[list[int]]]
+
+
+def decode_image(image: Image, where: str) -> np.ndarray:
+    """``uint8 [H, W, 3]`` of a base64 PNG or a nested array (``ValueError`` naming ``where``)."""
+    if isinstance(image, str):
+        from PIL import Image as PILImage
+
+        try:
+            raw = base64.b64decode(image, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"{where}: not valid base64") from None
+        try:
+            with PILImage.open(io.BytesIO(raw)) as im:
+                if im.format != "PNG":
+                    raise ValueError(f"{where}: not a PNG image")
+                if max(im.size) > MAX_SIDE:
+                    raise ValueError(f"{where}: larger than {MAX_SIDE} × {MAX_SIDE}")
+                if im.mode != "RGB":
+                    raise ValueError(
+                        f"{where}: {len(im.getbands())} channel(s) ({im.mode}); expected RGB"
+                    )
+                arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - PIL raises many kinds for broken files
+            raise ValueError(f"{where}: undecodable PNG ({type(e).__name__})") from None
+        return arr
+    h = len(image)
+    if not 1 <= h <= MAX_SIDE:
+        raise ValueError(f"{where}: height {h} is outside [1, {MAX_SIDE}]")
+    w = len(image[0])
+    if not 1 <= w <= MAX_SIDE:
+        raise ValueError(f"{where}: width {w} is outside [1, {MAX_SIDE}]")
+    for r, row in enumerate(image):
+        if len(row) != w:
+            raise ValueError(f"{where}: row {r} has {len(row)} pixels, row 0 has {w}")
+        for px in row:
+            if len(px) != 3:
+                raise ValueError(f"{where}: a pixel has {len(px)} channels; expected 3 (RGB)")
+            if any(v < 0 or v > 255 for v in px):
+                raise ValueError(f"{where}: pixel values must lie in [0, 255]")
+    return np.asarray(image, dtype=np.uint8)
+
+
+def to_tensor(images: list[np.ndarray], side: int) -> torch.Tensor:
+    """Pixels in [0, 1] ``[n, 3, side, side]`` (bilinear resize where the size differs)."""
+    out = []
+    for im in images:
+        t = torch.from_numpy(im.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
+        if t.shape[-2:] != (side, side):
+            t = F.interpolate(t, size=(side, side), mode="bilinear", align_corners=False)
+        out.append(t.clamp(0, 1))
+    return torch.cat(out)
+
+
+class SupportImage(StrictRequest):
+    image: Image = Field(..., description="base64 PNG (RGB) or an H × W × 3 array of 0–255")
+    label: str = Field(..., description="one of class_names")
+
+    @field_validator("image")
+    @classmethod
+    def _decodable(cls, v: Image) -> Image:
+        decode_image(v, "image")
+        return v
+
+
+class AthaRequest(StrictRequest):
+    class_names: list[str] = Field(..., description="2 to 20 unique class names")
+    support: list[SupportImage] = Field(..., description="labelled images, 1 to 10 per class")
+    queries: list[Image] = Field(..., description="1 to 500 images to classify")
+    epochs: int | None = Field(
+        None, description="adaptation steps (1 to the model's max_epochs; default: its epochs)"
+    )
+    use_atha: bool = Field(True, description="ATHA's token update (false: CoOp + LoRA)")
+
+    @model_validator(mode="after")
+    def _check(self) -> AthaRequest:
+        names = self.class_names
+        if not 2 <= len(names) <= MAX_CLASSES:
+            raise ValueError(f"class_names: {len(names)} classes; need 2 to {MAX_CLASSES}")
+        for i, n in enumerate(names):
+            if not n.strip():
+                raise ValueError(f"class_names[{i}]: empty")
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"class_names: {dup!r} is listed twice")
+        if not self.support:
+            raise ValueError("support: empty; give at least one image per class")
+        counts = dict.fromkeys(names, 0)
+        for i, s in enumerate(self.support):
+            if s.label not in counts:
+                raise ValueError(f"support[{i}].label: {s.label[:80]!r} is not in class_names")
+            counts[s.label] += 1
+        for n, c in counts.items():
+            if c == 0:
+                raise ValueError(f"support: class {n[:80]!r} has no image")
+            if c > MAX_SHOTS:
+                raise ValueError(f"support: class {n[:80]!r} has {c} images; at most {MAX_SHOTS}")
+        if not 1 <= len(self.queries) <= MAX_QUERIES:
+            raise ValueError(f"queries: {len(self.queries)} images; need 1 to {MAX_QUERIES}")
+        for i, q in enumerate(self.queries):
+            decode_image(q, f"queries[{i}]")
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"epochs: {self.epochs} is below 1")
+        return self
+
+
+class Rates(BaseModel):
+    head: list[float]
+    tail: list[float]
+
+
+class AthaResponse(BaseModel):
+    labels: list[str]
+    probs: list[list[float]]
+    epochs_run: int
+    rates: Rates
+    unknown_words: int
+
+
+class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
+    Request = AthaRequest
+    Response = AthaResponse
+
+    def __init__(self, checkpoint: Any) -> None:
+        clip, self.cfg = load_model(checkpoint)
+        self.backbone = Backbone(clip)
+        self.side = clip.cfg.img_size
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Any) -> AthaPredictor:
+        return cls(checkpoint)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "text": self.backbone.cfg.text,
+            "image_side": self.side,
+            "epochs": self.cfg.epochs,
+            "max_epochs": self.cfg.max_epochs,
+            "max_classes": MAX_CLASSES,
+            "max_shots": MAX_SHOTS,
+            "max_queries": MAX_QUERIES,
+        }
+
+    def example_request(self) -> dict[str, Any]:
+        """Two shapes, one base64 PNG each as support; a PNG and a small array as queries."""
+        from PIL import Image as PILImage
+
+        from nshot.data.shapes import render_shapes
+
+        d = render_shapes(12, seed=7, side=32)
+        pick = {}
+        for i, s in enumerate(d["shape"].tolist()):
+            pick.setdefault(s, []).append(i)
+        a, b = sorted(pick)[:2]
+
+        def png(i: int) -> str:
+            buf = io.BytesIO()
+            PILImage.fromarray(d["image"][i]).save(buf, format="PNG")
+            return base64.b64encode(buf.getvalue()).decode()
+
+        from nshot.data.shapes import SHAPES
+
+        small = d["image"][pick[b][-1]][::4, ::4].tolist()  # an 8 × 8 × 3 array
+        return {
+            "class_names": [SHAPES[a], SHAPES[b]],
+            "support": [
+                {"image": png(pick[a][0]), "label": SHAPES[a]},
+                {"image": png(pick[b][0]), "label": SHAPES[b]},
+            ],
+            "queries": [png(pick[a][-1]), small],
+            "epochs": min(2, self.cfg.max_epochs),
+        }
+
+    def _tensors(self, request: AthaRequest):
+        index = {n: i for i, n in enumerate(request.class_names)}
+        sx = to_tensor([decode_image(s.image, "support") for s in request.support], self.side)
+        sy = torch.tensor([index[s.label] for s in request.support])
+        qx = to_tensor([decode_image(q, "queries") for q in request.queries], self.side)
+        return sx, sy, qx
+
+    def __call__(self, request: AthaRequest) -> AthaResponse:
+        epochs = self.cfg.epochs if request.epochs is None else request.epochs
+        if epochs > self.cfg.max_epochs:
+            raise ValueError(
+                f"epochs: {epochs} exceeds this model's max_epochs {self.cfg.max_epochs}"
+            )
+        sx, sy, qx = self._tensors(request)
+        shots = int(torch.bincount(sy, minlength=len(request.class_names)).min())
+        res = adapt(
+            self.backbone,
+            request.class_names,
+            sx,
+            sy,
+            qx,
+            self.cfg,
+            "atha" if request.use_atha else "coop_lora",
+            shots=shots,
+            seed=SEED,
+            epochs=epochs,
+        )
+        probs = res.probs
+        return AthaResponse(
+            labels=[request.class_names[i] for i in probs.argmax(-1).tolist()],
+            probs=[[round(float(p), 6) for p in row] for row in probs],
+            epochs_run=res.epochs_run,
+            rates=Rates(**res.rates),
+            unknown_words=self.backbone.unknown_words(request.class_names),
+        )
+
+    @torch.no_grad()
+    def one_shot_embeddings(self, request: AthaRequest, kind: str | None = None):
+        """Frozen per-image features for conformal prediction sets: the pre-trained CLIP's
+        unit image features of each support and query image on its own. The adapted model
+        depends on the support labels, so its features would break exchangeability; the
+        frozen encoder's do not."""
+        from nshot.serve.conformal import OneShotEpisode
+
+        sx, sy, qx = self._tensors(request)
+        clip = self.backbone.clip
+        emb = clip.encode_image(torch.cat([sx, qx]), normalize=True).numpy()
+        n = len(sx)
+        return OneShotEpisode(
+            support_emb=emb[:n],
+            support_labels=sy.numpy(),
+            query_emb=emb[n:],
+            classes=list(request.class_names),
+        )
