@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
@@ -93,12 +93,6 @@ class SupportImage(StrictRequest):
     image: Image = Field(..., description="base64 PNG (RGB) or an H × W × 3 array of 0–255")
     label: str = Field(..., description="one of class_names")
 
-    @field_validator("image")
-    @classmethod
-    def _decodable(cls, v: Image) -> Image:
-        decode_image(v, "image")
-        return v
-
 
 class AthaRequest(StrictRequest):
     class_names: list[str] = Field(..., description="2 to 20 unique class names")
@@ -127,6 +121,7 @@ class AthaRequest(StrictRequest):
             if s.label not in counts:
                 raise ValueError(f"support[{i}].label: {s.label[:80]!r} is not in class_names")
             counts[s.label] += 1
+            decode_image(s.image, f"support[{i}].image")
         for n, c in counts.items():
             if c == 0:
                 raise ValueError(f"support: class {n[:80]!r} has no image")

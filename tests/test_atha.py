@@ -1,0 +1,280 @@
+"""atha: config, the token update's unit checks (rho = 0 is CoOp + LoRA bit for bit, disjoint
+head and tail sets, anchors that reconstruct), the MiniLM prompt route, the episodes, the
+predictor's 422s over HTTP, two Ray Train workers, experiments on smoke and the example."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.method import ConfigError, get
+
+pytestmark = pytest.mark.ray
+
+NAMES = ["circle", "square", "star"]
+
+
+@pytest.fixture(scope="module")
+def smoke_clip(nshot_cache):
+    from nshot.train.clip import pretrained_clip
+
+    return pretrained_clip("smoke", text="word")
+
+
+@pytest.fixture(scope="module")
+def backbone(smoke_clip):
+    from nshot.methods.atha.model import Backbone
+
+    return Backbone(smoke_clip)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return get("atha").config("smoke")
+
+
+def test_config_validation_names_the_field():
+    atha = get("atha")
+    with pytest.raises(ConfigError, match="minus_ratio"):
+        atha.config("small", add_ratio=0.7, minus_ratio=0.4)
+    for field, bad in (("domains", ["textile"]), ("lora_r", 0), ("epochs", 500),
+                       ("clip_path", "/x.pt")):  # fmt: skip
+        with pytest.raises(ConfigError, match=field):
+            atha.config("small", **{field: bad})
+    assert atha.config("small").text == "minilm" and atha.config("smoke").text == "word"
+
+
+def test_paper_preset_validates_and_names_what_is_missing():
+    from nshot.methods.atha.train import check_backbone
+
+    cfg = get("atha").config("paper")
+    assert cfg.backbone == "open_clip" and cfg.epochs == 100 and cfg.episodes_1shot == 800
+    with pytest.raises(ConfigError, match="open_clip_torch") as err:
+        check_backbone(cfg)
+    assert "clip_path" in str(err.value)
+
+
+def test_rho_zero_forward_equals_coop_lora_bit_for_bit(backbone, cfg):
+    from nshot.methods.atha.model import EpisodeModel
+
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    a = EpisodeModel(backbone, NAMES, cfg, "atha", shots=1, seed=3)
+    b = EpisodeModel(backbone, NAMES, cfg, "coop_lora", shots=1, seed=3)
+    with torch.no_grad():
+        assert not torch.equal(a(x), b(x))  # rho+ starts at 0.8 in one block: it acts
+        a.rho_plus.zero_()
+        assert torch.equal(a(x), b(x))
+        # and the untouched model is the pre-trained CLIP's image tower, bit for bit
+        assert torch.equal(b.image_features(x), backbone.clip.encode_image(x))
+
+
+def test_head_and_tail_sets_are_disjoint_and_the_update_acts_on_them_only():
+    from nshot.methods.atha.model import atha_update, select_tokens
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randint(0, 3, (6, 64), generator=g).float()  # many ties
+    for gen in (None, torch.Generator().manual_seed(1)):
+        head, tail = select_tokens(s, 19, 12, gen)
+        for h, t in zip(head.tolist(), tail.tolist()):
+            assert len(set(h)) == 19 and len(set(t)) == 12 and not set(h) & set(t)
+    with pytest.raises(ValueError, match="exceeds"):
+        select_tokens(s, 40, 30)
+    x = torch.randn(2, 10, 8, generator=g)
+    anchors = torch.randn(3, 8, generator=g)
+    y = atha_update(x, anchors, torch.tensor(1.0), torch.tensor(1.0), add_ratio=0.3,
+                    minus_ratio=0.2)  # fmt: skip
+    changed = (y != x).any(-1).sum(-1)
+    assert changed.tolist() == [5, 5]  # 3 head + 2 tail tokens per image
+    sim = (
+        torch.nn.functional.normalize(x, dim=-1) @ torch.nn.functional.normalize(anchors, dim=-1).T
+    )
+    best = sim.max(-1).values
+    top = best.argsort(dim=1, descending=True)[:, :3]
+    for b in range(2):  # head tokens got their best anchor added
+        for l_ in top[b].tolist():
+            c = int(sim[b, l_].argmax())
+            assert torch.allclose(y[b, l_], x[b, l_] + anchors[c])
+
+
+def test_inverted_anchors_reconstruct(backbone, cfg):
+    from nshot.methods.atha.model import EpisodeModel
+
+    m = EpisodeModel(backbone, NAMES, cfg, "atha", shots=1, seed=0)
+    with torch.no_grad():
+        _, t = m.text_features()
+        a = m.anchors(t)
+        back = (a * m.visual.norm.weight + m.visual.norm.bias) @ m.visual_proj
+    assert ((back - t).norm(dim=-1) <= 1e-4 * t.norm(dim=-1)).all()
+
+
+def test_peft_lora_has_the_rslora_scaling_and_starts_at_zero(backbone, cfg):
+    from nshot.methods.atha.model import EpisodeModel
+
+    m = EpisodeModel(backbone, NAMES, cfg, "clip_lora", shots=1, seed=0)
+    qkv = m.visual.blocks[0].attn.qkv
+    assert qkv.scaling["default"] == pytest.approx(cfg.lora_alpha / cfg.lora_r**0.5)
+    assert all(not p.requires_grad for n, p in m.named_parameters() if "lora_" not in n)
+    assert float(qkv.lora_B["default"].weight.abs().sum()) == 0.0
+    assert not m.ctx.requires_grad and not m.rho_plus.requires_grad  # CLIP-LoRA only
+    # the backbone stays pristine: LoRA went into a copy
+    assert not any("lora_" in n for n, _ in backbone.clip.named_parameters())
+
+
+def test_minilm_prompt_route_reproduces_the_sentence_embedding(nshot_cache):
+    """[CLS] + the word embeddings of "a photo of a" as context + the name + [SEP] through
+    MiniLM's BERT, mean-pooled and normalised, equals sentence-transformers' embedding of
+    "a photo of a {name}" (then the same projection)."""
+    from nshot.methods.atha.model import Backbone, EpisodeModel
+    from nshot.nn.clip import TinyCLIP
+    from nshot.train.clip import clip_config
+
+    torch.manual_seed(0)
+    clip = TinyCLIP(clip_config("smoke", "minilm")).eval()
+    cfg = get("atha").config("smoke", text="minilm", txtlayer=4)
+    names = ["circle", "plus sign", "zero"]
+    m = EpisodeModel(Backbone(clip), names, cfg, "coop_lora", shots=1, seed=0)
+    with torch.no_grad():
+        got, _ = m.text_features()
+        want = clip.encode_text([f"a photo of a {n}" for n in names])
+    assert (got - want).abs().max() < 1e-5
+
+
+def test_episodes_are_shared_and_nested(nshot_cache):
+    from nshot.methods.atha.data import domain_pool, sample_episode
+
+    pool = domain_pool("digits", 16, 0)
+    one = sample_episode(pool, seed=0, episode=3, n_way=5, shots=1, queries=3)
+    five = sample_episode(pool, seed=0, episode=3, n_way=5, shots=5, queries=3)
+    other = sample_episode(pool, seed=0, episode=4, n_way=5, shots=1, queries=3)
+    assert one.names == five.names and np.array_equal(one.query_x, five.query_x)
+    assert np.array_equal(one.support_x, five.support_x[::5])  # the first shot of each class
+    assert not np.array_equal(one.query_x, other.query_x)
+    assert one.support_x.shape == (5, 3, 32, 32) and one.query_y.tolist() == sorted(
+        [0, 1, 2, 3, 4] * 3
+    )
+    assert set(one.names) <= {"zero", "one", "two", "three", "four", "five", "six", "seven",
+                              "eight", "nine"}  # fmt: skip
+
+
+def _png(arr: np.ndarray, mode: str = "RGB") -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode=mode).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(smoke_clip, cfg, tmp_path_factory):
+    from nshot.train.checkpoint import load_checkpoint, save_checkpoint
+
+    path = save_checkpoint(
+        tmp_path_factory.mktemp("atha-ckpt") / "checkpoint_00000060",
+        method="atha",
+        method_version=get("atha").version,
+        config=cfg.model_dump(),
+        step=60,
+        model_state=smoke_clip.state_dict(),
+        metrics={},
+        extra={"clip_config": smoke_clip.cfg.to_dict(), "clip_preset": "smoke", "text": "word"},
+    )
+    return load_checkpoint(path, method="atha")
+
+
+def test_predictor_answers_and_refuses_bad_episodes_with_422(checkpoint):
+    from fastapi.testclient import TestClient
+
+    from nshot.serve.bare import make_app
+
+    pred = get("atha").predictor(checkpoint)
+    good = pred.example_request()
+    ans = pred(pred.Request.model_validate(good))
+    assert len(ans.labels) == 2 and ans.epochs_run == 2 and len(ans.rates.head) == 2
+    assert ans.unknown_words == 0 and all(abs(sum(p) - 1) < 1e-4 for p in ans.probs)
+    off = pred(pred.Request.model_validate({**good, "use_atha": False}))
+    assert off.rates.head == [0.0, 0.0] and off.probs != ans.probs
+    names, sup = good["class_names"], good["support"]
+    grey = _png(np.zeros((8, 8), dtype=np.uint8), "L")
+    cases = {
+        "support": {**good, "support": []},
+        "class_names": {**good, "class_names": [names[0], names[0]]},
+        "support[1].label": {**good, "support": [sup[0], {**sup[1], "label": "moon"}]},
+        "support[0].image": {**good, "support": [{**sup[0], "image": "not png"}, sup[1]]},
+        "queries[0]": {**good, "queries": [grey]},
+        "queries[1]": {**good, "queries": [good["queries"][0], [[[1, 2, 3, 4]]]]},
+        "epochs": {**good, "epochs": 0},
+    }
+    with TestClient(make_app("atha", str(checkpoint.path))) as client:
+        for field, body in cases.items():
+            got = client.post("/atha/predict", json=body)
+            assert got.status_code == 422, (field, got.text)
+            detail = got.json()["detail"][0]
+            assert field in (detail.get("field") or "") or field in got.text, (field, got.text)
+        no_image = {**good, "class_names": [*names, "star"]}
+        got = client.post("/atha/predict", json=no_image)
+        assert got.status_code == 422 and "'star' has no image" in got.text
+        many = {**good, "support": [sup[0]] * 11 + [sup[1]]}
+        got = client.post("/atha/predict", json=many)
+        assert got.status_code == 422 and "at most 10" in got.text
+        got = client.post("/atha/predict", json={**good, "epochs": 11})
+        assert got.status_code == 422 and "max_epochs" in got.text
+        assert got.json()["detail"][0]["field"] == "epochs"
+
+
+def test_conformal_embeddings_are_the_frozen_encoders(checkpoint):
+    pred = get("atha").predictor(checkpoint)
+    req = pred.Request.model_validate(pred.example_request())
+    ep = pred.one_shot_embeddings(req)
+    assert ep.support_emb.shape == (2, 32) and ep.query_emb.shape == (2, 32)
+    assert ep.classes == req.class_names and ep.support_labels.tolist() == [0, 1]
+    np.testing.assert_allclose(np.linalg.norm(ep.query_emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_two_ray_train_workers_pretrain(ray_session, tmp_path):
+    """The pre-training on two Ray Train workers (all-gathered image features, averaged
+    gradients) writes an nshot checkpoint of the tiny CLIP with the final metrics (the fault
+    and the resume are the conformance test's, in-process)."""
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    atha = get("atha")
+    cfg = atha.config("smoke", steps=20, checkpoint_every=20, domains=["digits"])
+    res = fit("atha", cfg, scaling=Scaling(workers=2), storage=tmp_path, name="w2")
+    ckpt = load_checkpoint(res.checkpoint, method="atha")
+    assert ckpt.step == 20 and 0.0 <= ckpt.metrics["acc_1shot_avg"] <= 1.0
+    assert "acc_src_8way" in ckpt.metrics and ckpt.extra["clip_preset"] == "smoke"
+    from nshot.methods.atha.model import load_model
+
+    clip, _ = load_model(ckpt)
+    assert clip.cfg.vision_depth == 2
+
+
+def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):
+    from nshot.claims import evaluate
+    from nshot.methods.atha.config import SYSTEMS
+
+    atha = get("atha")
+    cfg = atha.config("smoke", domains=["digits", "sketch"], episodes_1shot=1)
+    table = atha.experiments(cfg, tmp_path)
+    assert list(table.rows) == list(SYSTEMS)
+    assert set(table.metrics) == {"acc_1shot_avg", "acc_1shot_digits", "acc_1shot_sketch",
+                                  "acc_5shot_avg", "acc_src_8way", "paired_gain_vs_coop_lora"}  # fmt: skip
+    assert table.rows["atha"]["acc_5shot_avg"] is not None
+    assert table.rows["coop"]["acc_5shot_avg"] is None
+    assert table.rows["coop_lora"]["paired_gain_vs_coop_lora"] == 0.0
+    unit = table.extra["unit"]
+    assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["head_tail_overlap"] == 0.0
+    assert unit["anchor_rel_error"] <= 1e-4
+    assert len(table.extra["rates_per_block"]["atha"]["head"]) == 2
+    results = table.to_json()
+    claims = evaluate(atha.claims, results)
+    assert len(claims) == 6 and all(c.get("applies") is False for c in claims)
+
+
+def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):
+    run_example("atha", ["--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "episodes (1-shot):" in out and "query 0 ->" in out
