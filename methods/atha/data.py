@@ -3,9 +3,10 @@
 Four domains, each a fixed pool of ``pool_per_class`` images per class as a cached, verified
 Parquet table (``image``: 32 × 32 × 3 uint8 bytes, ``label``):
 
-* ``textured``: the tiny CLIP's eight shapes (:func:`nshot.data.shapes.shape_alpha`), filled
-  with a random stripe, checker or noise texture at low contrast on a textured background
-  (moderate shift from the plain, saturated source images);
+* ``textured``: the tiny CLIP's eight shapes (:func:`nshot.data.shapes.shape_alpha`) in a
+  source colour pulled toward grey, filled with a random stripe, checker or noise texture, on a
+  textured background of another colour (moderate shift from the plain, saturated source
+  images);
 * ``sketch``: outlines only, dark strokes on a light background (the source's colours
   inverted), any rotation, random clutter strokes (strong shift);
 * ``digits``: scikit-learn's 8 × 8 digits upsampled to 32 × 32 (bilinear), grey replicated to
@@ -29,12 +30,12 @@ import numpy as np
 import pyarrow as pa
 
 from nshot.data.cache import cached_table
-from nshot.data.shapes import SHAPES, shape_alpha
+from nshot.data.shapes import BACKGROUNDS, COLOURS, SHAPES, shape_alpha
 from nshot.train.clip import DIGIT_NAMES
 
 DOMAINS: tuple[str, ...] = ("textured", "sketch", "digits", "mnist")
 SIDE = 32
-DATA_VERSION = "1"
+DATA_VERSION = "3"
 _DOMAIN_INDEX = {d: i for i, d in enumerate(DOMAINS)}
 
 
@@ -69,8 +70,12 @@ def _texture(rng: np.random.Generator, side: int) -> np.ndarray:
 
 
 def render_textured(n_per_class: int, seed: int, side: int = SIDE) -> dict[str, np.ndarray]:
-    """Shapes filled with a texture at low contrast on another texture."""
+    """Shapes in a colour of the source palette pulled toward a source background colour
+    (reduced contrast), filled with a texture, on that background with a fainter texture,
+    with noise."""
     rng = np.random.default_rng([seed, 101])
+    palette = np.array(list(COLOURS.values()), dtype=np.float32)
+    backgrounds = np.array(list(BACKGROUNDS.values()), dtype=np.float32)
     images, labels = [], []
     for label in range(len(SHAPES)):
         for _ in range(n_per_class):
@@ -80,11 +85,12 @@ def render_textured(n_per_class: int, seed: int, side: int = SIDE) -> dict[str, 
             alpha = shape_alpha(
                 label, side, cx=cx, cy=cy, radius=radius, angle=rng.uniform(-0.5, 0.5)
             )[..., None]
-            base = rng.uniform(60, 190, 3)
-            fg_col = np.clip(base + rng.uniform(-45, 45, 3), 0, 255)
-            contrast = rng.uniform(0.25, 0.5)
-            fg = fg_col * (1 - contrast / 2 + contrast * _texture(rng, side)[..., None])
-            bg = base * (1 - contrast / 2 + contrast * _texture(rng, side)[..., None])
+            bg_col = backgrounds[rng.integers(len(backgrounds))]
+            mix = rng.uniform(0.5, 0.8)  # toward the background: reduced contrast
+            fg_col = mix * palette[rng.integers(len(palette))] + (1 - mix) * bg_col
+            depth = rng.uniform(0.3, 0.6)  # texture amplitude
+            fg = fg_col * (1 - depth / 2 + depth * _texture(rng, side)[..., None])
+            bg = bg_col * (1 - depth / 4 + depth / 2 * _texture(rng, side)[..., None])
             img = bg * (1 - alpha) + fg * alpha + rng.normal(0, 8.0, (side, side, 3))
             images.append(np.clip(np.rint(img), 0, 255).astype(np.uint8))
             labels.append(label)
