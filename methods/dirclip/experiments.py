@@ -1,0 +1,211 @@
+"""`nshot reproduce dirclip`: UCAT against TeCoA, FARE, its ablations and the original CLIP.
+
+One Ray task per (system, seed): every trained row starts from the same pre-trained tiny CLIP,
+with the same data order and attack seeds, trains ``steps`` steps and keeps the tower the
+validation split selects; then all metrics of :mod:`.evaluation` on the test digits, the
+rolled digits and MNIST pooled to 8 × 8. APGD-CE runs on ``apgd_images`` test images per seed,
+a different slice for each seed. The λ sweep (UCAT at tau ∈ ``sweep_taus``, ``sweep_seeds``
+seeds) reports clean and PGD accuracy on the test digits; the sweep point at the config's tau
+is the ``ucat`` row itself.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nshot.experiment import Job, aggregate, run_jobs
+from nshot.method import ResultsTable
+
+from .config import PAPER_TAU, DirclipConfig
+from .data import load_splits
+from .dirichlet import alpha_train, dirichlet_kl, lambda_of
+from .evaluation import evaluate_model
+from .model import SCALE, base_clip, build_model
+from .train import fit_model
+
+# system -> config overrides (None: the original CLIP, not trained)
+SYSTEMS: dict[str, dict[str, Any] | None] = {
+    "clip": None,
+    "tecoa": {"loss": "tecoa"},
+    "fare": {"loss": "fare"},
+    "ucat": {"loss": "ucat"},
+    "ucat_forward_kl": {"loss": "forward_kl"},
+    "prob_kl": {"loss": "prob_kl"},
+    "ucat_lambda0": {"loss": "ucat", "tau": 0.0},
+}
+METRICS = {
+    "clean": True,
+    "pgd": True,
+    "apgd": True,
+    "h": True,
+    "ece_clean": False,
+    "ece_adv": False,
+    "ent_ratio": True,
+    "clean_rolled": True,
+    "pgd_rolled": True,
+    "clean_mnist8": True,
+}
+UNCERTAINTY = ("au", "eu", "eu_code", "pu", "au_adv", "eu_adv", "eu_code_adv", "pu_adv",
+               "ent_wrong_clean", "ent_wrong_adv", "pgd_on_apgd_images")  # fmt: skip
+
+
+def unit_guards(cfg: DirclipConfig, model, fresh) -> dict[str, float]:
+    """After training: the largest absolute change of g₀'s parameters and of the text features
+    against a freshly built model, and KL(Dir(α(g₀)) ‖ Dir(α(g₀))) on the test digits."""
+    diffs = [0.0]
+    new, ref = model.state_dict(), fresh.state_dict()
+    for k, v in ref.items():
+        if k.startswith(("orig.", "clip.text.")) or k == "text_features":
+            diffs.append(float((new[k] - v).abs().max()))
+    x = torch.from_numpy(load_splits(cfg).x_test)
+    with torch.no_grad():
+        a = alpha_train(model.logits(x, original=True), SCALE, cfg.tau_prime)
+        kl = dirichlet_kl(a, a)
+    return {"frozen_max_abs_diff": max(diffs), "kl_self": float(kl.abs().max())}
+
+
+def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bool) -> dict:
+    torch.set_num_threads(1)
+    t0 = time.time()
+    over = SYSTEMS.get(system) or {}
+    if sweep:
+        over = {"loss": "ucat", "tau": float(system.split("=", 1)[1])}
+    cfg = DirclipConfig.validated({**cfg_dict, **over, "seed": seed})
+    splits = load_splits(cfg)
+    base = base_clip(cfg)
+    torch.manual_seed(seed)
+    model = build_model(cfg, base)
+    selected: dict[str, Any] = {}
+    if system != "clip":
+        model, best = fit_model(cfg, splits, model)
+        selected = {k: v for k, v in best.items() if k != "state"}
+    metrics = evaluate_model(model, splits, cfg, seed, shifts=not sweep, apgd=not sweep,
+                             apgd_offset=index * cfg.apgd_images)  # fmt: skip
+    extra: dict[str, Any] = {"selected": selected}
+    if system == "ucat" and index == 0:
+        extra["unit"] = unit_guards(cfg, model, build_model(cfg, base))
+    return {"metrics": metrics, "extra": extra, "seconds": time.time() - t0}
+
+
+def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
+    from nshot.train.clip import ensure_clip
+    from nshot.train.runner import ensure_ray
+
+    t0 = time.time()
+    workdir.mkdir(parents=True, exist_ok=True)
+    ensure_clip(cfg.clip_preset, text=cfg.clip_text, seed=cfg.clip_seed)  # once, before tasks
+    load_splits(cfg)  # builds the cached MNIST table once
+    ensure_ray()
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    sweep_seeds = [cfg.seed + i for i in range(min(cfg.sweep_seeds, cfg.seeds))]
+    sweep = [t for t in dict.fromkeys(cfg.sweep_taus) if t != cfg.tau]
+    jobs = []
+    for system in [s for s in SYSTEMS if s != "clip"] + ["clip"]:  # trained first
+        for i, seed in enumerate(seeds):
+            jobs.append(Job((system, seed), _job,
+                            (cfg.model_dump(), system, seed, i, False)))  # fmt: skip
+    for tau in sweep:
+        for i, seed in enumerate(sweep_seeds):
+            key = f"tau={tau:g}"
+            jobs.append(Job((key, seed), _job, (cfg.model_dump(), key, seed, i, True)))
+    done = run_jobs(jobs, description="dirclip")
+    per = {(s, seed): done[(s, seed)]["metrics"] for s in SYSTEMS for seed in seeds}
+    rows, stds, samples = aggregate(per)
+    lam0 = lambda_of(PAPER_TAU, cfg.tau_prime)
+    sweep_rows = {}
+    for tau in sorted(set(cfg.sweep_taus)):
+        vals = [
+            done[("ucat", s)]["metrics"] if tau == cfg.tau else done[(f"tau={tau:g}", s)]["metrics"]
+            for s in sweep_seeds
+        ]
+        sweep_rows[f"{tau:g}"] = {
+            "tau": tau,
+            "lambda": lambda_of(tau, cfg.tau_prime),
+            "lambda_over_lambda0": lambda_of(tau, cfg.tau_prime) / lam0,
+            "clean": float(np.mean([v["clean"] for v in vals])) if vals else None,
+            "pgd": float(np.mean([v["pgd"] for v in vals])) if vals else None,
+            "seeds": len(vals),
+        }
+    unc = {
+        s: {k: _mean([done[(s, seed)]["metrics"].get(k) for seed in seeds]) for k in UNCERTAINTY}
+        for s in SYSTEMS
+    }
+    unit = next((r["extra"]["unit"] for r in done.values() if "unit" in r["extra"]), {})
+    extra: dict[str, Any] = {
+        "unit": unit,
+        "lambda": cfg.lam,
+        "lambda0": lam0,
+        "lambda_sweep": sweep_rows,
+        "uncertainty": unc,
+        "selected_step": {
+            s: [done[(s, seed)]["extra"]["selected"].get("step") for seed in seeds]
+            for s in SYSTEMS
+            if s != "clip"
+        },  # fmt: skip
+        "job_seconds": {"/".join(map(str, k)): round(v["seconds"], 1) for k, v in done.items()},
+    }
+    plot(rows, stds, sweep_rows, workdir / "dirclip.png")
+    return ResultsTable(
+        method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0, notes=_notes(cfg, lam0),
+        extra=extra,
+    )  # fmt: skip
+
+
+def _mean(vals) -> float | None:
+    v = [float(x) for x in vals if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def _notes(cfg: DirclipConfig, lam0: float) -> list[str]:
+    return [
+        f"tiny CLIP '{cfg.clip_preset}' ({cfg.clip_text} text tower) fine-tuned on "
+        f"{1200 - cfg.val_images} digits ({cfg.val_images} held out for selection), "
+        f"{cfg.steps} steps of {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}; train attack "
+        f"PGD-{cfg.train_attack_steps} (step {cfg.train_attack_step:g}), ε = {cfg.eps:g}.",
+        f"λ = tau / exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}, τ' {cfg.tau_prime:g}; "
+        f"λ₀ = {lam0:.3g} at the paper's tau 1e5); ucat_lambda0: tau 0.",
+        f"pgd: PGD-{cfg.pgd_steps} (step ε/4) on the 597 test digits; apgd: APGD-CE "
+        f"{cfg.apgd_steps} on {cfg.apgd_images} test digits per seed (a different slice per "
+        "seed); mean over seeds (± std over seeds).",
+        f"clean_mnist8: {cfg.mnist_images} MNIST images pooled to 8×8 (far shift, reported).",
+    ]
+
+
+def plot(rows, stds, sweep_rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    systems = list(rows)
+    for ax, metrics in zip(axes[:2], (("clean", "pgd", "apgd"), ("ece_clean", "ece_adv")),
+                           strict=True):  # fmt: skip
+        w = 0.8 / len(metrics)
+        for j, m in enumerate(metrics):
+            vals = [rows[s].get(m) or 0.0 for s in systems]
+            errs = [stds.get(s, {}).get(m) or 0.0 for s in systems]
+            ax.bar(np.arange(len(systems)) + j * w, vals, w, yerr=errs, label=m)
+        ax.set_xticks(np.arange(len(systems)) + 0.4 - w / 2, systems, rotation=40, ha="right")
+        ax.legend(fontsize=8)
+    axes[0].set_title("accuracy (clean, PGD, APGD-CE)")
+    axes[1].set_title("ECE (15 bins)")
+    ax = axes[2]
+    pts = [
+        (v["lambda_over_lambda0"], v["pgd"]) for v in sweep_rows.values() if v["pgd"] is not None
+    ]
+    if pts:
+        xs, ys = zip(*sorted(pts), strict=True)
+        ax.semilogx([max(x, 1e-3) for x in xs], ys, "o-")
+    ax.set_xlabel("λ / λ₀")
+    ax.set_ylabel("PGD accuracy")
+    ax.set_title("λ sweep (UCAT)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
