@@ -196,10 +196,19 @@ def _load_bert() -> tuple[nn.Module, Any]:
             from transformers import AutoTokenizer, BertModel
     except ImportError:
         raise MissingExtraError("transformers is needed for the MiniLM text tower") from None
+    from transformers.utils import logging as hf_logging
+
     path = str(minilm_model_path())
-    with hf_offline():
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        bert = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the checkpoint's unused pooler is expected
+    hf_logging.disable_progress_bar()
+    try:
+        with hf_offline():
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            bert = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
     bert.eval()
     for p in bert.parameters():
         p.requires_grad_(False)
