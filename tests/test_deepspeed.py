@@ -12,12 +12,14 @@ from nshot.train.deepspeed import DeepSpeedOptions, build_engine, ds_config, mem
 
 
 def test_zero_stages_agree_on_two_ray_workers(ray_session, tmp_path):
+    """ZeRO-0 and ZeRO-3 on two Ray Train workers train the same global batches to the same
+    losses and weights (ZeRO-2 is compared with both in one process, below)."""
     from transformers import AutoModelForCausalLM
 
     from nshot.train.tinylm import pretrain
 
     losses = {}
-    for stage in (0, 2, 3):
+    for stage in (0, 3):
         res = pretrain("smoke", out=tmp_path / f"z{stage}", workers=2, zero_stage=stage, steps=4)
         meta = json.loads((res.path / "nshot.json").read_text())
         assert meta["world_size"] == 2 and meta["zero_stage"] == stage
@@ -25,10 +27,9 @@ def test_zero_stages_agree_on_two_ray_workers(ray_session, tmp_path):
         assert len(res.losses) == 4
     # the loss changes over the steps (training happens) ...
     assert abs(losses[0][-1] - losses[0][0]) > 1e-3
-    # ... identically under every stage (same seed, same data, same global batch)
-    for stage in (2, 3):
-        diff = max(abs(a - b) for a, b in zip(losses[0], losses[stage], strict=True))
-        assert diff < 1e-3, (stage, losses[0], losses[stage])
+    # ... identically under both stages (same seed, same data, same global batch)
+    diff = max(abs(a - b) for a, b in zip(losses[0], losses[3], strict=True))
+    assert diff < 1e-3, (losses[0], losses[3])
 
     # a ZeRO-3 checkpoint (gathered from both workers' shards) loads into plain transformers
     # and gives the logits the engine gave
@@ -129,10 +130,12 @@ def test_fp32_zero3_keeps_one_copy_of_each_weight_and_trains_like_zero0():
         return losses, full_state_dict(engine), memory_report(engine)
 
     l0, w0, _ = run(0)
+    l2, w2, _ = run(2)
     l3, w3, mem3 = run(3)
     assert l0[-1] < l0[0] - 1e-3
-    assert max(abs(a - b) for a, b in zip(l0, l3, strict=True)) < 1e-6, (l0, l3)
-    assert max((w0[k] - w3[k]).abs().max().item() for k in w0) < 1e-6
+    for lk, wk in ((l2, w2), (l3, w3)):  # ZeRO-2 and ZeRO-3 train exactly like ZeRO-0
+        assert max(abs(a - b) for a, b in zip(l0, lk, strict=True)) < 1e-6, (l0, lk)
+        assert max((w0[k] - wk[k]).abs().max().item() for k in w0) < 1e-6
     n = sum(t.numel() for t in w0.values())
     assert mem3["master"] == 0 and mem3["params"] == n * 4
     assert mem3["optimizer"] >= 2 * n * 4
