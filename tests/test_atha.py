@@ -225,13 +225,25 @@ def test_predictor_answers_and_refuses_bad_episodes_with_422(checkpoint):
         assert got.json()["detail"][0]["field"] == "epochs"
 
 
-def test_conformal_embeddings_are_the_frozen_encoders(checkpoint):
-    pred = get("atha").predictor(checkpoint)
-    req = pred.Request.model_validate(pred.example_request())
-    ep = pred.one_shot_embeddings(req)
-    assert ep.support_emb.shape == (2, 32) and ep.query_emb.shape == (2, 32)
-    assert ep.classes == req.class_names and ep.support_labels.tolist() == [0, 1]
+def test_conformal_sets_wrap_the_predictor(checkpoint):
+    """`nshot serve atha --conformal caos`: the frozen encoder's unit image features give CAOS
+    prediction sets over the request's class names; labels and probs stay the adapted
+    model's."""
+    from nshot.serve.conformal import ConformalPredictor
+
+    inner = get("atha").predictor(checkpoint)
+    body = inner.example_request()
+    sup = body["support"]
+    body = {**body, "support": sup + sup}  # two shots per class: k + 1 = 2 support rows
+    req = inner.Request.model_validate(body)
+    ep = inner.one_shot_embeddings(req)
+    assert ep.support_emb.shape == (4, 32) and ep.query_emb.shape == (2, 32)
+    assert ep.classes == req.class_names and ep.support_labels.tolist() == [0, 1, 0, 1]
     np.testing.assert_allclose(np.linalg.norm(ep.query_emb, axis=1), 1.0, atol=1e-5)
+    wrapped = ConformalPredictor(inner, alpha=0.4)
+    answer = wrapped(wrapped.Request.model_validate(body))
+    assert len(answer.sets) == 2 and all(set(s) <= set(req.class_names) for s in answer.sets)
+    assert answer.probs == inner(req).probs
 
 
 def test_two_ray_train_workers_pretrain(ray_session, tmp_path):
@@ -257,11 +269,16 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_p
     from nshot.methods.atha.config import SYSTEMS
 
     atha = get("atha")
-    cfg = atha.config("smoke", domains=["digits", "sketch"], episodes_1shot=1)
+    cfg = atha.config("smoke", domains=["sketch"], episodes_1shot=1)
     table = atha.experiments(cfg, tmp_path)
     assert list(table.rows) == list(SYSTEMS)
-    assert set(table.metrics) == {"acc_1shot_avg", "acc_1shot_digits", "acc_1shot_sketch",
-                                  "acc_5shot_avg", "acc_src_8way", "paired_gain_vs_coop_lora"}  # fmt: skip
+    assert set(table.metrics) == {
+        "acc_1shot_avg",
+        "acc_1shot_sketch",
+        "acc_5shot_avg",
+        "acc_src_8way",
+        "paired_gain_vs_coop_lora",
+    }
     assert table.rows["atha"]["acc_5shot_avg"] is not None
     assert table.rows["coop"]["acc_5shot_avg"] is None
     assert table.rows["coop_lora"]["paired_gain_vs_coop_lora"] == 0.0

@@ -100,6 +100,10 @@ def train_loop(cfg: AthaConfig) -> None:
     work = _work_dir(cfg)
     if restored is None and ctx.rank == 0:
         shutil.rmtree(work, ignore_errors=True)  # a fresh run starts from scratch
+    if ctx.world_size > 1:  # no rank reads the work folder before it is cleared
+        import torch.distributed as dist
+
+        dist.barrier()
     start = restored.step if restored else 0
     extra = {
         "clip_config": clip_config(cfg.clip_preset, cfg.text).to_dict(),
@@ -134,7 +138,7 @@ def train_loop(cfg: AthaConfig) -> None:
             model=state,
             extra=extra,
             checkpoint=True,
-            samples=(end - step) * 1,
+            samples=end - step,
         )
         print(f"[nshot atha] pre-training steps {step}-{end}: {time.time() - t0:.0f}s", flush=True)
         step = end
