@@ -9,6 +9,9 @@ import pytest
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Ray Train's controller polls its workers every 2 s by default: each of the suite's many short
+# trainer runs waits up to one interval to see its workers start and another to see them finish
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
 @pytest.fixture(scope="session", autouse=True)
