@@ -146,8 +146,8 @@ class AthaConfig(MethodConfig):
             "episodes_5shot": 1, "queries": 3, "pool_per_class": 16, "eval_episodes": 1,
             "episodes_per_job": 2,
         },
-        # the plan's 30 / 30 episodes per domain, trimmed to 20 / 15: an episode step costs
-        # ~80 ms of CPU (MiniLM's BERT runs the prompts for CoOp + LoRA), not the 33 ms planned
+        # 30 / 30 episodes per domain trimmed to 20 / 15: an episode step costs ~80 ms of CPU
+        # (MiniLM's BERT runs the prompts for CoOp + LoRA), not the 33 ms first estimated
         "small": {"steps": 1500, "checkpoint_every": 300, "log_every": 25,
                   "episodes_1shot": 20, "episodes_5shot": 15},
         "paper": {
