@@ -32,8 +32,9 @@ Presets (:data:`PRESETS`):
 * ``digits-smoke``: the digits source with 1-block towers of width 16, 250 steps of 64; about
   5 seconds, for the dirclip method's tests (zero-shot about 0.3 on the test digits).
 
-Text towers: ``"word"`` (no extra dependency) and ``"minilm"`` (frozen MiniLM + projection, ``nshot[tail-text]``);
-:data:`DEFAULT_TEXT` is the one that measured better (see :data:`TEXT_TOWER_MEASUREMENT`).
+Text towers: ``"word"`` (no extra dependency) and ``"minilm"`` (frozen MiniLM + projection,
+``nshot[tail-text]``); :data:`DEFAULT_TEXT` is the one that measured better (see
+:data:`TEXT_TOWER_MEASUREMENT`).
 
 Measured (``small``, seed 0, 1,500 steps, one thread, on a 2-core machine shared with other
 work): zero-shot 8-way shape accuracy on source-style images (``acc_src_8way``, the atha method's
