@@ -245,10 +245,10 @@ def test_trains_on_two_ray_train_workers(trained):
     from nshot.train import Scaling, fit, load_checkpoint
 
     storage, cfg, _ = trained
-    res = fit("dirclip", cfg.replace(steps=10, checkpoint_every=10, val_every=10),
+    res = fit("dirclip", cfg.replace(steps=6, checkpoint_every=6, val_every=6),
               scaling=Scaling(workers=2), storage=storage, name="two")  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="dirclip")
-    assert ckpt.step == 10 and 0.0 <= ckpt.metrics["adv_acc"] <= 1.0
+    assert ckpt.step == 6 and 0.0 <= ckpt.metrics["adv_acc"] <= 1.0
     pred = get("dirclip").predictor(ckpt)
     answer = pred(pred.Request.model_validate(pred.example_request()))
     assert len(answer.predictions) == 2
@@ -262,7 +262,7 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained):
 
     _, _, res = trained
     _, _, x_test, _ = __import__("nshot.train.clip", fromlist=["digits_split"]).digits_split(0)
-    imgs = [np.round(x_test[i].reshape(-1) * 255) / 255 for i in range(3)]
+    imgs = [np.round(x_test[i].reshape(-1).astype(np.float64) * 255) / 255 for i in range(3)]
     good = {"images": [im.tolist() for im in imgs], "class_names": ["zero", "one", "two"]}
     with TestClient(make_app("dirclip", str(res.checkpoint))) as client:
         ok = client.post("/dirclip/predict", json=good)
@@ -345,7 +345,7 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, nshot
     assert (tmp_path / "dirclip.png").is_file()
     results = table.to_json()
     sweep = results["extra"]["lambda_sweep"]
-    assert set(sweep) == {"100000", "1e+09"} and sweep["100000"]["lambda_over_lambda0"] == 1
+    assert set(sweep) == {"100000"} and sweep["100000"]["lambda_over_lambda0"] == 1
     assert table.rows["ucat_lambda0"]["pgd"] == table.rows["tecoa"]["pgd"]
     claims = {c["id"]: c for c in evaluate(dirclip.claims, results)}
     assert claims["frozen_parts_unchanged"]["holds"] is True

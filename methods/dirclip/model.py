@@ -109,6 +109,28 @@ def model_record(model: DirClip) -> dict[str, Any]:
             "template": model.template}  # fmt: skip
 
 
+#: what a CLIP recorded in a dirclip checkpoint may be (every preset is far inside): a model is
+#: built from these sizes before its weights are read, so a crafted record cannot ask for more
+CLIP_BOUNDS = {
+    "img_size": (1, 64), "patch": (1, 16), "in_chans": (1, 4), "vision_width": (1, 1024),
+    "vision_depth": (1, 48), "vision_heads": (1, 64), "context": (3, 256),
+    "text_width": (1, 1024), "text_depth": (1, 48), "text_heads": (1, 64),
+    "text_hidden": (0, 4096), "embed_dim": (1, 2048),
+}  # fmt: skip
+
+
+def _check_size(clip_cfg: CLIPConfig, rec: dict[str, Any], path: Any) -> None:
+    for name, (lo, hi) in CLIP_BOUNDS.items():
+        v = getattr(clip_cfg, name)
+        if not lo <= v <= hi:
+            raise NshotError(f"{path}: CLIP field {name} = {v} is outside [{lo}, {hi}]")
+    names = rec.get("class_names")
+    if len(clip_cfg.vocab) > 100_000 or not isinstance(names, list) or not 2 <= len(names) <= 1000:
+        raise NshotError(f"{path}: the CLIP vocabulary or the class names are out of range")
+    if not isinstance(rec.get("template"), str) or "{}" not in rec["template"]:
+        raise NshotError(f"{path}: the model record's template has no '{{}}'")
+
+
 def load_model(checkpoint: LoadedCheckpoint) -> tuple[DirClip, DirclipConfig, dict[str, Any]]:
     """The fine-tuned model of a dirclip checkpoint (the validation-selected weights), its
     config and its ``extra`` record, in eval mode."""
@@ -121,6 +143,7 @@ def load_model(checkpoint: LoadedCheckpoint) -> tuple[DirClip, DirclipConfig, di
         clip_cfg = CLIPConfig.from_dict(rec["clip"])
     except Exception as err:  # noqa: BLE001 - a bad record is a bad checkpoint
         raise NshotError(f"{checkpoint.path}: bad CLIP config ({err})") from None
+    _check_size(clip_cfg, rec, checkpoint.path)
     model = DirClip(TinyCLIP(clip_cfg), rec["class_names"], rec["template"])
     state = dict(checkpoint.weights())
     best = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}

@@ -82,8 +82,7 @@ def encode_png(pixels: list[float]) -> str:
 
 
 def _round(v: float | torch.Tensor) -> float:
-    """Six significant digits: answers do not depend on which images share a forward pass
-    (a batched matrix product may differ from a single one in the last bits)."""
+    """Six significant digits (the float64 tower's last bits may still depend on the batch)."""
     return float(f"{float(v):.6g}")
 
 
@@ -175,6 +174,11 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
 
     def __init__(self, model: DirClip, cfg, extra: dict[str, Any]) -> None:
         self.model = model.eval()
+        # the image tower in float64: an image's answer does not depend on which images share
+        # its forward pass (float32 matrix products differ in the last bits between batch sizes,
+        # and the logits' scale of 100 amplifies them)
+        model.clip.visual.double()
+        model.clip.visual_proj.data = model.clip.visual_proj.data.double()
         self.cfg = cfg
         self.extra = extra
         self._text: dict[tuple[tuple[str, ...], str], torch.Tensor] = {}
@@ -215,12 +219,12 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
 
     @torch.no_grad()
     def _features(self, pixels: list[list[float]]) -> torch.Tensor:
-        x = torch.tensor(pixels, dtype=torch.float32).view(-1, 1, SIDE, SIDE)
+        x = torch.tensor(pixels, dtype=torch.float64).view(-1, 1, SIDE, SIDE)
         return torch.nn.functional.normalize(self.model.features(x), dim=-1)
 
     def _answer(self, request: DirclipRequest, feats: torch.Tensor) -> DirclipResponse:
         names = request.class_names
-        logits = SCALE * feats @ self._text_features(names, request.template).T
+        logits = SCALE * feats @ self._text_features(names, request.template).double().T
         probs = logits.softmax(-1)
         u = uncertainty(logits) if request.return_uncertainty else None
         preds = []
