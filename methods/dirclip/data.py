@@ -75,7 +75,7 @@ def load_splits(cfg: DirclipConfig, seed: int | None = None) -> Splits:
     return Splits(
         x_train=x_tr[train], y_train=y_tr[train], x_val=x_tr[val], y_val=y_tr[val],
         x_test=x_te, y_test=y_te, x_rolled=np.roll(x_te, 1, axis=-1),
-        x_mnist8=np.ascontiguousarray(xm), y_mnist8=ym,
+        x_mnist8=np.array(xm, dtype=np.float32), y_mnist8=np.array(ym),
     )  # fmt: skip
 
 

@@ -81,9 +81,21 @@ def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bo
     torch.manual_seed(seed)
     model = build_model(cfg, base)
     selected: dict[str, Any] = {}
+    curve: list[dict[str, float]] = []  # validation and loss terms along training
+    window: list[dict[str, float]] = []
+
+    def on_step(step: int, stats: dict[str, float], best: dict) -> None:
+        window.append(stats)
+        if "val_h" in stats:
+            mean = {k: float(np.mean([w[k] for w in window])) for k in ("ce", "lam_kl", "adv_acc")}
+            curve.append({"step": step, **mean,
+                          **{k: stats[k] for k in ("val_clean", "val_pgd", "val_h")}})  # fmt: skip
+            window.clear()
+
     if system != "clip":
-        model, best = fit_model(cfg, splits, model)
+        model, best = fit_model(cfg, splits, model, on_step=on_step)
         selected = {k: v for k, v in best.items() if k != "state"}
+        selected["curve"] = curve
     metrics = evaluate_model(model, splits, cfg, seed, shifts=not sweep, apgd=not sweep,
                              apgd_offset=index * cfg.apgd_images)  # fmt: skip
     extra: dict[str, Any] = {"selected": selected}
@@ -147,6 +159,11 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
             for s in SYSTEMS
             if s != "clip"
         },  # fmt: skip
+        # per validation point (every val_every steps): the window's mean CE, λ·KL and
+        # adversarial batch accuracy, and the validation clean / PGD accuracy (first seed)
+        "training_curve": {
+            s: done[(s, seeds[0])]["extra"]["selected"].get("curve") for s in SYSTEMS if s != "clip"
+        },
         "job_seconds": {"/".join(map(str, k)): round(v["seconds"], 1) for k, v in done.items()},
     }
     plot(rows, stds, sweep_rows, workdir / "dirclip.png")
