@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
-from nshot.tune.space import Float, Int, TuneSpec
+from nshot.tune.space import Float, TuneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -115,11 +115,10 @@ class AthaConfig(MethodConfig):
             "minus_ratio": Float(0.05, 0.4),
             "rho_plus_init": Float(0.0, 1.5),
             "lr_lora": Float(1e-4, 3e-3, log=True),
-            "txtlayer": Int(0, 5),
         },
         metric="acc_1shot_avg",
         mode="max",
-        curve=("loss",),
+        curve=("acc_1shot_avg", "loss"),
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
         "eval_episodes",

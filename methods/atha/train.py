@@ -132,6 +132,8 @@ def train_loop(cfg: AthaConfig) -> None:
             state = load_file(str(folder / "model.safetensors"))
             if end == cfg.steps:
                 metrics.update(_final_metrics(extra["clip_config"], state, cfg))
+            elif session.run_info().tune is not None:  # a Tune trial: the objective each time
+                metrics.update(_episode_metrics(extra["clip_config"], state, cfg))
         session.report(
             metrics,
             step=end,
@@ -157,6 +159,16 @@ def _final_metrics(
     out = {"acc_src_8way": float(zero_shot_report(clip, cfg.clip_preset, cfg.seed)["acc_src_8way"])}
     out.update(episode_accuracy(Backbone(clip), cfg, ["atha"]))
     return out
+
+
+def _episode_metrics(
+    clip_cfg: dict[str, Any], state: dict[str, torch.Tensor], cfg: AthaConfig
+) -> dict[str, float]:
+    """ATHA's 1-shot accuracy on ``eval_episodes`` episodes per domain of the CLIP so far
+    (reported at every checkpoint of a Tune trial: its objective and learning curve)."""
+    from .model import clip_from_state
+
+    return episode_accuracy(Backbone(clip_from_state(clip_cfg, state)), cfg, ["atha"])
 
 
 # --------------------------------------------------------------------------------------------
