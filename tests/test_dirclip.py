@@ -1,4 +1,4 @@
-"""dirclip (UCAT): the plan's guards (Dirichlet KL, α, attacks, ECE, frozen parts), config
+"""dirclip (UCAT): the guards (Dirichlet KL, α, attacks, ECE, frozen parts), config
 errors naming the field, train → resume → evaluate, two Ray Train workers, the predictor's
 422s over HTTP, conformal sets, experiments on smoke and the example."""
 
