@@ -1,0 +1,226 @@
+"""Generated RGB + organised-xyz images of objects with and without defects.
+
+No 3-D anomaly benchmark ships in any package (MVTec 3D-AD and Eyecandies are downloads), so the
+default data are generated, following the benchmark's layout: per class, normal training images
+(the pool the k shots are drawn from) and normal plus anomalous test images with pixel masks.
+
+Height-field objects (``generator="heightfield"``), seen from straight above:
+
+* four classes: a Gaussian bump, a half-cylinder, a saddle and a ring ridge, each with a random
+  pose per image (shift ±10 %, rotation, scale ±10 %);
+* xyz: x, y are the pixel's normalised coordinates in (0, 1), z the surface height plus
+  N(0, 0.002²); background pixels are exactly (0, 0, 0), the invalid-point convention of
+  MVTec 3D-AD;
+* RGB: Lambertian shading from the surface normal times a stripe texture whose orientation,
+  frequency (3–8 cycles across the object) and colour pair (from a three-colour class palette)
+  are random per image. Geometry does not determine colour: the one-to-many ambiguity between
+  3-D and RGB features that CFR addresses (paper §1);
+* anomalies inside the object, balanced over three types: geometric (a dent or bump of depth
+  ±0.05 and radius 3–6 % of the image: changes xyz and shading), colour (a stain of an
+  off-palette colour: RGB only) and both at once, each with its pixel mask.
+
+Every image comes from its own generator seeded by (data_seed, class, split, index), so a table
+is the same whatever order it is built in; it is cached as verified Parquet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from nshot.data.cache import cached_table
+
+from .config import CLASSES, CfrConfig
+
+DATA_VERSION = "1"
+DEFECTS = ("good", "geometric", "colour", "both")
+BACKGROUND_GREY = 0.45
+LIGHT = np.array([0.35, 0.25, 0.90]) / np.linalg.norm([0.35, 0.25, 0.90])
+
+# three colours per class (RGB in [0, 1]); stains use colours far from every palette
+PALETTES = {
+    "bump": ((0.85, 0.75, 0.55), (0.60, 0.45, 0.30), (0.80, 0.60, 0.40)),
+    "cylinder": ((0.55, 0.65, 0.80), (0.35, 0.45, 0.65), (0.70, 0.75, 0.85)),
+    "saddle": ((0.60, 0.75, 0.55), (0.40, 0.55, 0.35), (0.75, 0.80, 0.60)),
+    "ring": ((0.80, 0.55, 0.60), (0.60, 0.35, 0.45), (0.85, 0.70, 0.70)),
+}
+STAINS = ((0.10, 0.10, 0.10), (0.95, 0.10, 0.80), (0.10, 0.85, 0.90), (0.95, 0.95, 0.10))
+
+
+@dataclass(frozen=True)
+class Sample:
+    rgb: np.ndarray  # H × W × 3 uint8
+    xyz: np.ndarray  # H × W × 3 float32, zeros off the object
+    mask: np.ndarray  # H × W bool, the defect
+    defect: str
+
+
+def _height(cls: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Height and footprint of class ``cls`` in object coordinates (a, b)."""
+    r = np.hypot(a, b)
+    if cls == "bump":
+        return 0.30 * np.exp(-(r**2) / (2 * 0.30**2)), r < 0.75
+    if cls == "cylinder":
+        inside = (np.abs(a) < 0.75) & (np.abs(b) < 0.45)
+        return 0.30 * np.sqrt(np.clip(1 - (b / 0.45) ** 2, 0, None)), inside
+    if cls == "saddle":
+        return 0.20 + 0.25 * (a**2 - b**2), r < 0.72
+    if cls == "ring":
+        return 0.05 + 0.25 * np.exp(-((r - 0.45) ** 2) / (2 * 0.12**2)), r < 0.75
+    raise ValueError(f"unknown class {cls!r}")
+
+
+def _normals(z: np.ndarray, step: float) -> np.ndarray:
+    gy, gx = np.gradient(z, step)
+    n = np.stack([-gx, -gy, np.ones_like(z)], axis=-1)
+    return n / np.linalg.norm(n, axis=-1, keepdims=True)
+
+
+def heightfield_sample(cls: str, grid: int, defect: str, rng: np.random.Generator) -> Sample:
+    """One image of class ``cls`` with the given defect type (``"good"``: none)."""
+    if defect not in DEFECTS:
+        raise ValueError(f"unknown defect {defect!r}")
+    coords = (np.arange(grid) + 0.5) / grid  # pixel centres in (0, 1)
+    px, py = np.meshgrid(coords, coords)  # x along columns, y along rows
+    u, v = 2 * px - 1, 2 * py - 1
+    shift = rng.uniform(-0.1, 0.1, 2)
+    rot = rng.uniform(0, 2 * np.pi)
+    scale = rng.uniform(0.9, 1.1)
+    c, s = np.cos(rot), np.sin(rot)
+    du, dv = u - shift[0], v - shift[1]
+    a, b = (c * du + s * dv) / scale, (-s * du + c * dv) / scale
+    h, inside = _height(cls, a, b)
+    h = np.where(inside, h, 0.0)
+
+    mask = np.zeros((grid, grid), bool)
+    stain = None
+    if defect != "good":
+        ii, jj = np.nonzero(inside)
+        # a centre well inside the object: its pixel has an interior neighbourhood
+        for _ in range(100):
+            k = rng.integers(len(ii))
+            rad = rng.uniform(0.03, 0.06) * 2  # 3–6 % of the image side, in (u, v) units
+            d = np.hypot(u - u[ii[k], jj[k]], v - v[ii[k], jj[k]])
+            disc = (d < rad) & inside
+            if disc.sum() >= max(3, 0.6 * (d < rad).sum()):
+                break
+        mask = disc
+        if defect in ("geometric", "both"):
+            depth = rng.uniform(0.03, 0.05) * rng.choice([-1.0, 1.0])
+            h = h + np.where(disc, depth * (1 - (d / rad) ** 2), 0.0)
+        if defect in ("colour", "both"):
+            stain = np.asarray(STAINS[rng.integers(len(STAINS))])
+
+    z = h + rng.normal(0, 0.002, h.shape)
+    xyz = np.where(inside[..., None], np.stack([px, py, z], axis=-1), 0.0).astype(np.float32)
+
+    # texture: stripes in object coordinates, random orientation, frequency and colour pair
+    pal = np.asarray(PALETTES[cls])
+    i1, i2 = rng.choice(3, size=2, replace=False)
+    phi = rng.uniform(0, np.pi)
+    freq = rng.uniform(3, 8) / 1.5  # cycles across the object's ~1.5-unit width
+    t = 0.5 + 0.5 * np.sin(
+        2 * np.pi * freq * (a * np.cos(phi) + b * np.sin(phi)) + rng.uniform(0, 6.3)
+    )
+    colour = pal[i1] * t[..., None] + pal[i2] * (1 - t[..., None])
+    if stain is not None:
+        colour = np.where(mask[..., None], stain, colour)
+    shade = 0.25 + 0.75 * np.clip(_normals(h, 2.0 / grid) @ LIGHT, 0, None)
+    obj = colour * shade[..., None]
+    bg = BACKGROUND_GREY + rng.normal(0, 0.02, (grid, grid, 1))
+    img = np.where(inside[..., None], obj, bg) + rng.normal(0, 0.01, (grid, grid, 3))
+    rgb = np.clip(np.round(img * 255), 0, 255).astype(np.uint8)
+    return Sample(rgb=rgb, xyz=xyz, mask=mask, defect=defect)
+
+
+def _rows(cfg: CfrConfig, cls: str) -> list[dict]:
+    ci = CLASSES.index(cls)
+    plan = [("train", i, "good") for i in range(cfg.n_train)]
+    plan += [("test", i, "good") for i in range(cfg.n_test_good)]
+    plan += [("test", cfg.n_test_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_test_bad)]
+    rows = []
+    for split, idx, defect in plan:
+        rng = np.random.default_rng([cfg.data_seed, ci, split == "test", idx])
+        smp = heightfield_sample(cls, cfg.grid, defect, rng)
+        rows.append({
+            "class_name": cls, "split": split, "index": idx, "defect": defect,
+            "label": int(defect != "good"),
+            "rgb": smp.rgb.reshape(-1).tolist(), "xyz": smp.xyz.reshape(-1).tolist(),
+            "mask": smp.mask.reshape(-1).astype(np.uint8).tolist(),
+        })  # fmt: skip
+    return rows
+
+
+SCHEMA = pa.schema([
+    ("class_name", pa.string()), ("split", pa.string()), ("index", pa.int32()),
+    ("defect", pa.string()), ("label", pa.int8()), ("rgb", pa.list_(pa.uint8())),
+    ("xyz", pa.list_(pa.float32())), ("mask", pa.list_(pa.uint8())),
+])  # fmt: skip
+
+
+def table_key(cfg: CfrConfig, cls: str) -> str:
+    return (f"cfr-{cfg.generator}-{cls}-g{cfg.grid}-n{cfg.n_train}-{cfg.n_test_good}-"
+            f"{cfg.n_test_bad}-s{cfg.data_seed}")  # fmt: skip
+
+
+def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
+    """The images of one class, built once and read from the verified Parquet cache."""
+    if cls not in CLASSES:
+        raise ValueError(f"unknown class {cls!r}; choose from {list(CLASSES)}")
+    return cached_table(
+        table_key(cfg, cls),
+        lambda: pa.Table.from_pylist(_rows(cfg, cls), schema=SCHEMA),
+        version=DATA_VERSION,
+    )
+
+
+@dataclass(frozen=True)
+class Split:
+    rgb: np.ndarray  # n × H × W × 3 uint8
+    xyz: np.ndarray  # n × H × W × 3 float32
+    mask: np.ndarray  # n × H × W bool
+    label: np.ndarray  # n int
+    defect: list[str]
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def take(self, idx: np.ndarray | list[int]) -> Split:
+        idx = np.asarray(idx, dtype=int)
+        return Split(self.rgb[idx], self.xyz[idx], self.mask[idx], self.label[idx],
+                     [self.defect[i] for i in idx])  # fmt: skip
+
+
+def load_class(cfg: CfrConfig, cls: str) -> dict[str, Split]:
+    """``{"train": normal pool, "test": normal + anomalous}`` of class ``cls`` as arrays."""
+    tab = class_table(cfg, cls)
+    g = cfg.grid
+    out = {}
+    split_col = np.asarray(tab.column("split").to_pylist())
+    for split in ("train", "test"):
+        sel = np.nonzero(split_col == split)[0]
+        sub = tab.take(pa.array(sel))
+
+        def arr(name: str, dtype: type, shape: tuple[int, ...], sub: pa.Table = sub) -> np.ndarray:
+            flat = sub.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            return flat.astype(dtype).reshape(len(sub), *shape)
+
+        out[split] = Split(
+            rgb=arr("rgb", np.uint8, (g, g, 3)), xyz=arr("xyz", np.float32, (g, g, 3)),
+            mask=arr("mask", np.uint8, (g, g)).astype(bool),
+            label=np.asarray(sub.column("label").to_pylist(), dtype=int),
+            defect=sub.column("defect").to_pylist(),
+        )  # fmt: skip
+    return out
+
+
+def fewshot_indices(n_pool: int, k: int, seed: int = 42) -> np.ndarray:
+    """The k training images: ``default_rng(seed).choice`` over the sorted pool (paper code)."""
+    return np.sort(np.random.default_rng(seed).choice(n_pool, size=k, replace=False))
+
+
+def data_tables(cfg: CfrConfig) -> dict[str, pa.Table]:
+    """Every class's table (normal training pool and test images with masks)."""
+    return {cls: class_table(cfg, cls) for cls in cfg.classes}
