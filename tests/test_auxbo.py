@@ -199,12 +199,12 @@ def test_tail_sweep_with_auxbo_then_a_history_surrogate(ray_session, tmp_path, m
     cfg = tail.config("smoke", steps=10, log_every=5, checkpoint_every=10)
     hist = tmp_path / "cache" / "history"
     for k in range(2):
-        res = run_tune("tail", cfg, search="auxbo", num_samples=3, max_concurrent=1,
+        res = run_tune("tail", cfg, search="auxbo", num_samples=2, max_concurrent=1,
                        storage=tmp_path / "runs", name=f"s{k}", seed=k, verbose=0)  # fmt: skip
         assert res.extra["searcher"]["backend"] == "gp"
         assert all(t.error is None for t in res.trials)
     tasks = load_tasks(hist, method="tail")
-    assert len(tasks) == 2 and all(len(t.configs) == 3 for t in tasks)
+    assert len(tasks) == 2 and all(len(t.configs) == 2 for t in tasks)
     acfg = get("auxbo").config("smoke", family="history", history_method="tail", steps=5,
                                log_every=5, checkpoint_every=5)  # fmt: skip
     fit("auxbo", acfg, storage=tmp_path / "runs", name="surrogate")
