@@ -1,0 +1,4 @@
+"""bsr: BSR, brain signal rendering of EEG into spectrum videos for VideoMAE.
+
+Importing the package registers the method.
+"""

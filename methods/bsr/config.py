@@ -1,0 +1,192 @@
+"""BSR configuration and presets.
+
+Everything EEG-specific (bands, frame layout, the generated motor-imagery data, the protocols) is
+a reconstruction from the paper's abstract; the VideoMAE parts follow VideoMAE's defaults (tube
+masking, per-patch normalised targets, AdamW β = (0.9, 0.95), lr = base · B / 256, layer-wise lr
+decay in fine-tuning). ``small`` is the CPU scale, ``paper`` the ViT-B scale of VideoMAE.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+from nshot.tune.space import Float, Int, TuneSpec
+
+VERSION = "1"  # of the checkpoint format
+
+System = Literal[
+    "bsr",
+    "bsr_linear_probe",
+    "videomae_scratch",
+    "bandpower_lr",
+    "riemann_ts_lr",
+    "eegnet",
+    "topomap_cnn",
+    "bsr_scrambled_positions",
+]
+# the fields that shape the generated EEG (the cache key of the data is their hash)
+DATA_FIELDS = (
+    "data_seed", "sfreq", "trial_s", "source_spacing_mm", "n_source_subjects",
+    "n_source_trials", "n_target_subjects", "n_target_trials", "suppression", "alpha_boost",
+    "background_rel", "sensor_noise_rel",
+)  # fmt: skip
+
+
+class BsrConfig(MethodConfig):
+    # --- the generated EEG (paper §4 protocol, reconstructed; see the README's Data section)
+    data_seed: int = Field(0, ge=0, description="seed of the EEG generator (subjects, trials)")
+    sfreq: float = Field(128.0, ge=64.0, le=1024.0, description="sampling rate of the data (Hz)")
+    trial_s: float = Field(4.0, gt=0.0, le=30.0, description="trial length (s)")
+    source_spacing_mm: float = Field(
+        15.0, ge=5.0, le=40.0, description="grid spacing of the volume source space (mm)"
+    )
+    n_source_subjects: int = Field(20, ge=1, le=500, description="pretraining subjects")
+    n_source_trials: int = Field(
+        80, ge=4, le=5000, description="trials per source subject (a multiple of 4 classes)"
+    )
+    n_target_subjects: int = Field(10, ge=1, le=200, description="held-out target subjects")
+    n_target_trials: int = Field(
+        40, ge=2, le=1000, description="labelled trials per class per target subject"
+    )
+    suppression: float = Field(
+        0.4, ge=0.0, lt=1.0, description="μ/β power drop over the moving limb's motor area"
+    )
+    alpha_boost: float = Field(0.3, ge=0.0, le=5.0, description="posterior α rise at rest")
+    background_rel: float = Field(
+        1.0, ge=0.0, le=100.0, description="1/f background RMS relative to the rhythms' RMS"
+    )
+    sensor_noise_rel: float = Field(
+        0.3, ge=0.0, le=100.0, description="white sensor noise RMS relative to the rhythms' RMS"
+    )
+    # --- rendering (paper §3, reconstructed)
+    grid: int = Field(32, ge=8, le=512, description="side H = W of the rendered scalp grid")
+    frames: int = Field(16, ge=2, le=64, description="frames F of a spectrum video")
+    window_s: float = Field(0.5, gt=0.0, le=10.0, description="spectral window per frame (s)")
+    # --- VideoMAE
+    patch: int = Field(8, ge=1, le=64, description="spatial patch side p")
+    tubelet: int = Field(2, ge=1, le=8, description="frames per tubelet")
+    width: int = Field(128, ge=8, le=2048, description="encoder width")
+    depth: int = Field(4, ge=1, le=48, description="encoder blocks")
+    heads: int = Field(4, ge=1, le=64, description="encoder attention heads")
+    dec_width: int = Field(64, ge=8, le=2048, description="decoder width")
+    dec_depth: int = Field(2, ge=1, le=24, description="decoder blocks")
+    dec_heads: int = Field(2, ge=1, le=64, description="decoder attention heads")
+    mask_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="tube-mask ratio")
+    # --- stage 1: masked pretraining (a step is one batch)
+    batch: int = Field(32, ge=1, le=4096, description="pretraining batch")
+    base_lr: float = Field(1.5e-4, gt=0.0, le=1.0, description="lr = base_lr · batch / 256")
+    min_lr: float = Field(1e-5, ge=0.0, le=1.0, description="end of the cosine schedule")
+    warmup_steps: int = Field(150, ge=0, description="linear warm-up steps")
+    weight_decay: float = Field(0.05, ge=0.0, le=1.0)
+    val_frac: float = Field(0.1, gt=0.0, lt=0.5, description="source clips held out for mae_mse")
+    # --- stage 2: few-shot fine-tuning
+    ft_epochs: int = Field(30, ge=1, le=1000, description="fine-tuning epochs on the support")
+    ft_base_lr: float = Field(1e-3, gt=0.0, le=1.0, description="lr = ft_base_lr · B / 256")
+    ft_batch: int = Field(8, ge=1, le=1024, description="fine-tuning batch")
+    layer_decay: float = Field(0.75, gt=0.0, le=1.0, description="layer-wise lr decay")
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    # --- protocol
+    shots: list[int] = Field([1, 5, 10], min_length=1, description="k per class")
+    eval_subjects: int = Field(6, ge=1, le=200, description="target subjects evaluated")
+    seeds: int = Field(2, ge=1, le=20, description="support draws (seeds) per subject")
+    systems: list[System] = Field(
+        ["bsr", "bsr_linear_probe", "videomae_scratch", "bandpower_lr", "riemann_ts_lr",
+         "eegnet", "topomap_cnn", "bsr_scrambled_positions"],
+        min_length=1, description="rows `experiments` runs",
+    )  # fmt: skip
+    eegnet_epochs: int = Field(20, ge=1, le=1000, description="EEGNet source-training epochs")
+
+    TUNE: ClassVar[TuneSpec] = TuneSpec(
+        space={
+            "base_lr": Float(5e-5, 1e-3, log=True),
+            "mask_ratio": Float(0.5, 0.9),
+            "weight_decay": Float(0.01, 0.1, log=True),
+            "depth": Int(2, 6),
+        },
+        metric="val_mae_mse",
+        mode="min",
+        curve=("val_mae_mse", "loss"),
+    )
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "shots", "eval_subjects", "seeds", "ft_epochs", "ft_base_lr", "ft_batch",
+        "layer_decay", "label_smoothing",
+    }  # fmt: skip
+
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": {
+            "trial_s": 2.0, "n_source_subjects": 3, "n_source_trials": 8,
+            "n_target_subjects": 2, "n_target_trials": 4, "grid": 16, "frames": 8,
+            "width": 32, "depth": 1, "heads": 2, "dec_width": 16, "dec_depth": 1,
+            "dec_heads": 1, "mask_ratio": 0.75, "batch": 8, "base_lr": 0.032,
+            "warmup_steps": 0, "steps": 4, "log_every": 2, "checkpoint_every": 2,
+            "ft_epochs": 2, "shots": [1], "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
+        },
+        "small": {"steps": 1500, "log_every": 50, "checkpoint_every": 500},
+        "paper": {
+            "grid": 224, "patch": 16, "width": 768, "depth": 12, "heads": 12, "dec_width": 384,
+            "dec_depth": 4, "dec_heads": 6, "steps": 40_000, "warmup_steps": 2000,
+            "batch": 64, "ft_epochs": 100, "eval_subjects": 10, "seeds": 3, "log_every": 100,
+            "checkpoint_every": 2000,
+        },
+    }  # fmt: skip
+
+    @property
+    def samples(self) -> int:
+        """Samples per trial at ``sfreq``."""
+        return int(round(self.trial_s * self.sfreq))
+
+    @property
+    def window(self) -> int:
+        """Samples per spectral window at ``sfreq``."""
+        return int(round(self.window_s * self.sfreq))
+
+    @property
+    def spatial_patches(self) -> int:
+        return (self.grid // self.patch) ** 2
+
+    @property
+    def n_masked(self) -> int:
+        """Masked spatial patches per clip: ``floor(ratio · S)``, leaving at least one visible
+        (VideoMAE cannot reshape an empty visible set)."""
+        return min(self.spatial_patches - 1, math.floor(self.mask_ratio * self.spatial_patches))
+
+    def data_key(self) -> dict:
+        return {k: getattr(self, k) for k in DATA_FIELDS}
+
+    @model_validator(mode="after")
+    def _check(self) -> BsrConfig:
+        if self.grid % self.patch:
+            raise ValueError("field 'patch': must divide grid")
+        if self.frames % self.tubelet:
+            raise ValueError("field 'tubelet': must divide frames")
+        if self.spatial_patches < 2:
+            raise ValueError("field 'patch': the grid needs at least 2 spatial patches")
+        s = self.spatial_patches
+        if self.mask_ratio * s > s - 1:
+            raise ValueError(
+                f"field 'mask_ratio': {self.mask_ratio} of {s} spatial patches leaves no visible "
+                "patch after rounding (VideoMAE needs at least one)"
+            )
+        if math.floor(self.mask_ratio * s) < 1:
+            raise ValueError("field 'mask_ratio': masks no patch at this grid and patch")
+        if self.width % self.heads:
+            raise ValueError("field 'heads': must divide width")
+        if self.dec_width % self.dec_heads:
+            raise ValueError("field 'dec_heads': must divide dec_width")
+        if self.n_source_trials % 4:
+            raise ValueError("field 'n_source_trials': must be a multiple of the 4 classes")
+        if self.window < 16 or self.sfreq / self.window > 4.0:
+            raise ValueError("field 'window_s': the θ band (4-8 Hz) needs a window >= 0.25 s")
+        if self.window > self.samples:
+            raise ValueError("field 'window_s': longer than the trial")
+        if self.eval_subjects > self.n_target_subjects:
+            raise ValueError("field 'eval_subjects': more than n_target_subjects")
+        if any(k < 1 or k >= self.n_target_trials for k in self.shots):
+            raise ValueError("field 'shots': each k must lie in [1, n_target_trials - 1]")
+        if self.checkpoint_every % self.log_every and self.checkpoint_every < self.steps:
+            raise ValueError("field 'checkpoint_every': must be a multiple of log_every")
+        return self
