@@ -1,0 +1,161 @@
+"""VideoMAE on spectrum videos (transformers' implementation, randomly initialised).
+
+Stage 1 (paper §3, following VideoMAE): tube masking (one spatial mask repeated over every
+temporal position), an encoder on the visible tubelets, a light decoder over all tokens, MSE on
+masked tubelets against per-patch normalised targets. The BSR addition: the loss averages only
+over masked tubelets whose centre lies inside the head disc (pixels outside it are always 0).
+
+Stage 2: mean-pooled encoder tokens → LayerNorm → linear head, trained with layer-wise lr decay.
+Videos are (B, F, 3, H, W), the layout of transformers' VideoMAE.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nshot.errors import NshotError
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .config import BsrConfig
+from .data import CLASSES
+
+
+def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES)):
+    from transformers import VideoMAEConfig
+
+    return VideoMAEConfig(
+        image_size=cfg.grid, patch_size=cfg.patch, num_channels=3, num_frames=cfg.frames,
+        tubelet_size=cfg.tubelet, hidden_size=cfg.width, num_hidden_layers=cfg.depth,
+        num_attention_heads=cfg.heads, intermediate_size=4 * cfg.width,
+        decoder_hidden_size=cfg.dec_width, decoder_num_hidden_layers=cfg.dec_depth,
+        decoder_num_attention_heads=cfg.dec_heads, decoder_intermediate_size=4 * cfg.dec_width,
+        norm_pix_loss=True, use_mean_pooling=True, num_labels=num_labels,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+
+
+def build_pretrainer(cfg: BsrConfig) -> nn.Module:
+    """``VideoMAEForPreTraining`` of the config (random initialisation)."""
+    from transformers import VideoMAEForPreTraining
+
+    return VideoMAEForPreTraining(vmae_config(cfg))
+
+
+def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:
+    """``VideoMAEForVideoClassification``; ``encoder_state`` is a pretrainer's
+    ``videomae`` state dict (every encoder tensor must fit)."""
+    from transformers import VideoMAEForVideoClassification
+
+    clf = VideoMAEForVideoClassification(vmae_config(cfg))
+    if encoder_state is not None:
+        res = clf.videomae.load_state_dict(encoder_state, strict=False)
+        if res.missing_keys or res.unexpected_keys:
+            raise NshotError(
+                f"encoder weights do not fit: missing {res.missing_keys[:3]}, "
+                f"unexpected {res.unexpected_keys[:3]}"
+            )
+    return clf
+
+
+def tokens_per_clip(cfg: BsrConfig) -> tuple[int, int]:
+    """(temporal positions, spatial patches) of a clip."""
+    return cfg.frames // cfg.tubelet, cfg.spatial_patches
+
+
+def tube_mask(cfg: BsrConfig, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, T'·S) boolean mask: ``cfg.n_masked`` spatial patches per clip, the same at every
+    temporal position (so every clip masks the same number of tokens, and at least one spatial
+    patch stays visible)."""
+    t, s = tokens_per_clip(cfg)
+    scores = torch.rand(batch, s, generator=generator)
+    idx = scores.argsort(dim=1)[:, : cfg.n_masked]
+    spatial = torch.zeros(batch, s, dtype=torch.bool)
+    spatial.scatter_(1, idx, True)
+    return spatial.repeat(1, t)
+
+
+def patch_in_head(cfg: BsrConfig) -> torch.Tensor:
+    """(S,) whether each spatial patch's centre lies inside the head disc."""
+    n = cfg.grid // cfg.patch
+    c = (np.arange(n) + 0.5) * cfg.patch / cfg.grid * 2.0 - 1.0
+    gx, gy = np.meshgrid(c, -c)
+    return torch.from_numpy((gx**2 + gy**2).ravel() <= 1.0)
+
+
+def patchify(cfg: BsrConfig, videos: torch.Tensor) -> torch.Tensor:
+    """(B, F, 3, H, W) → (B, T'·S, tubelet·p·p, 3) in transformers' token order."""
+    b, f, ch, h, w = videos.shape
+    p, ts = cfg.patch, cfg.tubelet
+    x = videos.view(b, f // ts, ts, ch, h // p, p, w // p, p)
+    x = x.permute(0, 1, 4, 6, 2, 5, 7, 3).contiguous()
+    return x.view(b, (f // ts) * (h // p) * (w // p), ts * p * p, ch)
+
+
+def normalised_targets(cfg: BsrConfig, videos: torch.Tensor) -> torch.Tensor:
+    """Per-tubelet, per-channel normalised targets (B, L, ts·p·p·3): (x − mean) /
+    (unbiased std + 1e-6), VideoMAE's ``norm_pix_loss``."""
+    x = patchify(cfg, videos)
+    x = (x - x.mean(dim=-2, keepdim=True)) / (
+        x.var(dim=-2, unbiased=True, keepdim=True).sqrt() + 1e-6
+    )
+    return x.flatten(2)
+
+
+def masked_loss(cfg: BsrConfig, model: nn.Module, videos: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """MSE over the masked tubelets whose centre is inside the head disc."""
+    out = model(pixel_values=videos, bool_masked_pos=mask)
+    b = videos.shape[0]
+    target = normalised_targets(cfg, videos)[mask].view(b, -1, out.logits.shape[-1])
+    t, _ = tokens_per_clip(cfg)
+    in_head = patch_in_head(cfg).repeat(t).to(videos.device)
+    weight = in_head.unsqueeze(0).expand(b, -1)[mask].view(b, -1).float()
+    per_token = ((out.logits - target) ** 2).mean(-1)
+    return (per_token * weight).sum() / weight.sum().clamp_min(1.0)
+
+
+def encode(model: nn.Module, videos: torch.Tensor) -> torch.Tensor:
+    """Mean-pooled encoder tokens (B, width) of a pretrainer or classifier, all tokens visible."""
+    enc = model.videomae
+    return enc(pixel_values=videos).last_hidden_state.mean(1)
+
+
+def layer_decay_groups(clf: nn.Module, cfg: BsrConfig, lr: float, weight_decay: float) -> list:
+    """AdamW parameter groups with layer-wise lr decay: the head gets ``lr``, encoder block i
+    ``lr · decay^(depth − i)``, the embeddings ``lr · decay^(depth + 1)``; no decay on biases
+    and norms."""
+    groups: dict[tuple[int, bool], list] = {}
+    for name, p in clf.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.startswith("videomae.embeddings"):
+            layer = 0
+        elif name.startswith("videomae.encoder.layer."):
+            layer = int(name.split(".")[3]) + 1
+        else:
+            layer = cfg.depth + 1
+        no_wd = p.ndim == 1 or name.endswith(".bias")
+        groups.setdefault((layer, no_wd), []).append(p)
+    return [
+        {"params": ps, "lr": lr * cfg.layer_decay ** (cfg.depth + 1 - layer),
+         "weight_decay": 0.0 if no_wd else weight_decay}
+        for (layer, no_wd), ps in sorted(groups.items())
+    ]  # fmt: skip
+
+
+def smoothed_ce(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
+    return F.cross_entropy(logits, y, label_smoothing=smoothing)
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[nn.Module, BsrConfig, dict]:
+    """The pretrainer of a bsr checkpoint (eval mode), its config and its extra record."""
+    cfg = BsrConfig.validated(checkpoint.config)
+    model = build_pretrainer(cfg)
+    try:
+        model.load_state_dict(checkpoint.weights())
+    except RuntimeError as err:
+        raise NshotError(f"{checkpoint.path}: weights do not fit the config: {err}") from None
+    return model.eval(), cfg, dict(checkpoint.extra)

@@ -1,0 +1,63 @@
+"""bsr model: tube masking keeps a visible patch at every preset, the masked loss uses
+transformers' token order (it equals VideoMAE's own loss when every token lies in the head),
+the encoder moves into the classifier whole, layer-wise lr decay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nshot.methods.bsr.config import BsrConfig
+
+
+@pytest.mark.parametrize("preset", sorted(BsrConfig.PRESETS))
+def test_tube_mask_is_shared_over_time_and_leaves_a_visible_patch(preset):
+    from nshot.methods.bsr.model import tokens_per_clip, tube_mask
+
+    cfg = BsrConfig.from_preset(preset)
+    t, s = tokens_per_clip(cfg)
+    mask = tube_mask(cfg, 5, torch.Generator().manual_seed(0))
+    assert mask.shape == (5, t * s)
+    spatial = mask.view(5, t, s)
+    assert (spatial == spatial[:, :1]).all()  # the same spatial mask at every time
+    assert (spatial[:, 0].sum(1) == cfg.n_masked).all() and cfg.n_masked <= s - 1
+    assert len({tuple(m.tolist()) for m in spatial[:, 0]}) > 1  # drawn per clip
+
+
+def test_masked_loss_matches_videomae_when_every_patch_is_in_the_head():
+    from nshot.methods.bsr.model import build_pretrainer, masked_loss, patch_in_head, tube_mask
+
+    cfg = BsrConfig.from_preset("smoke")
+    assert patch_in_head(cfg).all()  # 16² grid, 4 patches: all centres inside the disc
+    torch.manual_seed(0)
+    model = build_pretrainer(cfg).eval()
+    x = torch.randn(3, cfg.frames, 3, cfg.grid, cfg.grid)
+    mask = tube_mask(cfg, 3, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = masked_loss(cfg, model, x, mask)
+        theirs = model(pixel_values=x, bool_masked_pos=mask).loss
+    assert torch.allclose(ours, theirs, rtol=1e-3), (ours, theirs)
+    # on the small grid the four corner patches lie outside the head and are left out
+    assert patch_in_head(BsrConfig.from_preset("small")).sum() == 12
+
+
+def test_encoder_moves_into_the_classifier_and_layer_decay():
+    from nshot.methods.bsr.model import (
+        build_classifier,
+        build_pretrainer,
+        encode,
+        layer_decay_groups,  # fmt: skip
+    )
+
+    cfg = BsrConfig.from_preset("smoke", depth=2, heads=2)
+    pre = build_pretrainer(cfg).eval()
+    clf = build_classifier(cfg, pre.videomae.state_dict()).eval()
+    x = torch.randn(2, cfg.frames, 3, cfg.grid, cfg.grid)
+    with torch.no_grad():
+        assert torch.allclose(encode(pre, x), encode(clf, x), atol=1e-6)
+        assert clf(pixel_values=x).logits.shape == (2, 4)
+    groups = layer_decay_groups(clf, cfg, lr=1.0, weight_decay=0.05)
+    lrs = sorted({g["lr"] for g in groups})
+    assert lrs == pytest.approx([cfg.layer_decay**k for k in (3, 2, 1, 0)])
+    n = sum(p.numel() for g in groups for p in g["params"])
+    assert n == sum(p.numel() for p in clf.parameters())
