@@ -97,3 +97,142 @@ def test_steps_follow_the_stages_of_the_system():
     assert cfg.replace(system="cfm").cycles is False
     assert cfg.replace(system="btf").steps == 1
     assert cfg.replace(map_epochs=7).steps == 7 + cfg.ret_epochs
+
+
+# --- the AUPRO metric -------------------------------------------------------------------------
+
+
+def _square_defect_map():
+    """10 × 10, one 4 × 4 defect (16 px, one component) and 84 normal pixels: defect scores
+    8 × 0.8 and 8 × 0.4, normal scores 21 × 0.9, 21 × 0.6 and 42 × 0.1."""
+    mask = np.zeros((10, 10), bool)
+    mask[2:6, 2:6] = True
+    score = np.zeros((10, 10))
+    score[mask] = np.r_[np.full(8, 0.8), np.full(8, 0.4)]
+    score[~mask] = np.r_[np.full(21, 0.9), np.full(21, 0.6), np.full(42, 0.1)]
+    return score[None], mask[None]
+
+
+def test_aupro_equals_its_analytic_value_and_a_perfect_map_gives_one():
+    from nshot.methods.cfr.metrics import aupro, pro_curve
+
+    score, mask = _square_defect_map()
+    fpr, pro = pro_curve(score, mask)
+    np.testing.assert_allclose(fpr, [0, 0.25, 0.25, 0.5, 0.5, 1.0])
+    np.testing.assert_allclose(pro, [0, 0, 0.5, 0.5, 1.0, 1.0])
+    # PRO is 0 up to FPR 0.25, then 0.5 up to 0.3 (interpolated at alpha): 0.5 · 0.05 / 0.3
+    assert abs(aupro(score, mask, 0.3) - 1 / 12) < 1e-6
+    # alpha 0.6: 0.5 · 0.25 + 1.0 · 0.1 = 0.225, over 0.6
+    assert abs(aupro(score, mask, 0.6) - 0.225 / 0.6) < 1e-6
+    assert aupro(mask.astype(float), mask, 0.3) == 1.0
+    assert aupro(mask.astype(float), mask, 0.3, thresholds=99) == 1.0
+    assert aupro(-mask.astype(float), mask, 0.3) == 0.0
+
+
+def test_aupro_99_thresholds_agree_with_the_exact_curve_and_components_weigh_equally():
+    from scipy import ndimage
+
+    from nshot.methods.cfr.metrics import aupro
+
+    rng = np.random.default_rng(0)
+    masks = np.zeros((20, 32, 32), bool)
+    for i in range(10):
+        r, c = rng.integers(4, 28, 2)
+        masks[i, r - 3 : r + 3, c - 2 : c + 3] = True
+    maps = ndimage.uniform_filter(rng.normal(size=masks.shape) + 1.5 * masks, (1, 3, 3))
+    for alpha in (0.3, 0.1):
+        assert abs(aupro(maps, masks, alpha) - aupro(maps, masks, alpha, thresholds=99)) < 0.005
+    # two components, one found and one missed: PRO 0.5 whatever their sizes (8-connectivity)
+    m = np.zeros((1, 12, 12), bool)
+    m[0, 1:3, 1:3] = True
+    m[0, 3, 3] = True  # touches the first diagonally: the same component
+    m[0, 6:12, 6:12] = True
+    s = np.where(m, 0.0, 0.5)
+    s[0, 1:4, 1:4] = np.where(m[0, 1:4, 1:4], 1.0, 0.5)
+    assert abs(aupro(s, m, 0.3) - 0.5) < 1e-6
+
+
+# --- the model --------------------------------------------------------------------------------
+
+
+def test_coreset_size_is_an_int_and_the_greedy_coreset_covers_the_clusters():
+    import torch
+
+    from nshot.methods.cfr.model import coreset_size, greedy_coreset
+
+    assert coreset_size(1234, 0.1) == 123 and isinstance(coreset_size(1234, 0.1), int)
+    assert coreset_size(5, 0.01) == 1 and coreset_size(10, 1.0) == 10
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    x = (centres[:, None, :] + 0.1 * torch.randn(4, 25, 2, generator=g)).reshape(100, 2)
+    idx = greedy_coreset(x, 0.04, proj=8, seed=0)
+    assert idx.dtype == torch.long and len(idx) == 4 and len(set(idx.tolist())) == 4
+    assert sorted({int(i) // 25 for i in idx}) == [0, 1, 2, 3]  # one row from every cluster
+
+
+def test_mappings_retriever_and_banks_have_the_papers_shapes(smoke_cfg):
+    import torch
+
+    from nshot.methods.cfr.model import BANKS, build_model
+
+    m = build_model(smoke_cfg, dict.fromkeys(BANKS, 5))
+    c2, c3 = smoke_cfg.rgb_dim, smoke_cfg.xyz_dim
+    assert m.f23.w12.weight.shape == (2 * ((c2 + c3) // 2), c2)
+    assert m.f32.w3.weight.shape == (c2, (c2 + c3) // 2)
+    assert all(p.bias is None for p in m.retriever.modules() if isinstance(p, torch.nn.Linear))
+    f2, f3 = torch.randn(50, c2), torch.randn(50, c3)
+    assert m.mapping_loss(f2, f3, True) > m.mapping_loss(f2, f3, False) > 0
+    m.set_banks(f2, f3, seed=0)
+    assert m.bank_sizes() == dict.fromkeys(BANKS, 5)
+    # with one candidate the retriever returns Wout Wv of the nearest key's value
+    m.retriever.top_k = 1
+    q = m.kv_keys[2:3] * 3.0
+    want = m.retriever.wout(m.retriever.wv(m.kv_values[2:3]))
+    torch.testing.assert_close(m.retrieve(q), want)
+
+
+def test_scoring_normalisations_and_replacement(smoke_cfg):
+    import torch
+
+    from nshot.methods.cfr.model import BANKS, Scored, build_model
+
+    raw = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    s = Scored(raw=raw, replaced=0, valid=3)
+    torch.testing.assert_close(s.aupro_map, raw / 2.0)  # mean over S != 0
+    assert abs(s.image_score - 3.0 / 2.0**0.5) < 1e-6
+    torch.testing.assert_close(s.pixel_map, raw / 1.5**0.5)  # mean over all pixels
+
+    torch.manual_seed(0)
+    m = build_model(smoke_cfg, dict.fromkeys(BANKS, 8)).eval()
+    h = w = 8
+    f2, f3 = torch.rand(h, w, smoke_cfg.rgb_dim), torch.randn(h, w, smoke_cfg.xyz_dim)
+    valid = torch.zeros(h, w, dtype=torch.bool)
+    valid[2:7, 1:6] = True
+    m.set_banks(f2[valid], f3[valid], seed=0)
+    none = m.score(f2, f3, valid, "cfr_cyclic_only", theta=0.0)
+    assert none.replaced == 0 and none.valid == 25
+    assert torch.all(none.raw[~valid] == 0) and torch.all(none.raw[valid] >= 0)
+    every = m.score(f2, f3, valid, "cfr", theta=-1.0)  # every valid pixel is replaced
+    assert every.replaced == 25 and not torch.allclose(every.raw, none.raw)
+    rnd = m.score(f2, f3, valid, "cfr_random_replace", theta=-1.0)
+    torch.testing.assert_close(rnd.raw, every.raw)  # all pixels: random = the same set
+    assert m.score(f2, f3, valid, "cfr", theta=3.0).replaced == 0
+    for system in ("patchcore_rgb", "patchcore_3d", "btf"):
+        sc = m.score(f2, f3, valid, system)
+        assert torch.all(sc.raw[~valid] == 0) and sc.raw[valid].max() > 0
+
+
+def test_frozen_extractors_are_seeded_and_zero_off_the_object(smoke_cfg):
+    import torch
+
+    from nshot.methods.cfr.features import Extractors, valid_mask
+
+    smp = heightfield_sample("ring", 32, "good", np.random.default_rng(1))
+    f2, f3 = Extractors(smoke_cfg)(smp.rgb[None], smp.xyz[None])
+    assert f2.shape == (1, 32, 32, smoke_cfg.rgb_dim) and f3.shape == (1, 32, 32, smoke_cfg.xyz_dim)
+    valid = torch.from_numpy(valid_mask(smp.xyz[None]))
+    assert torch.all(f3[~valid] == 0) and torch.all(f3[valid].abs().sum(-1) > 0)
+    again = Extractors(smoke_cfg).rgb(smp.rgb[None])
+    torch.testing.assert_close(f2, again)
+    other = Extractors(smoke_cfg.replace(feature_seed=1)).rgb(smp.rgb[None])
+    assert not torch.allclose(f2, other)
