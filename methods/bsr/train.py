@@ -1,0 +1,162 @@
+"""Stage 1: masked VideoMAE pretraining on the spectrum videos of the source subjects (montage A).
+
+A step is one batch. The batch's clips and its tube masks come from a generator seeded by
+``(seed, step, rank)`` and the learning rate is a function of the step (linear warm-up, cosine
+to ``min_lr``), so a run resumed at step s continues as an uninterrupted one does. Band powers
+are z-scored per source subject with that subject's own trials; videos are rendered per batch
+(one matmul with the montage's interpolation matrix). ``val_frac`` of the clips are held out:
+their masked MSE under a fixed set of masks is ``val_mae_mse``, in normalised-target units
+(predicting 0 scores about 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nshot.train import session
+
+from .config import BsrConfig
+from .data import (
+    MONTAGE_A,
+    Dataset,
+    NormStats,
+    band_powers,
+    interpolation_matrix,
+    load_dataset,
+    montage_channels,
+    montage_xy,
+)
+from .model import build_pretrainer, masked_loss, tube_mask
+
+
+@dataclass
+class Clips:
+    """Normalised band powers (n, F, 3, C) of a montage's trials, and its matrix M."""
+
+    powers: np.ndarray
+    m: torch.Tensor
+    grid: int
+
+    def videos(self, idx: np.ndarray | slice) -> torch.Tensor:
+        p = torch.from_numpy(np.ascontiguousarray(self.powers[idx], dtype=np.float32))
+        v = p @ self.m.T
+        return v.view(*v.shape[:-1], self.grid, self.grid)
+
+
+def montage_m(cfg: BsrConfig, montage: str, scramble_seed: int | None = None) -> torch.Tensor:
+    m, _ = interpolation_matrix(montage_xy(montage, scramble_seed), cfg.grid)
+    return torch.from_numpy(m)
+
+
+def raw_powers(cfg: BsrConfig, eeg: np.ndarray, montage: str = "A") -> np.ndarray:
+    """Log band powers (n, F, 3, C_montage) of montage-A trials seen through ``montage``."""
+    x = eeg if montage == "A" else eeg[:, montage_channels(montage)]
+    return band_powers(x, cfg.sfreq, cfg.window, cfg.frames).astype(np.float32)
+
+
+def source_clips(cfg: BsrConfig, ds: Dataset) -> tuple[Clips, NormStats]:
+    """The source subjects' clips on montage A (z-scored per subject) and the population
+    statistics (all source trials pooled, for requests without a support set)."""
+    out, pooled = [], []
+    for name in ds.names("source"):
+        eeg, _ = ds.subject(name)
+        p = raw_powers(cfg, eeg)
+        pooled.append(p)
+        out.append(NormStats.fit(p).apply(p))
+    stats = NormStats.fit(np.concatenate(pooled))
+    return Clips(np.concatenate(out).astype(np.float32), montage_m(cfg, "A"), cfg.grid), stats
+
+
+def split_clips(cfg: BsrConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and held-out clip indices (fixed by ``data_seed``)."""
+    perm = np.random.default_rng([cfg.data_seed, 7]).permutation(n)
+    n_val = max(1, int(round(cfg.val_frac * n)))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def lr_at(cfg: BsrConfig, step: int) -> float:
+    """VideoMAE's schedule: lr = base_lr · batch / 256, linear warm-up, cosine to min_lr."""
+    peak = cfg.base_lr * cfg.batch / 256
+    if step <= cfg.warmup_steps:
+        return peak * step / max(cfg.warmup_steps, 1)
+    frac = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
+    return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * min(frac, 1.0)))
+
+
+@torch.no_grad()
+def held_out_mse(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, idx: np.ndarray) -> float:
+    """Masked MSE (in-head tubelets) on held-out clips under fixed masks."""
+    was = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(12345)
+    total, n = 0.0, 0
+    for s in range(0, len(idx), 64):
+        b = idx[s : s + 64]
+        v = clips.videos(b)
+        total += float(masked_loss(cfg, model, v, tube_mask(cfg, len(b), gen))) * len(b)
+        n += len(b)
+    model.train(was)
+    return total / max(n, 1)
+
+
+def renderer_record(cfg: BsrConfig, stats: NormStats) -> dict:
+    """What a checkpoint keeps about the rendering (the predictor re-renders requests)."""
+    return {
+        "channels": list(MONTAGE_A),
+        "population_stats": stats.to_json(),
+        "sfreq": cfg.sfreq,
+        "samples": cfg.samples,
+        "window": cfg.window,
+    }
+
+
+def train_loop(cfg: BsrConfig) -> None:
+    """Masked pretraining under Ray Train: every worker draws its own batches (DDP averages the
+    gradients); the loss every ``log_every`` steps with ``val_mae_mse``, a checkpoint every
+    ``checkpoint_every`` steps and at the end."""
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    ds = load_dataset(cfg)
+    clips, stats = source_clips(cfg, ds)
+    train_idx, val_idx = split_clips(cfg, len(clips.powers))
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_pretrainer(cfg)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay, foreach=True,
+    )  # fmt: skip
+    restored = session.restore(model, opt)
+    start = restored.step if restored else 0
+    fwd = session.prepare_model(model) if ctx.world_size > 1 else model
+    extra = {"renderer": renderer_record(cfg, stats)}
+    model.train()
+    window: list[float] = []
+    for step in range(start + 1, cfg.steps + 1):
+        session.maybe_inject_fault(step, restored)
+        rng = np.random.default_rng([cfg.seed, step, ctx.rank])
+        batch = rng.choice(train_idx, size=min(cfg.batch, len(train_idx)), replace=False)
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        mask = tube_mask(cfg, len(batch), gen)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        loss = masked_loss(cfg, fwd, clips.videos(batch), mask)
+        if ctx.world_size > 1:  # every parameter takes part in DDP's reduction
+            loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        window.append(float(loss.detach()))
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            metrics = {
+                "loss": float(np.mean(window)),
+                "lr": lr_at(cfg, step),
+                "val_mae_mse": held_out_mse(cfg, model, clips, val_idx),
+            }
+            session.report(metrics, step=step, model=model, optimizer=opt, extra=extra,
+                           checkpoint=is_ckpt, samples=len(window) * len(batch))  # fmt: skip
+            window.clear()
