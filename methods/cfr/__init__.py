@@ -2,3 +2,7 @@
 
 Importing the package registers the method.
 """
+
+from .method import CfrMethod
+
+__all__ = ["CfrMethod"]

@@ -124,7 +124,7 @@ class CfrConfig(MethodConfig):
         "smoke": {
             "grid": 32, "classes": ["bump"], "class_name": "bump", "n_train": 4,
             "n_test_good": 4, "n_test_bad": 6, "rgb_dim": 30, "xyz_dim": 16, "shot": 1,
-            "shots": [1], "map_epochs": 3, "ret_epochs": 3, "coreset_proj": 16, "d_model": 8,
+            "shots": [1, 4], "map_epochs": 3, "ret_epochs": 3, "coreset_proj": 16, "d_model": 8,
             "bank_subsample": 500, "max_queries": 500, "log_every": 1, "checkpoint_every": 2,
             "theta_sweep": [0.2, 0.4],
         },

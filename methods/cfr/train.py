@@ -1,0 +1,222 @@
+"""One CFR run per (object class, k): stages 1–3 under Ray Train (paper §3).
+
+Steps 1 … ``map_epochs`` are stage-1 epochs (batch one image, in the k shots' order); at the end
+of stage 1 the memory banks are built (stage 2) and θ (quantile mode) is read off the k shots;
+the next ``ret_epochs`` steps are stage-3 epochs of the retriever, whose queries and bank
+subsample are drawn from a generator seeded by (seed, step, rank), so a resumed run sees what an
+uninterrupted one sees. The bank-only baselines (PatchCore, BTF) have one step: the banks.
+One Adam holds both trained parts in two parameter groups (the mappings at ``map_lr``, the
+retriever at ``ret_lr``); a stage's loss reaches only its own part, so Adam leaves the other
+group untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nshot.train import session
+
+from .config import MAPPING_SYSTEMS, RETRIEVER_SYSTEMS, CfrConfig
+from .data import fewshot_indices, load_class
+from .features import Extractors, valid_mask
+from .model import CfrModel, build_model
+
+
+@dataclass
+class Shots:
+    """Features of the k training images: per image (valid F2 rows, valid F3 rows)."""
+
+    f2: list[torch.Tensor]
+    f3: list[torch.Tensor]
+    grids: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # k × H × W × C2, × C3, valid
+
+    @property
+    def all_f2(self) -> torch.Tensor:
+        return torch.cat(self.f2)
+
+    @property
+    def all_f3(self) -> torch.Tensor:
+        return torch.cat(self.f3)
+
+
+def shot_features(cfg: CfrConfig, cls: str | None = None, k: int | None = None) -> Shots:
+    cls = cls or cfg.class_name
+    k = k or cfg.shot
+    pool = load_class(cfg, cls)["train"]
+    shots = pool.take(fewshot_indices(len(pool), k, cfg.fewshot_seed))
+    ext = Extractors(cfg)
+    g2, g3 = ext(shots.rgb, shots.xyz)
+    valid = torch.from_numpy(valid_mask(shots.xyz))
+    f2 = [g2[i][valid[i]] for i in range(k)]
+    f3 = [g3[i][valid[i]] for i in range(k)]
+    return Shots(f2, f3, (g2, g3, valid))
+
+
+def bank_sizes(cfg: CfrConfig, shots: Shots) -> dict[str, int]:
+    from .model import BANKS, coreset_size
+
+    n = int(sum(len(x) for x in shots.f2))
+    return dict.fromkeys(BANKS, coreset_size(n, cfg.coreset_frac))
+
+
+def new_model(cfg: CfrConfig, shots: Shots) -> CfrModel:
+    torch.manual_seed(cfg.seed + 115)  # the paper's training seed 115 at seed 0; equal on ranks
+    return build_model(cfg, bank_sizes(cfg, shots))
+
+
+def new_optimizer(cfg: CfrConfig, model: CfrModel) -> torch.optim.Optimizer:
+    return torch.optim.Adam([
+        {"params": model.mapping_parameters(), "lr": cfg.map_lr},
+        {"params": list(model.retriever.parameters()), "lr": cfg.ret_lr},
+    ])  # fmt: skip
+
+
+def finish_banks(cfg: CfrConfig, model: CfrModel, shots: Shots) -> None:
+    """Stage 2 and θ: the banks from the k shots, θ = quantile of d over their valid pixels."""
+    model.set_banks(shots.all_f2, shots.all_f3, cfg.seed + 7)
+    if cfg.system in MAPPING_SYSTEMS:
+        with torch.no_grad():
+            d = model.reliability(model.f32(shots.all_f3))
+        model.theta_q.fill_(float(torch.quantile(d, cfg.theta_quantile)))
+
+
+@torch.no_grad()
+def set_threshold_hint(cfg: CfrConfig, model: CfrModel, shots: Shots) -> None:
+    """The 95th percentile of the image scores of the k normal training images."""
+    g2, g3, valid = shots.grids
+    theta = None if cfg.theta_mode == "quantile" else cfg.theta
+    gen = torch.Generator().manual_seed(cfg.infer_seed)
+    scores = [model.score(g2[i], g3[i], valid[i], cfg.system, theta, gen).image_score
+              for i in range(len(valid))]  # fmt: skip
+    model.threshold_hint.fill_(float(np.quantile(scores, 0.95)))
+
+
+def epoch(
+    cfg: CfrConfig, model: CfrModel, opt: torch.optim.Optimizer, shots: Shots, step: int,
+    rank: int = 0, forward: torch.nn.Module | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """One epoch of the stage that ``step`` belongs to; returns its mean loss."""
+    fwd = forward if forward is not None else model
+    losses = []
+    if step <= cfg.map_epochs:
+        for f2, f3 in zip(shots.f2, shots.f3, strict=True):
+            loss = _call(fwd, "mapping_loss", f2, f3, cfg.cycles)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return {"loss": float(np.mean(losses)), "stage": 1.0}
+    gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, rank])
+                                            .integers(2**31)))  # fmt: skip
+    for f2, f3 in zip(shots.f2, shots.f3, strict=True):
+        n = min(len(f3), cfg.max_queries)
+        idx = torch.randperm(len(f3), generator=gen)[:n]
+        loss = _call(fwd, "retrieval_loss", f3[idx], f2[idx], cfg.bank_subsample, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return {"loss": float(np.mean(losses)), "stage": 3.0}
+
+
+def _call(fwd: torch.nn.Module, name: str, *args: object) -> torch.Tensor:
+    """Call ``name`` on the model; through DDP, by a forward hook so gradients are averaged."""
+    inner = getattr(fwd, "module", None)
+    if inner is None:
+        return getattr(fwd, name)(*args)
+    return fwd(name, *args)
+
+
+def fit(
+    cfg: CfrConfig,
+    shots: Shots | None = None,
+    *,
+    model: CfrModel | None = None,
+    opt: torch.optim.Optimizer | None = None,
+    start: int = 0,
+    rank: int = 0,
+    forward: torch.nn.Module | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    before_step: Callable[[int], None] | None = None,
+) -> CfrModel:
+    """Stages 1–3 of ``cfg.system`` (from step ``start``), in process."""
+    shots = shots or shot_features(cfg)
+    model = model or new_model(cfg, shots)
+    opt = opt or new_optimizer(cfg, model)
+    trains_maps = cfg.system in MAPPING_SYSTEMS
+    for step in range(start + 1, cfg.steps + 1):
+        if before_step is not None:
+            before_step(step)
+        if trains_maps:
+            stats = epoch(cfg, model, opt, shots, step, rank, forward)
+        else:
+            stats = {"loss": 0.0, "stage": 2.0}
+        if step == cfg.map_epochs or not trains_maps:
+            finish_banks(cfg, model, shots)
+        if step == cfg.steps:
+            set_threshold_hint(cfg, model, shots)
+        if on_step is not None:
+            on_step(step, stats)
+    return model
+
+
+class _Dispatch(torch.nn.Module):
+    """DDP calls ``forward``; this routes it to a named method of the CFR model."""
+
+    def __init__(self, model: CfrModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, name: str, *args: object) -> torch.Tensor:
+        out = getattr(self.model, name)(*args)
+        # every parameter takes part in DDP's reduction (a stage trains only its own part)
+        return out + 0.0 * sum(p.sum() for p in self.model.parameters())
+
+
+def run_record(cfg: CfrConfig, model: CfrModel, step: int) -> dict:
+    """What a checkpoint keeps about its run (JSON): the banks exist from the end of stage 1."""
+    bank_step = cfg.map_epochs if cfg.system in MAPPING_SYSTEMS else 1
+    return {"class_name": cfg.class_name, "shot": cfg.shot, "system": cfg.system,
+            "bank_sizes": model.bank_sizes(), "banks_built": step >= bank_step,
+            "theta_q": float(model.theta_q),
+            "threshold_hint": float(model.threshold_hint)}  # fmt: skip
+
+
+def train_loop(cfg: CfrConfig) -> None:
+    """Stages 1–3 of one (class, k) run under Ray Train; the stage loss every ``log_every``
+    epochs, a checkpoint (mappings, retriever, banks, θ) every ``checkpoint_every`` and at the
+    end. With several workers DDP averages the stage-1 gradients (every worker sees the same
+    k shots, so the run equals a one-worker run) and each worker draws its own retriever queries.
+    """
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    shots = shot_features(cfg)
+    model = new_model(cfg, shots)
+    opt = new_optimizer(cfg, model)
+    restored = session.restore(model, opt)
+    start = restored.step if restored else 0
+    forward = None
+    if ctx.world_size > 1 and cfg.system in MAPPING_SYSTEMS:
+        forward = session.prepare_model(_Dispatch(model))
+    window: list[dict[str, float]] = []
+
+    def on_step(step: int, stats: dict[str, float]) -> None:
+        window.append(stats)
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            metrics = {"loss": float(np.mean([w["loss"] for w in window])),
+                       "stage": window[-1]["stage"], "theta": float(model.theta_q)}  # fmt: skip
+            session.report(metrics, step=step, model=model, optimizer=opt,
+                           extra={"run": run_record(cfg, model, step)}, checkpoint=is_ckpt,
+                           samples=len(window))  # fmt: skip
+            window.clear()
+
+    fit(cfg, shots, model=model, opt=opt, start=start, rank=ctx.rank, forward=forward,
+        on_step=on_step, before_step=lambda s: session.maybe_inject_fault(s, restored))  # fmt: skip
+
+
+__all__ = ["RETRIEVER_SYSTEMS", "fit", "shot_features", "train_loop"]
