@@ -1,0 +1,158 @@
+"""cfr under Ray: train → fault → resume equals an uninterrupted run, evaluate, two Ray Train
+workers, the predictor over HTTP with its 422s, experiments on smoke and the example."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+
+from nshot.method import get
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, tmp_path_factory):
+    from nshot.train import Scaling, fit
+
+    storage = tmp_path_factory.mktemp("cfr-runs")
+    cfg = get("cfr").config("smoke")
+    res = fit("cfr", cfg, scaling=Scaling(workers=0), storage=storage, name="one")
+    return storage, cfg, res
+
+
+def test_resume_after_a_fault_equals_an_uninterrupted_run_and_evaluates(trained):
+    import torch
+
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, cfg, res = trained
+    faulty = cfg.replace(fail_at_step=cfg.map_epochs + 2)  # inside stage 3, after a checkpoint
+    with pytest.raises(Exception, match="injected fault"):
+        fit("cfr", faulty, scaling=Scaling(workers=0), storage=storage, name="fault")
+    again = fit("cfr", faulty, scaling=Scaling(workers=0), storage=storage, name="fault",
+                resume=True)  # fmt: skip
+    a = load_checkpoint(res.checkpoint, method="cfr")
+    b = load_checkpoint(again.checkpoint, method="cfr")
+    assert a.step == b.step == cfg.steps == cfg.map_epochs + cfg.ret_epochs
+    wa, wb = a.weights(), b.weights()
+    assert set(wa) == set(wb)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], msg=name)
+    assert b.extra["run"]["banks_built"] and b.extra["run"]["bank_sizes"]["rgb_bank"] > 0
+    metrics = get("cfr").evaluate(b, cfg)
+    assert set(metrics) == {"i_auroc", "p_auroc", "aupro30", "aupro10", "replaced_frac_normal"}
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    assert metrics["p_auroc"] > 0.5  # the map finds defect pixels better than chance
+
+
+def test_trains_on_two_ray_train_workers(trained):
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, cfg, _ = trained
+    cfg = cfg.replace(map_epochs=2, ret_epochs=1, checkpoint_every=3)
+    res = fit("cfr", cfg, scaling=Scaling(workers=2), storage=storage, name="two")
+    ckpt = load_checkpoint(res.checkpoint, method="cfr")
+    assert ckpt.step == cfg.steps and ckpt.extra["run"]["banks_built"]
+    pred = get("cfr").predictor(ckpt)
+    answer = pred(pred.Request.model_validate(pred.example_request()))
+    assert answer.image_score > 0 and len(answer.anomaly_map) == cfg.grid
+
+
+def _png(arr: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_predictor_answers_and_refuses_bad_input_with_422(trained, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from nshot.serve.bare import make_app
+    from nshot.train import Scaling, fit, load_checkpoint
+    from nshot.train.checkpoint import find_checkpoints
+
+    storage, cfg, res = trained
+    pred = get("cfr").predictor(load_checkpoint(res.checkpoint, method="cfr"))
+    good = pred.example_request()
+    rgb = np.asarray(good["rgb"], dtype=np.uint8)
+    xyz = np.asarray(good["xyz"])
+    with TestClient(make_app("cfr", str(res.checkpoint))) as client:
+        ok = client.post("/cfr/predict", json=good)
+        assert ok.status_code == 200, ok.text
+        body = ok.json()
+        assert 0 < body["valid_fraction"] < 1 and 0 <= body["replaced_fraction"] <= 1
+        as_png = client.post("/cfr/predict", json={**good, "rgb": _png(rgb)})
+        assert as_png.json() == body  # a PNG and the array give the same answer
+        nomap = client.post("/cfr/predict", json={**good, "return_map": False}).json()
+        assert nomap["anomaly_map"] is None and nomap["image_score"] == body["image_score"]
+        rgba = np.concatenate([rgb, np.full_like(rgb[..., :1], 255)], -1)
+        nan_xyz = xyz.tolist()
+        nan_xyz[3][4][2] = float("nan")
+        cases = {
+            "class_name": {**good, "class_name": "teapot"},
+            "rgb": {**good, "rgb": "not a png!"},
+            "rgb[0][0]": {**good, "rgb": rgba.tolist()},
+            "xyz[0][0]": {**good, "xyz": xyz[..., :2].tolist()},
+            "xyz": {**good, "xyz": xyz[:-1].tolist()},
+            "xyz[0]": {**good, "xyz": xyz[:, :-1].tolist()},
+        }  # fmt: skip
+        for field, req in cases.items():
+            got = client.post("/cfr/predict", json=req)
+            assert got.status_code == 422, (field, got.text)
+            assert got.json()["detail"][0]["field"] == field, (field, got.json())
+        got = client.post("/cfr/predict", json={**good, "rgb": _png(rgba)})
+        assert got.status_code == 422 and "RGBA" in got.text
+        got = client.post("/cfr/predict", json={**good, "xyz": np.zeros_like(xyz).tolist()})
+        assert got.status_code == 422 and "no valid point" in got.text
+        # NaN/inf are not JSON: sent as the literals Python writes, they are refused
+        for bad in ("NaN", "Infinity"):
+            text = json.dumps({**good, "xyz": nan_xyz}).replace("NaN", bad)
+            got = client.post("/cfr/predict", content=text,
+                              headers={"content-type": "application/json"})  # fmt: skip
+            assert got.status_code == 422, got.text
+        with pytest.raises(ValueError, match=r"xyz\[3\]\[4\]: NaN or inf"):
+            pred.Request.model_validate({**good, "xyz": nan_xyz})
+    # a checkpoint from stage 1 has no memory bank yet: 422 naming class_name
+    early = cfg.replace(checkpoint_every=1, fail_at_step=2)  # dies after the step-1 checkpoint
+    with pytest.raises(Exception, match="injected fault"):
+        fit("cfr", early, scaling=Scaling(workers=0), storage=storage, name="early")
+    (stage1,) = find_checkpoints(storage / "early")
+    assert json.loads((stage1 / "state.json").read_text())["step"] == 1
+    with TestClient(make_app("cfr", str(stage1))) as client:
+        got = client.post("/cfr/predict", json=good)
+        assert got.status_code == 422 and "no memory bank" in got.text
+        assert got.json()["detail"][0]["field"] == "class_name"
+
+
+def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):
+    from nshot.claims import evaluate
+    from nshot.methods.cfr.experiments import METRICS, SYSTEMS
+
+    cfr = get("cfr")
+    table = cfr.experiments(cfr.config("smoke"), tmp_path)
+    assert list(table.rows) == list(SYSTEMS) and set(table.metrics) == set(METRICS)
+    for system in SYSTEMS:
+        assert all(table.rows[system][m] is not None for m in METRICS), system
+    assert table.rows["cfr_cyclic_only"]["replaced_frac_normal"] == 0.0
+    assert table.rows["cfr"]["replaced_frac_normal"] == pytest.approx(
+        table.rows["cfr_random_replace"]["replaced_frac_normal"])  # fmt: skip
+    assert (tmp_path / "cfr.png").is_file()
+    results = table.to_json()
+    assert set(results["extra"]["theta_sweep"]["k4"]) == {"0.2", "0.4"}
+    claims = {c["id"]: c for c in evaluate(cfr.claims, results)}
+    assert set(claims) == {c.id for c in cfr.claims}
+    assert claims["aupro_metric_exact"]["holds"] is True
+    assert all(c.get("applies") is False for k, c in claims.items() if k != "aupro_metric_exact")
+
+
+def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):
+    run_example("cfr", ["--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "test metrics:" in out and "anomalous image" in out
