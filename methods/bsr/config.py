@@ -119,13 +119,17 @@ class BsrConfig(MethodConfig):
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
             "trial_s": 2.0, "n_source_subjects": 3, "n_source_trials": 8,
-            "n_target_subjects": 2, "n_target_trials": 4, "grid": 16, "frames": 8,
+            "n_target_subjects": 2, "n_target_trials": 6, "grid": 16, "frames": 8,
             "width": 32, "depth": 1, "heads": 2, "dec_width": 16, "dec_depth": 1,
             "dec_heads": 1, "mask_ratio": 0.75, "batch": 8, "base_lr": 0.032,
             "warmup_steps": 0, "steps": 4, "log_every": 2, "checkpoint_every": 2,
-            "ft_epochs": 2, "shots": [1], "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
+            "ft_epochs": 2, "shots": [1, 5], "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
         },
-        "small": {"steps": 1500, "log_every": 50, "checkpoint_every": 500},
+        # sized to fit `nshot reproduce bsr --preset small` in about 10 min on 2 cores (README)
+        "small": {
+            "steps": 1000, "log_every": 50, "checkpoint_every": 500, "ft_epochs": 20,
+            "eval_subjects": 4, "seeds": 2, "eegnet_epochs": 10,
+        },
         "paper": {
             "grid": 224, "patch": 16, "width": 768, "depth": 12, "heads": 12, "dec_width": 384,
             "dec_depth": 4, "dec_heads": 6, "steps": 40_000, "warmup_steps": 2000,

@@ -69,13 +69,15 @@ class BsrRequest(StrictRequest):
             raise ValueError(
                 f"sfreq: {self.sfreq} Hz is outside [{lo:g}, {hi:g}] (the β band needs >= 64 Hz)"
             )
-        c = _shape("eeg", self.eeg)
-        for i, t in enumerate(self.support):
-            ci = _shape(f"support[{i}].eeg", t.eeg)
-            if ci != c:
-                raise ValueError(f"support[{i}].eeg: {ci} channels, the query has {c}")
+        c, n = _shape("eeg", self.eeg)
         if c < MIN_CHANNELS:
             raise ValueError(f"eeg: {c} channels; at least {MIN_CHANNELS} are needed")
+        for i, t in enumerate(self.support):
+            ci, ni = _shape(f"support[{i}].eeg", t.eeg)
+            if ci != c:
+                raise ValueError(f"support[{i}].eeg: {ci} channels, the query has {c}")
+            if ni != n:
+                raise ValueError(f"support[{i}].eeg: {ni} samples, the query has {n}")
         if self.ch_names is None and self.positions is None:
             raise ValueError("ch_names: give the channel names or their positions")
         if self.ch_names is not None:
@@ -109,7 +111,7 @@ class BsrRequest(StrictRequest):
         return self
 
 
-def _shape(field: str, eeg: list[list[float]]) -> int:
+def _shape(field: str, eeg: list[list[float]]) -> tuple[int, int]:
     if not eeg:
         raise ValueError(f"{field}: no channel")
     if len(eeg) > MAX_CHANNELS:
@@ -123,7 +125,7 @@ def _shape(field: str, eeg: list[list[float]]) -> int:
         for j, v in enumerate(row):
             if not math.isfinite(v):
                 raise ValueError(f"{field}[{i}][{j}]: {v} is not a finite number")
-    return len(eeg)
+    return len(eeg), n
 
 
 class BsrResponse(BaseModel):

@@ -114,6 +114,54 @@ def renderer_record(cfg: BsrConfig, stats: NormStats) -> dict:
     }
 
 
+def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_pretrainer(cfg)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
+        weight_decay=cfg.weight_decay, foreach=True,
+    )  # fmt: skip
+    return model, opt
+
+
+def pretrain_step(cfg: BsrConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                  clips: Clips, train_idx: np.ndarray, step: int, rank: int = 0,
+                  forward: torch.nn.Module | None = None) -> tuple[float, int]:  # fmt: skip
+    """One optimiser step on the batch of ``(seed, step, rank)``; (loss, batch size)."""
+    rng = np.random.default_rng([cfg.seed, step, rank])
+    batch = rng.choice(train_idx, size=min(cfg.batch, len(train_idx)), replace=False)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    mask = tube_mask(cfg, len(batch), gen)
+    for g in opt.param_groups:
+        g["lr"] = lr_at(cfg, step)
+    loss = masked_loss(cfg, forward if forward is not None else model, clips.videos(batch), mask)
+    if forward is not None:  # every parameter takes part in DDP's reduction
+        loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach()), len(batch)
+
+
+def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module, dict]:
+    """Stage 1 in one process (the reproduction's task): the pretrainer and its record
+    (held-out ``mae_mse``, the loss curve)."""
+    ds = ds if ds is not None else load_dataset(cfg)
+    clips, stats = source_clips(cfg, ds)
+    train_idx, val_idx = split_clips(cfg, len(clips.powers))
+    model, opt = new_pretrainer(cfg)
+    model.train()
+    curve, window = [], []
+    for step in range(1, cfg.steps + 1):
+        window.append(pretrain_step(cfg, model, opt, clips, train_idx, step)[0])
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            curve.append((step, float(np.mean(window))))
+            window.clear()
+    record = {"mae_mse": held_out_mse(cfg, model, clips, val_idx), "curve": curve,
+              "renderer": renderer_record(cfg, stats)}  # fmt: skip
+    return model.eval(), record
+
+
 def train_loop(cfg: BsrConfig) -> None:
     """Masked pretraining under Ray Train: every worker draws its own batches (DDP averages the
     gradients); the loss every ``log_every`` steps with ``val_mae_mse``, a checkpoint every
@@ -123,33 +171,17 @@ def train_loop(cfg: BsrConfig) -> None:
     ds = load_dataset(cfg)
     clips, stats = source_clips(cfg, ds)
     train_idx, val_idx = split_clips(cfg, len(clips.powers))
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = build_pretrainer(cfg)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
-        weight_decay=cfg.weight_decay, foreach=True,
-    )  # fmt: skip
+    model, opt = new_pretrainer(cfg)
     restored = session.restore(model, opt)
     start = restored.step if restored else 0
-    fwd = session.prepare_model(model) if ctx.world_size > 1 else model
+    fwd = session.prepare_model(model) if ctx.world_size > 1 else None
     extra = {"renderer": renderer_record(cfg, stats)}
     model.train()
     window: list[float] = []
     for step in range(start + 1, cfg.steps + 1):
         session.maybe_inject_fault(step, restored)
-        rng = np.random.default_rng([cfg.seed, step, ctx.rank])
-        batch = rng.choice(train_idx, size=min(cfg.batch, len(train_idx)), replace=False)
-        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
-        mask = tube_mask(cfg, len(batch), gen)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
-        loss = masked_loss(cfg, fwd, clips.videos(batch), mask)
-        if ctx.world_size > 1:  # every parameter takes part in DDP's reduction
-            loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        window.append(float(loss.detach()))
+        loss, n = pretrain_step(cfg, model, opt, clips, train_idx, step, ctx.rank, fwd)
+        window.append(loss)
         is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
         if step % cfg.log_every == 0 or is_ckpt:
             metrics = {
@@ -158,5 +190,5 @@ def train_loop(cfg: BsrConfig) -> None:
                 "val_mae_mse": held_out_mse(cfg, model, clips, val_idx),
             }
             session.report(metrics, step=step, model=model, optimizer=opt, extra=extra,
-                           checkpoint=is_ckpt, samples=len(window) * len(batch))  # fmt: skip
+                           checkpoint=is_ckpt, samples=len(window) * n)  # fmt: skip
             window.clear()
