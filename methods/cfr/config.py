@@ -22,7 +22,9 @@ from nshot.tune.space import Float, Int, TuneSpec
 
 VERSION = "1"  # of the checkpoint format
 
-CLASSES = ("bump", "cylinder", "saddle", "ring")
+CLASSES = ("bump", "cylinder", "saddle", "ring")  # the height-field objects
+MESH_CLASSES = ("box", "cylinder", "sphere", "capsule")
+GENERATOR_CLASSES = {"heightfield": CLASSES, "mesh": MESH_CLASSES}
 
 System = Literal[
     "cfr",
@@ -50,8 +52,11 @@ class CfrConfig(MethodConfig):
         "cfr_random_replace (negative control: as many pixels as cfr, chosen at random)",
     )
     # data
-    generator: Literal["heightfield"] = Field(
-        "heightfield", description="generated objects: height fields seen from above"
+    generator: Literal["heightfield", "mesh"] = Field(
+        "heightfield",
+        description="generated objects: heightfield (height fields seen from above; classes "
+        "bump, cylinder, saddle, ring) or mesh (trimesh primitives ray-cast from above; classes "
+        "box, cylinder, sphere, capsule)",
     )
     grid: int = Field(64, ge=16, le=256, description="image side in pixels (H = W)")
     classes: list[str] = Field(list(CLASSES), min_length=1, description="object classes")
@@ -142,9 +147,13 @@ class CfrConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _check(self) -> CfrConfig:
-        unknown = [c for c in self.classes if c not in CLASSES]
+        known = GENERATOR_CLASSES[self.generator]
+        unknown = [c for c in self.classes if c not in known]
         if unknown:
-            raise ValueError(f"field 'classes': unknown {unknown}; choose from {list(CLASSES)}")
+            raise ValueError(
+                f"field 'classes': unknown {unknown} for the {self.generator} generator; "
+                f"choose from {list(known)}"
+            )
         if self.class_name not in self.classes:
             raise ValueError(f"field 'class_name': {self.class_name!r} is not in {self.classes}")
         if self.rgb_dim % 3:

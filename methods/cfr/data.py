@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from nshot.data.cache import cached_table
 
-from .config import CLASSES, CfrConfig
+from .config import GENERATOR_CLASSES, CfrConfig
 
 DATA_VERSION = "1"
 DEFECTS = ("good", "geometric", "colour", "both")
@@ -135,15 +135,127 @@ def heightfield_sample(cls: str, grid: int, defect: str, rng: np.random.Generato
     return Sample(rgb=rgb, xyz=xyz, mask=mask, defect=defect)
 
 
+MESH_PALETTES = {
+    "box": PALETTES["bump"], "cylinder": PALETTES["cylinder"],
+    "sphere": PALETTES["saddle"], "capsule": PALETTES["ring"],
+}  # fmt: skip
+_BASE_MESHES: dict[str, object] = {}
+
+
+def _base_mesh(cls: str):  # -> trimesh.Trimesh
+    """The class's mesh in object units (about 0.6 of the image wide), finely subdivided so
+    that a defect of radius 3 % of the image moves many vertices; built once per process."""
+    import trimesh
+
+    if cls not in _BASE_MESHES:
+        if cls == "box":
+            m = trimesh.creation.box(extents=(0.6, 0.42, 0.25)).subdivide_to_size(0.012)
+        elif cls == "cylinder":
+            m = trimesh.creation.cylinder(radius=0.17, height=0.62, sections=64)
+            m.apply_transform(trimesh.transformations.rotation_matrix(np.pi / 2, [0, 1, 0]))
+            m = m.subdivide_to_size(0.02)
+        elif cls == "sphere":
+            m = trimesh.creation.icosphere(subdivisions=5, radius=0.3)
+        elif cls == "capsule":
+            m = trimesh.creation.capsule(height=0.4, radius=0.16, count=[48, 48])
+            m.apply_transform(trimesh.transformations.rotation_matrix(np.pi / 2, [0, 1, 0]))
+            m = m.subdivide_to_size(0.02)
+        else:
+            raise ValueError(f"unknown mesh class {cls!r}")
+        _BASE_MESHES[cls] = m
+    return _BASE_MESHES[cls]
+
+
+def _cast(mesh, grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Orthographic rays straight down through the pixel centres: (pixel index, hit point,
+    face index) of every pixel that sees the mesh."""
+    coords = (np.arange(grid) + 0.5) / grid
+    px, py = np.meshgrid(coords, coords)
+    origins = np.stack([px.ravel(), py.ravel(), np.full(px.size, 10.0)], -1)
+    dirs = np.tile([0.0, 0.0, -1.0], (px.size, 1))
+    loc, ray, tri = mesh.ray.intersects_location(origins, dirs, multiple_hits=False)
+    return ray, loc, tri
+
+
+def mesh_sample(cls: str, grid: int, defect: str, rng: np.random.Generator) -> Sample:
+    """One image of mesh class ``cls``: a posed primitive, ray-cast to an organised xyz map."""
+    import trimesh
+
+    if defect not in DEFECTS:
+        raise ValueError(f"unknown defect {defect!r}")
+    base = _base_mesh(cls)
+    obj = base.vertices.copy()  # object coordinates, for the texture
+    rot = trimesh.transformations.euler_matrix(
+        rng.uniform(-0.25, 0.25), rng.uniform(-0.25, 0.25), rng.uniform(0, 2 * np.pi)
+    )[:3, :3]
+    scale = rng.uniform(0.9, 1.1)
+    v = obj @ rot.T * scale
+    v[:, :2] += 0.5 + rng.uniform(-0.1, 0.1, 2)
+    v[:, 2] += 0.05 - v[:, 2].min()  # resting above the ground plane z = 0
+    mesh = trimesh.Trimesh(v, base.faces, process=False)
+
+    vmask = np.zeros(len(v), bool)
+    stain = None
+    if defect != "good":
+        ray, loc, _ = _cast(mesh, grid)
+        normals = mesh.vertex_normals
+        # a centre on the visible surface, away from the silhouette
+        for _ in range(100):
+            centre = loc[rng.integers(len(loc))]
+            rad = rng.uniform(0.03, 0.06)
+            near = np.linalg.norm(v - centre, axis=1) < rad
+            if near.sum() >= 8 and normals[near][:, 2].mean() > 0.3:
+                break
+        vmask = near
+        if defect in ("geometric", "both"):
+            depth = rng.uniform(0.015, 0.035) * rng.choice([-1.0, 1.0])
+            dist = np.linalg.norm(v[near] - centre, axis=1)
+            v = v.copy()
+            v[near] += normals[near] * (depth * (1 - (dist / rad) ** 2))[:, None]
+            mesh = trimesh.Trimesh(v, base.faces, process=False)
+        if defect in ("colour", "both"):
+            stain = np.asarray(STAINS[rng.integers(len(STAINS))])
+
+    ray, loc, tri = _cast(mesh, grid)
+    # texture: stripes in object coordinates, random orientation, frequency and colour pair
+    pal = np.asarray(MESH_PALETTES[cls])
+    i1, i2 = rng.choice(3, size=2, replace=False)
+    direction = rng.normal(size=3)
+    direction /= np.linalg.norm(direction)
+    freq = rng.uniform(3, 8) / 0.6
+    phase = rng.uniform(0, 2 * np.pi)
+    faces = base.faces[tri]
+    centre_obj = obj[faces].mean(1)
+    t = 0.5 + 0.5 * np.sin(2 * np.pi * freq * centre_obj @ direction + phase)
+    colour = pal[i1] * t[:, None] + pal[i2] * (1 - t[:, None])
+    hit_mask = vmask[faces].any(1)
+    if stain is not None:
+        colour = np.where(hit_mask[:, None], stain, colour)
+    shade = 0.25 + 0.75 * np.clip(mesh.face_normals[tri] @ LIGHT, 0, None)
+
+    n = grid * grid
+    img = BACKGROUND_GREY + rng.normal(0, 0.02, (n, 1)) * np.ones((1, 3))
+    img[ray] = colour * shade[:, None]
+    img = img + rng.normal(0, 0.01, (n, 3))
+    xyz = np.zeros((n, 3))
+    xyz[ray] = loc + np.c_[np.zeros((len(loc), 2)), rng.normal(0, 0.002, len(loc))]
+    mask = np.zeros(n, bool)
+    mask[ray] = hit_mask
+    rgb = np.clip(np.round(img * 255), 0, 255).astype(np.uint8).reshape(grid, grid, 3)
+    return Sample(rgb=rgb, xyz=xyz.astype(np.float32).reshape(grid, grid, 3),
+                  mask=mask.reshape(grid, grid), defect=defect)  # fmt: skip
+
+
 def _rows(cfg: CfrConfig, cls: str) -> list[dict]:
-    ci = CLASSES.index(cls)
+    ci = GENERATOR_CLASSES[cfg.generator].index(cls)
     plan = [("train", i, "good") for i in range(cfg.n_train)]
     plan += [("test", i, "good") for i in range(cfg.n_test_good)]
     plan += [("test", cfg.n_test_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_test_bad)]
     rows = []
     for split, idx, defect in plan:
         rng = np.random.default_rng([cfg.data_seed, ci, split == "test", idx])
-        smp = heightfield_sample(cls, cfg.grid, defect, rng)
+        make = mesh_sample if cfg.generator == "mesh" else heightfield_sample
+        smp = make(cls, cfg.grid, defect, rng)
         rows.append({
             "class_name": cls, "split": split, "index": idx, "defect": defect,
             "label": int(defect != "good"),
@@ -167,8 +279,9 @@ def table_key(cfg: CfrConfig, cls: str) -> str:
 
 def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
     """The images of one class, built once and read from the verified Parquet cache."""
-    if cls not in CLASSES:
-        raise ValueError(f"unknown class {cls!r}; choose from {list(CLASSES)}")
+    if cls not in GENERATOR_CLASSES[cfg.generator]:
+        raise ValueError(f"unknown {cfg.generator} class {cls!r}; choose from "
+                         f"{list(GENERATOR_CLASSES[cfg.generator])}")  # fmt: skip
     return cached_table(
         table_key(cfg, cls),
         lambda: pa.Table.from_pylist(_rows(cfg, cls), schema=SCHEMA),
