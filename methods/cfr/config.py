@@ -6,8 +6,8 @@ retriever, paper §3.3). A step is one epoch of stage 1 or of stage 3, so
 ``steps = map_epochs + ret_epochs`` for the systems that train a retriever, ``map_epochs`` for
 the others, and 1 for the memory-bank-only baselines (PatchCore, BTF); it is set from them.
 
-``smoke`` and ``small`` run on generated RGB + organised-xyz images with frozen random feature
-extractors; ``paper`` names the paper's scale (DINO ViT-B/8 and Point-MAE features from local
+``smoke`` (height fields) and ``small`` (meshes ray-cast from above) run on generated RGB +
+organised-xyz images with frozen random feature extractors; ``paper`` names the paper's scale (DINO ViT-B/8 and Point-MAE features from local
 weight files, 224² grids).
 """
 
@@ -134,6 +134,7 @@ class CfrConfig(MethodConfig):
             "theta_sweep": [0.2, 0.4],
         },
         "small": {
+            "generator": "mesh", "classes": list(MESH_CLASSES), "class_name": "box",
             "grid": 64, "map_epochs": 40, "ret_epochs": 40, "log_every": 10,
             "checkpoint_every": 20,
         },
