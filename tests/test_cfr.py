@@ -238,17 +238,17 @@ def test_frozen_extractors_are_seeded_and_zero_off_the_object(smoke_cfg):
     assert not torch.allclose(f2, other)
 
 
-@pytest.mark.parametrize("cls", ["box", "cylinder", "sphere", "capsule"])
-def test_mesh_generator_masks_lie_on_the_visible_surface_and_background_is_zero(cls):
+def test_mesh_generator_masks_lie_on_the_visible_surface_and_background_is_zero():
     from nshot.methods.cfr.data import mesh_sample
 
-    for i, defect in enumerate(DEFECTS):
-        smp = mesh_sample(cls, 32, defect, np.random.default_rng([5, i]))
-        valid = smp.xyz.any(-1)
-        assert 0.1 < valid.mean() < 0.6
-        assert np.all(smp.xyz[~valid] == 0.0) and np.all(smp.xyz[valid][:, 2] > 0.0)
-        assert not (smp.mask & ~valid).any()
-        assert (smp.mask.sum() > 0) == (defect != "good")
+    for cls in ("box", "cylinder", "sphere", "capsule"):
+        for i, defect in enumerate(("good", "both")):
+            smp = mesh_sample(cls, 32, defect, np.random.default_rng([5, i]))
+            valid = smp.xyz.any(-1)
+            assert 0.1 < valid.mean() < 0.6, cls
+            assert np.all(smp.xyz[~valid] == 0.0) and np.all(smp.xyz[valid][:, 2] > 0.0)
+            assert not (smp.mask & ~valid).any(), cls
+            assert (smp.mask.sum() > 0) == (defect != "good"), cls
 
 
 def test_mesh_classes_belong_to_the_mesh_generator():
