@@ -53,7 +53,8 @@ def test_defects_change_the_right_modality():
 
 def test_cached_table_is_deterministic_and_balanced(smoke_cfg):
     tab = class_table(smoke_cfg, "bump")
-    assert tab.num_rows == smoke_cfg.n_train + smoke_cfg.n_test_good + smoke_cfg.n_test_bad
+    c = smoke_cfg
+    assert tab.num_rows == c.n_train + c.n_test_good + c.n_test_bad + c.n_val_good + c.n_val_bad
     again = class_table(smoke_cfg, "bump")  # read back from the verified cache
     assert again.equals(tab)
     data = load_class(smoke_cfg, "bump")
@@ -63,6 +64,9 @@ def test_cached_table_is_deterministic_and_balanced(smoke_cfg):
     assert {d: bad.count(d) for d in set(bad)} == {"geometric": 2, "colour": 2, "both": 2}
     assert np.all(test.label == (test.mask.reshape(len(test), -1).any(1)))
     assert not data["train"].mask.any()
+    val = data["val"]
+    assert list(val.label) == [0] * c.n_val_good + [1] * c.n_val_bad
+    assert not any(np.array_equal(v, t) for v in val.rgb for t in test.rgb)  # other images
 
 
 def test_fewshot_choice_follows_the_paper_code():

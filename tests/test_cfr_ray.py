@@ -44,6 +44,7 @@ def test_resume_after_a_fault_equals_an_uninterrupted_run_and_evaluates(trained)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], msg=name)
     assert b.extra["run"]["banks_built"] and b.extra["run"]["bank_sizes"]["rgb_bank"] > 0
+    assert 0.0 <= b.metrics["val_aupro30"] <= 1.0 and 0.0 <= b.metrics["val_i_auroc"] <= 1.0
     metrics = get("cfr").evaluate(b, cfg)
     assert set(metrics) == {"i_auroc", "p_auroc", "aupro30", "aupro10", "replaced_frac_normal"}
     assert all(0.0 <= v <= 1.0 for v in metrics.values())

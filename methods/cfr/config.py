@@ -64,6 +64,8 @@ class CfrConfig(MethodConfig):
     n_train: int = Field(20, ge=1, le=500, description="normal training images per class")
     n_test_good: int = Field(20, ge=1, le=500, description="normal test images per class")
     n_test_bad: int = Field(20, ge=3, le=500, description="anomalous test images per class")
+    n_val_good: int = Field(4, ge=1, le=500, description="normal validation images per class")
+    n_val_bad: int = Field(6, ge=3, le=500, description="anomalous validation images per class")
     data_seed: int = Field(0, ge=0, description="seed of the generated images")
     # features (frozen random extractors, never trained)
     rgb_dim: int = Field(96, ge=3, le=3072, description="C2: RGB feature channels (3 layers)")
@@ -111,9 +113,9 @@ class CfrConfig(MethodConfig):
             "theta_quantile": Float(0.5, 0.99),
             "d_model": Int(8, 64),
         },
-        metric="aupro30",
+        metric="val_aupro30",
         mode="max",
-        curve=("loss",),
+        curve=("val_aupro30", "loss"),
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
         "theta_mode",
@@ -128,7 +130,7 @@ class CfrConfig(MethodConfig):
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
             "grid": 32, "classes": ["bump"], "class_name": "bump", "n_train": 4,
-            "n_test_good": 4, "n_test_bad": 6, "rgb_dim": 30, "xyz_dim": 16, "shot": 1,
+            "n_test_good": 4, "n_test_bad": 6, "n_val_good": 2, "n_val_bad": 3, "rgb_dim": 30, "xyz_dim": 16, "shot": 1,
             "shots": [1, 4], "map_epochs": 3, "ret_epochs": 3, "coreset_proj": 16, "d_model": 8,
             "bank_subsample": 500, "max_queries": 500, "log_every": 1, "checkpoint_every": 2,
             "theta_sweep": [0.2, 0.4],

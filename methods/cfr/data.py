@@ -2,7 +2,8 @@
 
 No 3-D anomaly benchmark ships in any package (MVTec 3D-AD and Eyecandies are downloads), so the
 default data are generated, following the benchmark's layout: per class, normal training images
-(the pool the k shots are drawn from) and normal plus anomalous test images with pixel masks.
+(the pool the k shots are drawn from) and normal plus anomalous test images with pixel masks,
+plus a few normal and anomalous validation images (the metric ``nshot tune`` optimises).
 
 Height-field objects (``generator="heightfield"``), seen from straight above:
 
@@ -251,9 +252,12 @@ def _rows(cfg: CfrConfig, cls: str) -> list[dict]:
     plan = [("train", i, "good") for i in range(cfg.n_train)]
     plan += [("test", i, "good") for i in range(cfg.n_test_good)]
     plan += [("test", cfg.n_test_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_test_bad)]
+    plan += [("val", i, "good") for i in range(cfg.n_val_good)]
+    plan += [("val", cfg.n_val_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_val_bad)]
     rows = []
     for split, idx, defect in plan:
-        rng = np.random.default_rng([cfg.data_seed, ci, split == "test", idx])
+        stream = {"train": 0, "test": 1, "val": 2}[split]
+        rng = np.random.default_rng([cfg.data_seed, ci, stream, idx])
         make = mesh_sample if cfg.generator == "mesh" else heightfield_sample
         smp = make(cls, cfg.grid, defect, rng)
         rows.append({
@@ -274,7 +278,7 @@ SCHEMA = pa.schema([
 
 def table_key(cfg: CfrConfig, cls: str) -> str:
     return (f"cfr-{cfg.generator}-{cls}-g{cfg.grid}-n{cfg.n_train}-{cfg.n_test_good}-"
-            f"{cfg.n_test_bad}-s{cfg.data_seed}")  # fmt: skip
+            f"{cfg.n_test_bad}-v{cfg.n_val_good}-{cfg.n_val_bad}-s{cfg.data_seed}")  # fmt: skip
 
 
 def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
@@ -307,12 +311,13 @@ class Split:
 
 
 def load_class(cfg: CfrConfig, cls: str) -> dict[str, Split]:
-    """``{"train": normal pool, "test": normal + anomalous}`` of class ``cls`` as arrays."""
+    """``{"train": normal pool, "test": normal + anomalous, "val": normal + anomalous}`` of
+    class ``cls`` as arrays (the validation images are for tuning; never in the results)."""
     tab = class_table(cfg, cls)
     g = cfg.grid
     out = {}
     split_col = np.asarray(tab.column("split").to_pylist())
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         sel = np.nonzero(split_col == split)[0]
         sub = tab.take(pa.array(sel))
 

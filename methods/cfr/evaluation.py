@@ -22,8 +22,8 @@ class TestFeatures:
     valid: torch.Tensor  # n × H × W bool
 
 
-def class_test_features(cfg: CfrConfig, cls: str) -> TestFeatures:
-    test = load_class(cfg, cls)["test"]
+def class_test_features(cfg: CfrConfig, cls: str, split: str = "test") -> TestFeatures:
+    test = load_class(cfg, cls)[split]
     f2, f3 = Extractors(cfg)(test.rgb, test.xyz)
     return TestFeatures(test, f2, f3, torch.from_numpy(valid_mask(test.xyz)))
 
@@ -63,3 +63,17 @@ def evaluate_model(model: CfrModel, cfg: CfrConfig, cls: str) -> dict[str, float
     theta = None if cfg.theta_mode == "quantile" else cfg.theta
     scores = score_images(model, feats, cfg.system, theta, cfg.infer_seed)
     return metrics(scores, feats.split, cfg.pro_thresholds)
+
+
+def validation_metrics(
+    model: CfrModel, cfg: CfrConfig, feats: TestFeatures, banks_built: bool
+) -> dict[str, float]:
+    """AUPRO@30 % and I-AUROC of ``cfg.system`` on the class's validation images; before the
+    banks exist (during stage 1) those of the mappings alone (no replacement)."""
+    system = cfg.system
+    if not banks_built:
+        system = "cfm" if system == "cfm" else "cfr_cyclic_only"
+    theta = None if cfg.theta_mode == "quantile" else cfg.theta
+    m = metrics(score_images(model, feats, system, theta, cfg.infer_seed), feats.split,
+                cfg.pro_thresholds)  # fmt: skip
+    return {"val_aupro30": m["aupro30"], "val_i_auroc": m["i_auroc"]}

@@ -22,6 +22,7 @@ from nshot.train import session
 
 from .config import MAPPING_SYSTEMS, RETRIEVER_SYSTEMS, CfrConfig
 from .data import fewshot_indices, load_class
+from .evaluation import class_test_features, validation_metrics
 from .features import Extractors, valid_mask
 from .model import CfrModel, build_model
 
@@ -187,8 +188,8 @@ def run_record(cfg: CfrConfig, model: CfrModel, step: int) -> dict:
 
 
 def train_loop(cfg: CfrConfig) -> None:
-    """Stages 1–3 of one (class, k) run under Ray Train; the stage loss every ``log_every``
-    epochs, a checkpoint (mappings, retriever, banks, θ) every ``checkpoint_every`` and at the
+    """Stages 1–3 of one (class, k) run under Ray Train; the stage loss and the validation
+    AUPRO@30 % and I-AUROC (``val_aupro30``, the Tune objective) every ``log_every`` epochs, a checkpoint (mappings, retriever, banks, θ) every ``checkpoint_every`` and at the
     end. With several workers DDP averages the stage-1 gradients (every worker sees the same
     k shots, so the run equals a one-worker run) and each worker draws its own retriever queries.
     """
@@ -203,15 +204,18 @@ def train_loop(cfg: CfrConfig) -> None:
     if ctx.world_size > 1 and cfg.system in MAPPING_SYSTEMS:
         forward = session.prepare_model(_Dispatch(model))
     window: list[dict[str, float]] = []
+    val = class_test_features(cfg, cfg.class_name, "val")
 
     def on_step(step: int, stats: dict[str, float]) -> None:
         window.append(stats)
         is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
         if step % cfg.log_every == 0 or is_ckpt:
+            record = run_record(cfg, model, step)
             metrics = {"loss": float(np.mean([w["loss"] for w in window])),
-                       "stage": window[-1]["stage"], "theta": float(model.theta_q)}  # fmt: skip
+                       "stage": window[-1]["stage"], "theta": float(model.theta_q),
+                       **validation_metrics(model, cfg, val, record["banks_built"])}  # fmt: skip
             session.report(metrics, step=step, model=model, optimizer=opt,
-                           extra={"run": run_record(cfg, model, step)}, checkpoint=is_ckpt,
+                           extra={"run": record}, checkpoint=is_ckpt,
                            samples=len(window))  # fmt: skip
             window.clear()
 
