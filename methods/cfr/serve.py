@@ -3,8 +3,8 @@ per-pixel anomaly map, for the object class of the checkpoint.
 
 The support set of normal samples (the memory banks built from the k shots) is part of the
 **checkpoint**, not of the request: a checkpoint saved before its banks were built (during
-stage 1) is refused with a 422 naming ``class_name``. One checkpoint holds one (class, k);
-a deployment serves several classes by holding one checkpoint per class.
+stage 1) is refused with a 422 naming ``class_name``. One checkpoint holds one (class, k), and
+a predictor serves the class of its checkpoint (a request for another class is a 422).
 """
 
 from __future__ import annotations
