@@ -23,13 +23,16 @@ from nshot.train import Scaling, fit, load_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
-    ap.add_argument("--class-name", default="bump")
+    ap.add_argument("--class-name", default=None, help="default: the preset's class")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
     ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
     args = ap.parse_args()
 
     cfr = get("cfr")
-    cfg = cfr.config(args.preset, class_name=args.class_name)
+    cfg = cfr.config(args.preset)
+    if args.class_name is not None:
+        classes = list(dict.fromkeys([*cfg.classes, args.class_name]))
+        cfg = cfg.replace(class_name=args.class_name, classes=classes)
     res = fit("cfr", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
               name=f"example-cfr-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="cfr")
