@@ -103,15 +103,13 @@ def run_experiments(cfg: BsrConfig, workdir: Path) -> ResultsTable:
     base = cfg.model_dump()
     systems = list(cfg.systems)
     need_pretrain = any(s in PRETRAINED for s in systems)
+    # the long tasks first (pretraining, EEGNet's source training), the short ones fill in
     phase1 = [Job(("pretrain",), _run_pretrain, (base,))] if need_pretrain else []
-    for system in systems:
-        if system in PRETRAINED:
-            continue
-        if system == "eegnet":
-            phase1 += [Job(("eegnet", seed), _run_eegnet, (base, seed, subjects)) for seed in seeds]
-        else:
-            phase1 += [Job((system, seed, subj), _run_subject, (base, system, seed, subj))
-                       for seed in seeds for subj in subjects]  # fmt: skip
+    if "eegnet" in systems:
+        phase1 += [Job(("eegnet", seed), _run_eegnet, (base, seed, subjects)) for seed in seeds]
+    phase1 += [Job((system, seed, subj), _run_subject, (base, system, seed, subj))
+               for system in systems if system not in PRETRAINED and system != "eegnet"
+               for seed in seeds for subj in subjects]  # fmt: skip
     done1 = run_jobs(phase1, description=f"bsr {cfg.preset}: pretraining and baselines")
     results: dict[tuple, dict] = {}
     extra: dict[str, Any] = {}
