@@ -789,25 +789,36 @@ def _digits_report(model: TinyCLIP, seed: int) -> dict[str, Any]:
 # the cache
 
 
-def ensure_clip(preset: str = "small", *, text: str | None = None, seed: int = 0) -> Path:
-    """The cached folder of the pre-trained tiny CLIP (``$NSHOT_CACHE/models/``), trained in
-    this process on first use (``smoke``: seconds; ``small``: minutes, with progress lines);
-    its ``clip.json`` records the losses and :func:`zero_shot_report`."""
+def ensure_clip(
+    preset: str = "small", *, text: str | None = None, seed: int = 0, workers: int = 0
+) -> Path:
+    """The cached folder of the pre-trained tiny CLIP (``$NSHOT_CACHE/models/``), trained on
+    first use (``smoke``: seconds; ``small``: minutes, with progress lines); its ``clip.json``
+    records the losses and :func:`zero_shot_report`.
+
+    ``workers=0`` trains in this process; ``workers >= 1`` on that many Ray Train workers
+    (:func:`pretrain`: the loss is the global batch's, but the gradients are summed in another
+    order, so the weights are not bit-identical to one process's). The two are cached apart:
+    ``tinyclip-<preset>-<text>-s<seed>-v<version>`` and the same with ``-w<workers>``."""
     text = text or DEFAULT_TEXT
     _preset(preset)
+    if workers < 0:
+        raise ConfigError(f"workers: {workers} is negative")
     root = cache_dir() / "models"
-    target = root / f"tinyclip-{preset}-{text}-s{seed}-v{VERSION}"
+    name = f"tinyclip-{preset}-{text}-s{seed}-v{VERSION}" + (f"-w{workers}" if workers else "")
+    target = root / name
     if _intact(target):
         return target
-    with file_lock(root / f".tinyclip-{preset}-{text}-s{seed}.lock"):
+    with file_lock(root / f".{name}.lock"):
         if _intact(target):
             return target
-        work = root / f".work-tinyclip-{preset}-{text}-s{seed}-v{VERSION}"
+        work = root / f".work-{name}"
+        how = f"on {workers} Ray Train workers" if workers else "in this process"
         print(
-            f"[nshot] training the tiny CLIP {preset}/{text} (cached in {target})",
+            f"[nshot] training the tiny CLIP {preset}/{text} {how} (cached in {target})",
             file=sys.stderr,
         )
-        result = pretrain(preset, out=work, text=text, seed=seed)
+        result = pretrain(preset, out=work, text=text, seed=seed, workers=workers)
         model = load_clip(work)
         report = zero_shot_report(model, preset, seed)
         print(f"[nshot] tiny CLIP zero-shot: {report}", file=sys.stderr)
