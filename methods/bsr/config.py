@@ -1,9 +1,10 @@
 """BSR configuration and presets.
 
 Everything EEG-specific (bands, frame layout, the generated motor-imagery data, the protocols) is
-a reconstruction from the paper's abstract; the VideoMAE parts follow VideoMAE's defaults (tube
-masking, per-patch normalised targets, AdamW β = (0.9, 0.95), lr = base · B / 256, layer-wise lr
-decay in fine-tuning). ``small`` is the CPU scale, ``paper`` the ViT-B scale of VideoMAE.
+a reconstruction from the paper's abstract; the VideoMAE parts follow VideoMAE's recipe (tube
+masking, per-patch normalised targets, AdamW β = (0.9, 0.95), lr = base · B_ref / 256 with B_ref
+the total batch of VideoMAE's runs, warm-up then cosine, layer-wise lr decay and a warm-up in
+fine-tuning). ``small`` is the CPU scale, ``paper`` the ViT-B scale of VideoMAE.
 """
 
 from __future__ import annotations
@@ -78,14 +79,28 @@ class BsrConfig(MethodConfig):
     mask_ratio: float = Field(0.9, gt=0.0, lt=1.0, description="tube-mask ratio")
     # --- stage 1: masked pretraining (a step is one batch)
     batch: int = Field(32, ge=1, le=4096, description="pretraining batch")
-    base_lr: float = Field(1.5e-4, gt=0.0, le=1.0, description="lr = base_lr · batch / 256")
+    base_lr: float = Field(
+        1.5e-4, gt=0.0, le=1.0, description="peak lr = base_lr · lr_ref_batch / 256"
+    )
+    lr_ref_batch: int = Field(
+        1024, ge=1, le=65_536,
+        description="total batch at which VideoMAE's lr rule is evaluated (its ViT-S recipe: "
+        "32 GPUs × 32); the peak lr does not shrink with our smaller batch",
+    )  # fmt: skip
     min_lr: float = Field(1e-5, ge=0.0, le=1.0, description="end of the cosine schedule")
     warmup_steps: int = Field(150, ge=0, description="linear warm-up steps")
     weight_decay: float = Field(0.05, ge=0.0, le=1.0)
     val_frac: float = Field(0.1, gt=0.0, lt=0.5, description="source clips held out for mae_mse")
     # --- stage 2: few-shot fine-tuning
     ft_epochs: int = Field(30, ge=1, le=1000, description="fine-tuning epochs on the support")
-    ft_base_lr: float = Field(1e-3, gt=0.0, le=1.0, description="lr = ft_base_lr · B / 256")
+    ft_base_lr: float = Field(
+        5e-4, gt=0.0, le=1.0, description="peak lr = ft_base_lr · ft_lr_ref_batch / 256"
+    )
+    ft_lr_ref_batch: int = Field(
+        384, ge=1, le=65_536,
+        description="total batch of VideoMAE's ViT-S fine-tuning recipe (32 GPUs × 12)",
+    )  # fmt: skip
+    ft_warmup_epochs: int = Field(5, ge=0, le=1000, description="linear warm-up, then cosine")
     ft_batch: int = Field(8, ge=1, le=1024, description="fine-tuning batch")
     layer_decay: float = Field(0.75, gt=0.0, le=1.0, description="layer-wise lr decay")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
@@ -112,8 +127,8 @@ class BsrConfig(MethodConfig):
         curve=("val_mae_mse", "loss"),
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
-        "shots", "eval_subjects", "seeds", "ft_epochs", "ft_base_lr", "ft_batch",
-        "layer_decay", "label_smoothing",
+        "shots", "eval_subjects", "seeds", "ft_epochs", "ft_base_lr", "ft_lr_ref_batch",
+        "ft_warmup_epochs", "ft_batch", "layer_decay", "label_smoothing",
     }  # fmt: skip
 
     PRESETS: ClassVar[dict[str, dict]] = {
@@ -121,9 +136,10 @@ class BsrConfig(MethodConfig):
             "trial_s": 2.0, "n_source_subjects": 3, "n_source_trials": 8,
             "n_target_subjects": 2, "n_target_trials": 6, "grid": 16, "frames": 8,
             "width": 32, "depth": 1, "heads": 2, "dec_width": 16, "dec_depth": 1,
-            "dec_heads": 1, "mask_ratio": 0.75, "batch": 8, "base_lr": 0.032,
-            "warmup_steps": 0, "steps": 4, "log_every": 2, "checkpoint_every": 2,
-            "ft_epochs": 2, "shots": [1, 5], "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
+            "dec_heads": 1, "mask_ratio": 0.75, "batch": 8, "base_lr": 1e-3,
+            "lr_ref_batch": 256, "warmup_steps": 0, "steps": 4, "log_every": 2,
+            "checkpoint_every": 2, "ft_epochs": 2, "ft_warmup_epochs": 0, "shots": [1, 5],
+            "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
         },
         # sized to fit `nshot reproduce bsr --preset small` in about 10 min on 2 cores (README)
         "small": {
@@ -133,8 +149,8 @@ class BsrConfig(MethodConfig):
         "paper": {
             "grid": 224, "patch": 16, "width": 768, "depth": 12, "heads": 12, "dec_width": 384,
             "dec_depth": 4, "dec_heads": 6, "steps": 40_000, "warmup_steps": 2000,
-            "batch": 64, "ft_epochs": 100, "eval_subjects": 10, "seeds": 3, "log_every": 100,
-            "checkpoint_every": 2000,
+            "batch": 64, "lr_ref_batch": 2048, "ft_epochs": 100, "eval_subjects": 10,
+            "seeds": 3, "log_every": 100, "checkpoint_every": 2000,
         },
     }  # fmt: skip
 
@@ -187,6 +203,8 @@ class BsrConfig(MethodConfig):
             raise ValueError("field 'window_s': the θ band (4-8 Hz) needs a window >= 0.25 s")
         if self.window > self.samples:
             raise ValueError("field 'window_s': longer than the trial")
+        if self.ft_warmup_epochs >= self.ft_epochs and self.ft_warmup_epochs:
+            raise ValueError("field 'ft_warmup_epochs': must be shorter than ft_epochs")
         if self.eval_subjects > self.n_target_subjects:
             raise ValueError("field 'eval_subjects': more than n_target_subjects")
         if any(k < 1 or k >= self.n_target_trials for k in self.shots):

@@ -4,8 +4,9 @@ For a target subject, k trials per class are drawn by seed as the support; the r
 query. Band powers are z-scored with the support's statistics only (never the query's), rendered
 through the montage's matrix (A, or B for the cross-montage protocol) and classified by a
 VideoMAE fine-tuned on the support: all weights with layer-wise lr decay (``bsr``,
-``videomae_scratch`` without pretraining) or a frozen encoder with a linear head
-(``bsr_linear_probe``).
+``videomae_scratch`` without pretraining), or the frozen encoder's mean-pooled embeddings,
+standardised with the support's statistics, classified by an L2-regularised logistic regression
+fitted on the support (``bsr_linear_probe``, the predictor's classifier).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sklearn.metrics import balanced_accuracy_score, cohen_kappa_score
 
 from .config import BsrConfig
 from .data import NormStats
-from .model import build_classifier, encode, layer_decay_groups, smoothed_ce
+from .model import build_classifier, encode, fit_probe, layer_decay_groups, smoothed_ce
 from .train import Clips, montage_m, raw_powers
 
 
@@ -39,25 +40,20 @@ def subject_clips(cfg: BsrConfig, eeg: np.ndarray, support: np.ndarray, montage:
 
 
 def finetune(cfg: BsrConfig, encoder_state: dict | None, videos: torch.Tensor, y: np.ndarray,
-             seed: int, linear_probe: bool = False) -> torch.nn.Module:  # fmt: skip
-    """A classifier fine-tuned for ``ft_epochs`` on the support videos."""
+             seed: int) -> torch.nn.Module:  # fmt: skip
+    """A classifier fine-tuned for ``ft_epochs`` on the support videos: AdamW (VideoMAE's
+    fine-tuning β = (0.9, 0.999), weight decay 0.05), peak lr ft_base_lr · ft_lr_ref_batch / 256
+    with layer-wise decay, ``ft_warmup_epochs`` of linear warm-up, then cosine to 0."""
     torch.manual_seed(seed)
     clf = build_classifier(cfg, encoder_state)
-    lr = cfg.ft_base_lr * cfg.ft_batch / 256
-    if linear_probe:
-        for p in clf.videomae.parameters():
-            p.requires_grad_(False)
-        params = [p for p in clf.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr * 10, weight_decay=0.0)
-    else:
-        opt = torch.optim.AdamW(layer_decay_groups(clf, cfg, lr, 0.05), lr=lr)
+    lr = cfg.ft_base_lr * cfg.ft_lr_ref_batch / 256
+    opt = torch.optim.AdamW(layer_decay_groups(clf, cfg, lr, 0.05), lr=lr)
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
     gen = torch.Generator().manual_seed(seed)
     n = len(yt)
-    total = cfg.ft_epochs * max(1, -(-n // cfg.ft_batch))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + np.cos(np.pi * min(s / max(total, 1), 1.0)))
-    )
+    per_epoch = max(1, -(-n // cfg.ft_batch))
+    total, warm = cfg.ft_epochs * per_epoch, cfg.ft_warmup_epochs * per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: ft_lr_factor(s, warm, total))
     clf.train()
     for _ in range(cfg.ft_epochs):
         perm = torch.randperm(n, generator=gen)
@@ -69,6 +65,15 @@ def finetune(cfg: BsrConfig, encoder_state: dict | None, videos: torch.Tensor, y
             opt.step()
             sched.step()
     return clf.eval()
+
+
+def ft_lr_factor(step: int, warm: int, total: int) -> float:
+    """Multiplier of the peak lr at optimiser step ``step`` (0-based): linear warm-up over
+    ``warm`` steps (the first step already moves), then cosine to 0 at ``total``."""
+    if step < warm:
+        return (step + 1) / warm
+    frac = (step - warm) / max(total - warm, 1)
+    return 0.5 * (1 + float(np.cos(np.pi * min(frac, 1.0))))
 
 
 @torch.no_grad()
@@ -98,8 +103,10 @@ def run_videomae(cfg: BsrConfig, system: str, encoder_state: dict | None, eeg: n
     sup, qry = support_split(labels, k, seed)
     scramble = seed if system == "bsr_scrambled_positions" else None
     clips = subject_clips(cfg, eeg, sup, montage, scramble)
+    if system == "bsr_linear_probe":
+        emb = embeddings(build_classifier(cfg, encoder_state).eval(), clips.videos(slice(None)))
+        return scores(labels[qry], fit_probe(emb[sup], labels[sup]).predict(emb[qry]))
     state = None if system == "videomae_scratch" else encoder_state
-    clf = finetune(cfg, state, clips.videos(sup), labels[sup], seed,
-                   linear_probe=system == "bsr_linear_probe")  # fmt: skip
+    clf = finetune(cfg, state, clips.videos(sup), labels[sup], seed)
     pred = predict_proba(clf, clips.videos(qry)).argmax(1)
     return scores(labels[qry], pred)

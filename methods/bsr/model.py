@@ -146,6 +146,35 @@ def layer_decay_groups(clf: nn.Module, cfg: BsrConfig, lr: float, weight_decay: 
     ]  # fmt: skip
 
 
+class Probe:
+    """The linear probe on frozen embeddings: features standardised with the support's mean
+    and std (MAE's probe puts a BatchNorm without affine before its linear layer), then an
+    L2-regularised multinomial logistic regression fitted on the support to convergence."""
+
+    def __init__(self, emb: np.ndarray, y: np.ndarray) -> None:
+        from sklearn.linear_model import LogisticRegression
+
+        emb = np.asarray(emb, np.float64)
+        self.mu, self.sd = emb.mean(0), emb.std(0) + 1e-6
+        self.clf = LogisticRegression(max_iter=2000, C=1.0).fit(self._z(emb), y)
+
+    def _z(self, emb: np.ndarray) -> np.ndarray:
+        return (np.asarray(emb, np.float64) - self.mu) / self.sd
+
+    def predict(self, emb: np.ndarray) -> np.ndarray:
+        return self.clf.predict(self._z(emb))
+
+    def predict_proba(self, emb: np.ndarray, n_classes: int) -> np.ndarray:
+        """(n, n_classes) probabilities; classes absent from the support get 0."""
+        out = np.zeros((len(emb), n_classes))
+        out[:, self.clf.classes_] = self.clf.predict_proba(self._z(emb))
+        return out
+
+
+def fit_probe(emb: np.ndarray, y: np.ndarray) -> Probe:
+    return Probe(emb, y)
+
+
 def smoothed_ce(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
     return F.cross_entropy(logits, y, label_smoothing=smoothing)
 

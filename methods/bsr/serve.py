@@ -35,7 +35,7 @@ from .data import (
     render,
     standard_positions,
 )
-from .model import encode, load_model
+from .model import encode, fit_probe, load_model
 
 MAX_CHANNELS = 256
 MAX_SAMPLES = 65_536
@@ -234,18 +234,11 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
         )
 
     def __call__(self, request: BsrRequest) -> BsrResponse:
-        from sklearn.linear_model import LogisticRegression
-
         emb, h = self._embed(request)
         labels = [t.label for t in request.support]
         classes = sorted(set(labels), key=str)
         y = np.array([classes.index(v) for v in labels])
-        sup = emb[1:]
-        mu, sd = sup.mean(0), sup.std(0) + 1e-6
-        clf = LogisticRegression(max_iter=2000, C=1.0).fit((sup - mu) / sd, y)
-        probs = clf.predict_proba((emb[:1] - mu) / sd)[0]
-        full = np.zeros(len(classes))
-        full[clf.classes_] = probs
+        full = fit_probe(emb[1:], y).predict_proba(emb[:1], len(classes))[0]
         best = int(np.argmax(full))
         return BsrResponse(
             label=classes[best],

@@ -79,8 +79,9 @@ def split_clips(cfg: BsrConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lr_at(cfg: BsrConfig, step: int) -> float:
-    """VideoMAE's schedule: lr = base_lr · batch / 256, linear warm-up, cosine to min_lr."""
-    peak = cfg.base_lr * cfg.batch / 256
+    """VideoMAE's schedule: peak lr = base_lr · lr_ref_batch / 256 (the absolute peak of
+    VideoMAE's recipe, not rescaled to our smaller batch), linear warm-up, cosine to min_lr."""
+    peak = cfg.base_lr * cfg.lr_ref_batch / 256
     if step <= cfg.warmup_steps:
         return peak * step / max(cfg.warmup_steps, 1)
     frac = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
