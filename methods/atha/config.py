@@ -57,6 +57,14 @@ class AthaConfig(MethodConfig):
     text: Literal["word", "minilm"] = Field(
         "minilm", description="the tiny CLIP's text tower: word (no extra) or frozen MiniLM"
     )
+    clip_workers: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Ray Train workers that pre-train the tiny CLIP for experiments when the "
+        "cache lacks it (0: in this process); the weights depend on it, so each count is "
+        "cached apart",
+    )
     clip_path: str | None = Field(
         None, description="open_clip checkpoint (.pt / .safetensors) for backbone=open_clip"
     )
@@ -139,11 +147,11 @@ class AthaConfig(MethodConfig):
     # A step is one pre-training step of the tiny CLIP (nshot.train.clip.PRESETS[clip_preset]).
     PRESETS: ClassVar[dict[str, dict]] = {
         "smoke": {
-            "clip_preset": "smoke", "text": "word", "steps": 60, "checkpoint_every": 20,
-            "log_every": 20, "txtlayer": 0, "rho_block": 1, "lora_r": 2, "lora_alpha": 2.83,
-            "lora_dropout": 0.0, "epochs": 2, "max_epochs": 10, "episodes_1shot": 2,
-            "episodes_5shot": 1, "queries": 3, "pool_per_class": 16, "eval_episodes": 1,
-            "episodes_per_job": 2,
+            "clip_preset": "smoke", "text": "word", "clip_workers": 0, "steps": 60,
+            "checkpoint_every": 20, "log_every": 20, "txtlayer": 0, "rho_block": 1,
+            "lora_r": 2, "lora_alpha": 2.83, "lora_dropout": 0.0, "epochs": 2, "max_epochs": 10,
+            "episodes_1shot": 2, "episodes_5shot": 1, "queries": 3, "pool_per_class": 16,
+            "eval_episodes": 1, "episodes_per_job": 2,
         },
         # 30 / 30 episodes per domain trimmed to 20 / 15: an episode step costs ~80 ms of CPU
         # (MiniLM's BERT runs the prompts for CoOp + LoRA), not the 33 ms first estimated

@@ -1,10 +1,11 @@
 """`nshot reproduce atha`: ATHA against CoOp + LoRA, its ablations and the random-token control.
 
-The tiny CLIP comes from the cache (:func:`nshot.train.clip.ensure_clip`, pre-trained on first
-use). One Ray task per (system, domain, shots, block of episodes); every system sees the same
-episodes (:func:`.data.sample_episode` depends on the seed, the domain and the episode only)
-and, within an episode, the same LoRA initialisation, so the differences are paired. Means are
-over episodes; the spread is the 95 % interval 1.96 · sd / √episodes.
+The tiny CLIP comes from the cache (:func:`nshot.train.clip.ensure_clip`), pre-trained on first
+use on ``clip_workers`` Ray Train workers (two in ``small``: a cold cache's pre-training then
+uses both cores). One Ray task per (system, domain, shots, block of episodes); every system
+sees the same episodes (:func:`.data.sample_episode` depends on the seed, the domain and the
+episode only) and, within an episode, the same LoRA initialisation, so the differences are
+paired. Means are over episodes; the spread is the 95 % interval 1.96 · sd / √episodes.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     check_backbone(cfg)
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
-    clip_dir = ensure_clip(cfg.clip_preset, text=cfg.text, seed=cfg.seed)
+    clip_dir = ensure_clip(cfg.clip_preset, text=cfg.text, seed=cfg.seed, workers=cfg.clip_workers)
     meta = read_clip_meta(clip_dir)
     zero_shot = meta.get("zero_shot", {})
     acc_src = zero_shot.get("acc_src_8way")
@@ -147,6 +148,7 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     extra["tiny_clip"] = {
         "folder": clip_dir.name,
         "text": cfg.text,
+        "world_size": meta.get("world_size"),
         "zero_shot": zero_shot,
         "pretrain_wall_s": meta.get("wall_s"),
     }
