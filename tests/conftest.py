@@ -82,3 +82,47 @@ def run_example(monkeypatch):
         mod.main()
 
     return run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_resources_returned():
+    """The tests of a module hand back every CPU they took on the shared Ray (actors, tasks,
+    placement groups, Serve replicas), once the module's own fixtures are torn down.
+
+    The shared instance has 2 CPUs, exactly what a two-worker Ray Train run asks for: one CPU
+    left held by an earlier module makes the next two-worker run wait for resources forever.
+    Instead, the module that leaks fails here (an error at its last test), naming what still
+    holds resources."""
+    yield
+    import ray
+
+    if not ray.is_initialized():
+        return
+    import time
+
+    total = ray.cluster_resources().get("CPU", 0.0)
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0.0) < total and time.time() < deadline:
+        time.sleep(0.25)
+    free = ray.available_resources().get("CPU", 0.0)
+    if free < total:
+        pytest.fail(
+            f"{total - free:g} of {total:g} CPUs still held 30 s after the module: {_holders()}"
+        )
+
+
+def _holders() -> str:
+    import ray
+    from ray.util.state import list_actors, list_placement_groups, list_tasks
+
+    address = ray.get_runtime_context().gcs_address
+    try:
+        alive = list_actors(address=address, filters=[("state", "!=", "DEAD")])
+        running = list_tasks(address=address, filters=[("state", "=", "RUNNING")])
+        groups = list_placement_groups(address=address, filters=[("state", "!=", "REMOVED")])
+    except Exception as e:  # the State API is a diagnosis only
+        return f"(the State API did not answer: {e})"
+    actors = [f"{a.class_name}({a.state})" for a in alive]
+    tasks = [t.name for t in running]
+    pgs = [f"{g.placement_group_id[:8]}({g.state})" for g in groups]
+    return f"actors {actors}, running tasks {tasks}, placement groups {pgs}"

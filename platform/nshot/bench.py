@@ -340,6 +340,7 @@ def deepspeed(
     from ray.train.torch import TorchTrainer
 
     from nshot.train import ensure_ray
+    from nshot.train.runner import fit_trainer
 
     if shape == "smollm2":
         model_shape, vocab = SMOLLM2_SHAPE, 49152
@@ -362,14 +363,18 @@ def deepspeed(
                     "shape": model_shape,
                     "out": str(d),
                 }
-                TorchTrainer(
-                    _ds_memory_worker,
-                    train_loop_config=cfg,
-                    scaling_config=ray.train.ScalingConfig(
-                        num_workers=workers, resources_per_worker={"CPU": 1}
-                    ),
-                    run_config=ray.train.RunConfig(name=d.name, storage_path=str(Path(tmp, "ray"))),
-                ).fit()
+                fit_trainer(
+                    TorchTrainer(
+                        _ds_memory_worker,
+                        train_loop_config=cfg,
+                        scaling_config=ray.train.ScalingConfig(
+                            num_workers=workers, resources_per_worker={"CPU": 1}
+                        ),
+                        run_config=ray.train.RunConfig(
+                            name=d.name, storage_path=str(Path(tmp, "ray"))
+                        ),
+                    )
+                )
                 ranks = [json.loads(Path(d, f"rank{r}.json").read_text()) for r in range(workers)]
                 runs[f"{precision}_zero{stage}"] = {
                     "per_rank_total_bytes": [r["total"] for r in ranks],

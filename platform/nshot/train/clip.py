@@ -681,7 +681,7 @@ def pretrain(
         import ray.train
         from ray.train.torch import TorchTrainer
 
-        from nshot.train.runner import ensure_ray
+        from nshot.train.runner import ensure_ray, fit_trainer
 
         if text == "minilm":  # encode the captions once here, not once per worker
             from safetensors.torch import save_file
@@ -706,7 +706,7 @@ def pretrain(
                 failure_config=ray.train.FailureConfig(max_failures=max_failures),
             ),
         )
-        trainer.fit()
+        fit_trainer(trainer)
         shutil.rmtree(storage, ignore_errors=True)
     finished = (out / "clip.json").is_file()
     if finished:

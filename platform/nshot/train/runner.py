@@ -549,6 +549,46 @@ def build_trainer(
     )
 
 
+def fit_trainer(trainer: Any) -> Any:
+    """``trainer.fit()``, then hand back the run's controller actor at once.
+
+    Ray Train registers a SIGINT handler (so Ctrl-C aborts the run) that holds the run's
+    controller actor and stays installed after ``fit`` returns: the finished controller lives on
+    until the next run replaces the handler, and then shuts down gracefully (up to 30 s) while
+    the next run's controller starts. On a 2-CPU node that overlap has left the next run's
+    driver waiting forever for its new controller (the controller was created; the driver never
+    heard that it was alive). So, on the main thread, the handler that was there before ``fit``
+    comes back and the finished controller is killed (its result is already in hand). Every
+    nshot call of a Ray Train ``fit`` goes through here."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        return trainer.fit()
+    finally:
+        if main and before is not None:
+            handler = signal.getsignal(signal.SIGINT)
+            if handler is not before:
+                signal.signal(signal.SIGINT, before)
+                _kill_finished_controllers(handler)
+
+
+def _kill_finished_controllers(handler: Any) -> None:
+    """Kill the actors a replaced SIGINT handler held (Ray Train's holds its run's controller)."""
+    import ray
+
+    for cell in getattr(handler, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, ray.actor.ActorHandle):
+            with contextlib.suppress(Exception):
+                ray.kill(value, no_restart=True)
+
+
 def fit(
     method_name: str,
     cfg: MethodConfig,
@@ -649,7 +689,7 @@ def fit(
     t0 = time.time()
     copied = None
     try:
-        result = trainer.fit()
+        result = fit_trainer(trainer)
     finally:
         if run.local:
             logs = Path(run_dir) / "ray_logs"

@@ -226,7 +226,7 @@ def pretrain(
         import ray.train
         from ray.train.torch import TorchTrainer
 
-        from nshot.train.runner import ensure_ray
+        from nshot.train.runner import ensure_ray, fit_trainer
 
         ensure_ray()
         storage = out.parent / f".{out.name}-ray"
@@ -238,7 +238,7 @@ def pretrain(
             ),
             run_config=ray.train.RunConfig(name=f"tiny-{size}", storage_path=str(storage)),
         )
-        trainer.fit()
+        fit_trainer(trainer)
         shutil.rmtree(storage, ignore_errors=True)
     meta = json.loads((out / "nshot.json").read_text())
     return PretrainResult(out, list(meta["losses"]), time.time() - t0)

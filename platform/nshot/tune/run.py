@@ -24,7 +24,14 @@ from typing import Any
 
 from nshot.errors import NshotError
 from nshot.method import MethodConfig, get
-from nshot.train.runner import Scaling, check_run_name, default_storage, ensure_ray, is_uri
+from nshot.train.runner import (
+    Scaling,
+    check_run_name,
+    default_storage,
+    ensure_ray,
+    fit_trainer,
+    is_uri,
+)
 from nshot.tune.searchers import SearchContext, build_searcher
 from nshot.tune.space import SearchSpace, TuneSpec
 
@@ -109,7 +116,7 @@ def _trial(
         storage_path=str(trial_dir),
         callbacks=[NshotTuneCallback(**report)],
     )
-    trainer.fit()
+    fit_trainer(trainer)
 
 
 def tune(
