@@ -95,6 +95,9 @@ class TimeModeConfig(MethodConfig):
     disc_iters: int = Field(400, ge=1, le=100_000, description="GRU discriminator iterations")
     disc_batch: int = Field(64, ge=2, le=4096, description="GRU discriminator batch")
     disc_seeds: int = Field(3, ge=1, le=10, description="discriminator seeds averaged")
+    regime_disc_seeds: int = Field(
+        1, ge=1, le=10, description="discriminator seeds of the reported regimes (disc_10, …)"
+    )
     pred_iters: int = Field(400, ge=1, le=100_000, description="TSTR predictor iterations")
     routing_windows: int = Field(64, ge=4, le=4096, description="windows per domain (routing_js)")
     seeds: int = Field(3, ge=1, le=20, description="fine-tuning seeds of the reproduction")
@@ -115,6 +118,7 @@ class TimeModeConfig(MethodConfig):
         "disc_iters",
         "disc_batch",
         "disc_seeds",
+        "regime_disc_seeds",
         "pred_iters",
         "routing_windows",
         "n_shot",
@@ -129,11 +133,13 @@ class TimeModeConfig(MethodConfig):
             "diffusion_steps": 10, "pretrain_steps": 20, "finetune_steps": 10,
             "scratch_steps": 10, "batch": 16, "target_batch": 8, "ema": 0.0, "ema_start": 0,
             "n_generate": 32, "disc_iters": 20, "disc_batch": 16, "disc_seeds": 1,
+            "regime_disc_seeds": 1,
             "pred_iters": 20, "routing_windows": 8, "seeds": 1, "log_every": 5,
             "checkpoint_every": 10,
         },
         "small": {
-            "fetch_data": True, "log_every": 50, "checkpoint_every": 500,
+            "fetch_data": True, "pretrain_steps": 1000, "batch": 64, "finetune_steps": 300,
+            "scratch_steps": 800, "n_generate": 200, "log_every": 50, "checkpoint_every": 500,
         },
         "paper": {
             "fetch_data": True, "d_model": 256, "depth": 6, "heads": 4, "experts": 8,

@@ -7,7 +7,9 @@ corpus, the ``timemode_synthpre`` row), shared by the fine-tuning seeds; the fro
 the classical baselines. Phase 2: per (pre-trained system, seed) a fine-tune on the target's
 few-shot windows, sampling and scoring. ``disc_10`` / ``disc_25`` (the smaller regimes,
 ``cfg.shot_regimes``) and ``disc_damped`` (the generated damped-oscillation target, reported)
-are run for TimeMoDE, from scratch and the three baselines; other rows leave them null.
+are disc alone (``regime_disc_seeds`` discriminators); the regimes are run for TimeMoDE, from
+scratch and the three baselines, disc_damped for TimeMoDE and from scratch; other rows leave
+them null.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from nshot.method import ResultsTable
 from .baselines import ar_samples, marginal_noise_samples, timevae_samples
 from .config import TimeModeConfig
 from .data import load_corpus, load_target
-from .evaluation import routing_distributions, routing_js, score_windows
+from .evaluation import disc_score, routing_distributions, routing_js, score_windows
 from .model import Diffusion, TimeModeState, generate
 from .train import fit, stage_data
 
@@ -43,11 +45,17 @@ METRICS = {
     "disc_damped": False,
 }
 REGIME_ROWS = ("timemode", "from_scratch", *BASELINES)
+DAMPED_ROWS = ("timemode", "from_scratch")
 
 
 def _score(cfg: TimeModeConfig, fake: np.ndarray, real: np.ndarray, seed: int) -> dict:
     return score_windows(real, fake, iters=cfg.disc_iters, batch=cfg.disc_batch,
                          seeds=cfg.disc_seeds, pred_iters=cfg.pred_iters, seed=seed)  # fmt: skip
+
+
+def _disc(cfg: TimeModeConfig, fake: np.ndarray, real: np.ndarray, seed: int) -> float:
+    return disc_score(real, fake, iters=cfg.disc_iters, batch=cfg.disc_batch,
+                      seeds=cfg.regime_disc_seeds, seed=seed)  # fmt: skip
 
 
 def _sample(cfg: TimeModeConfig, state: TimeModeState, shots: np.ndarray, seed: int) -> np.ndarray:
@@ -77,7 +85,7 @@ def _weights(state: TimeModeState) -> dict[str, np.ndarray]:
 
 
 def _tensors(w: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v) for k, v in w.items()}
+    return {k: torch.from_numpy(np.array(v)) for k, v in w.items()}
 
 
 def _pretrain_job(cfg_dict: dict, system: str, corpus: str) -> dict[str, Any]:
@@ -99,10 +107,10 @@ def _target_cfg(cfg_dict: dict, **kw: Any) -> TimeModeConfig:
     return TimeModeConfig.validated({**cfg_dict, **kw})
 
 
-def _regimes(cfg: TimeModeConfig) -> list[tuple[str, str, int]]:
+def _regimes(cfg: TimeModeConfig, damped: bool = True) -> list[tuple[str, str, int]]:
     """(metric, target, n_shot) of the extra settings: the smaller regimes and damped."""
     out = [(f"disc_{k}", cfg.target, k) for k in cfg.shot_regimes]
-    if cfg.target != "damped":
+    if damped and cfg.target != "damped":
         out.append(("disc_damped", "damped", cfg.n_shot))
     return out
 
@@ -117,8 +125,9 @@ def _regime_key(metric: str, cfg: TimeModeConfig) -> str:
 
 
 def _tuned(cfg: TimeModeConfig, stage: str, target: str, n_shot: int, seed: int,
-           init: dict | None, system: str) -> tuple[np.ndarray, dict]:  # fmt: skip
-    """Fine-tune (or train from scratch) on the target's n_shot windows; score the samples."""
+           init: dict | None, system: str, full: bool = True) -> tuple[np.ndarray, dict]:  # fmt: skip
+    """Fine-tune (or train from scratch) on the target's n_shot windows; score the samples
+    (``full``: disc, fid_feat and pred; else disc alone, over ``regime_disc_seeds``)."""
     init_from = "(pre-trained weights in memory)" if stage == "finetune" else None
     run = cfg.replace(stage=stage, init_from=init_from, target=target, seed=seed, system=system)
     data = stage_data(run, seed=seed, n_shot=n_shot)
@@ -127,6 +136,8 @@ def _tuned(cfg: TimeModeConfig, stage: str, target: str, n_shot: int, seed: int,
     shots = target_data.scaler.scale(target_data.shots)
     fake = _sample(run, state, shots, seed)
     real = target_data.scaler.scale(target_data.reference)
+    if not full:
+        return fake, {"disc": _disc(run, fake, real, seed), "_state": state}
     return fake, {**_score(run, fake, real, seed), "_state": state}
 
 
@@ -140,7 +151,7 @@ def _finetune_job(cfg_dict: dict, row: str, system: str, seed: int, weights: dic
     out = dict(main)
     if row in REGIME_ROWS:
         for metric, target, k in _regimes(cfg):
-            _, r = _tuned(cfg, "finetune", target, k, seed, init, system)
+            _, r = _tuned(cfg, "finetune", target, k, seed, init, system, full=False)
             out[_regime_key(metric, cfg)] = r["disc"]
     out["seconds"] = time.time() - t0
     return out
@@ -157,13 +168,15 @@ def _scratch_job(cfg_dict: dict, seed: int) -> dict:
                                  cfg.routing_windows, seed)  # fmt: skip
     out = {**main, "routing_js": routing_js(dist)}
     for metric, target, k in _regimes(cfg):
-        _, r = _tuned(cfg, "scratch", target, k, seed, None, "timemode")
+        _, r = _tuned(cfg, "scratch", target, k, seed, None, "timemode", full=False)
         out[_regime_key(metric, cfg)] = r["disc"]
     out["seconds"] = time.time() - t0
     return out
 
 
-def _baseline_sets(cfg: TimeModeConfig, target: str, k: int, seed: int) -> dict[str, dict]:
+def _baseline_sets(
+    cfg: TimeModeConfig, target: str, k: int, seed: int, full: bool = True
+) -> dict[str, dict]:
     run = cfg.replace(target=target)
     t = load_target(run, k, seed)
     shots, real = t.scaler.scale(t.shots), t.scaler.scale(t.reference)
@@ -173,7 +186,9 @@ def _baseline_sets(cfg: TimeModeConfig, target: str, k: int, seed: int) -> dict[
         "ar_sim": ar_samples(shots, n, seed=seed),
         "marginal_noise": marginal_noise_samples(shots, n, seed=seed),
     }
-    return {row: _score(run, fake, real, seed) for row, fake in fakes.items()}
+    if full:
+        return {row: _score(run, fake, real, seed) for row, fake in fakes.items()}
+    return {row: {"disc": _disc(run, fake, real, seed)} for row, fake in fakes.items()}
 
 
 def _baselines_job(cfg_dict: dict, seed: int) -> dict:
@@ -181,8 +196,8 @@ def _baselines_job(cfg_dict: dict, seed: int) -> dict:
     t0 = time.time()
     cfg = _target_cfg(cfg_dict, stage="pretrain")
     out = _baseline_sets(cfg, cfg.target, cfg.n_shot, seed)
-    for metric, target, k in _regimes(cfg):
-        for row, r in _baseline_sets(cfg, target, k, seed).items():
+    for metric, target, k in _regimes(cfg, damped=False):
+        for row, r in _baseline_sets(cfg, target, k, seed, full=False).items():
             out[row][_regime_key(metric, cfg)] = r["disc"]
     out["seconds"] = time.time() - t0
     return out
@@ -263,8 +278,9 @@ def _notes(cfg: TimeModeConfig) -> list[str]:
         f"{cfg.finetune_steps} × {cfg.target_batch}, scratch {cfg.scratch_steps}; "
         f"{cfg.n_generate} generated windows scored; GRU discriminator {cfg.disc_iters} iters "
         f"× {cfg.disc_seeds} seeds.",
-        "disc_10 / disc_25 (regimes "
-        f"{cfg.shot_regimes}) and disc_damped only for {', '.join(REGIME_ROWS)}.",
+        f"disc_10 / disc_25 (regimes {cfg.shot_regimes}) only for {', '.join(REGIME_ROWS)}, "
+        f"disc_damped only for {', '.join(DAMPED_ROWS)}; both with {cfg.regime_disc_seeds} "
+        "discriminator seed(s).",
     ]
 
 
