@@ -68,4 +68,32 @@ CLAIMS: tuple[Claim, ...] = (
         expr="marginal_noise.fid_feat > ar_sim.fid_feat",
         presets=TRAINED,
     ),
+    Claim(
+        id="unit_adaln_zero",
+        statement="adaLN-Zero: the denoiser predicts ε̂ ≡ 0 at initialisation.",
+        source="§3 (DiT blocks with adaLN-Zero)",
+        expr='extra("unit", "adaln_zero_max_abs_eps") == 0',
+    ),
+    Claim(
+        id="unit_gates",
+        statement="Top-k gates are non-negative, exactly k per token, and sum to 1 (1e-6).",
+        source="§3.3 (MoDE routing)",
+        expr='extra("unit", "gate_min") >= 0 and extra("unit", "gate_sum_max_err") <= 1e-6 '
+        'and extra("unit", "gate_topk_count_err") == 0',
+    ),
+    Claim(
+        id="unit_dispatch",
+        statement="Dense and sparse expert dispatch give the same output to 1e-5.",
+        source="§3.3 (MoDE layer)",
+        expr='extra("unit", "dense_sparse_max_err") <= 1e-5',
+    ),
+    Claim(
+        id="unit_reverse_step",
+        statement="With the true ε, one reverse step is the posterior mean to 1e-6, and sampling "
+        "N(0, I) data with the analytic ε* gives mean and variance within 0.05 of 0 and 1.",
+        source="§3 (DDPM sampling)",
+        expr='extra("unit", "posterior_step_max_err") <= 1e-6 '
+        'and abs(extra("unit", "analytic_sample_mean")) <= 0.05 '
+        'and abs(extra("unit", "analytic_sample_var") - 1) <= 0.05',
+    ),
 )

@@ -272,7 +272,8 @@ class Denoiser(nn.Module):
 
 
 class Diffusion:
-    """DDPM with ε-prediction and fixed (posterior) variance; linear β rescaled to T."""
+    """DDPM with ε-prediction and the fixed reverse variance σ_t² = β_t (Ho et al. 2020; exact
+    for N(0, I) data, see the unit check); linear β schedule rescaled to T."""
 
     def __init__(self, steps: int) -> None:
         self.T = steps
@@ -282,7 +283,6 @@ class Diffusion:
         abar = torch.cumprod(a, 0)
         prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])
         self.betas, self.alphas, self.abar, self.abar_prev = b, a, abar, prev
-        self.post_var = b * (1 - prev) / (1 - abar)
         self.coef_x0 = b * prev.sqrt() / (1 - abar)
         self.coef_xt = (1 - prev) * a.sqrt() / (1 - abar)
 
@@ -312,7 +312,7 @@ class Diffusion:
             mean = self.reverse_mean(x, t, eps_fn(x, t))
             if step > 0:
                 noise = torch.randn(shape, generator=gen)
-                x = mean + self._at(self.post_var, t).sqrt() * noise
+                x = mean + self._at(self.betas, t).sqrt() * noise
             else:
                 x = mean
         return x
