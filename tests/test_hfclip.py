@@ -1,0 +1,186 @@
+"""nshot.nn.hfclip: real CLIP checkpoints by path (a Hugging Face folder, or an OpenAI /
+open_clip state dict in safetensors), checked on a tiny random CLIP written here (no network),
+and against open_clip itself when it is importable (a throwaway GPU-side environment)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.errors import CheckpointError
+
+TEXTS = ["a photo of a cat", "this is a dog", "a photo of a circle with a long name"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """``(hf folder, openai safetensors file)`` of one random tiny CLIP."""
+    from safetensors.torch import save_file
+
+    from nshot.nn.hfclip import hf_to_openai, load_pretrained_clip, write_tiny_clip
+
+    root = tmp_path_factory.mktemp("hfclip")
+    folder = write_tiny_clip(root / "hf", seed=3)
+    clip = load_pretrained_clip(folder)
+    single = root / "oa" / "open_clip_model.safetensors"
+    single.parent.mkdir()
+    save_file(hf_to_openai(clip.model), str(single))
+    return folder, single
+
+
+def test_both_formats_give_the_same_features_and_logits(tiny):
+    from nshot.nn.hfclip import load_pretrained_clip
+
+    folder, single = tiny
+    a = load_pretrained_clip(folder)
+    b = load_pretrained_clip(single, tokenizer=folder)
+    assert a.fmt == "hf" and b.fmt == "openai"
+    assert b.model.config.text_config.hidden_act == "quick_gelu"  # OpenAI weights by default
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for fa, fb in (
+            (a.encode_image(x), b.encode_image(x)),
+            (a.encode_text(TEXTS), b.encode_text(TEXTS)),
+            (a.logits(x, TEXTS), b.logits(x, TEXTS)),
+        ):
+            assert fa.shape == fb.shape
+            assert float((fa - fb).abs().max()) <= 1e-5
+    # open_clip's tokenization: start, BPE, end, zero padding; whole words are one token each
+    ids = a.tokenize(TEXTS)
+    assert ids[0, 0] == a.tokenizer.bos_token_id and ids[0].tolist().count(a.eos_id) == 1
+    assert len(a.token_ids("a photo of a")) == 4
+    # the end token is pooled: the text features do not depend on the zero padding
+    one = a.encode_text(TEXTS[:1])
+    assert float((one - a.encode_text(TEXTS)[:1]).abs().max()) <= 1e-5
+
+
+def test_the_mapping_round_trips_and_infers_the_architecture(tiny):
+    from safetensors.torch import load_file
+
+    from nshot.nn.hfclip import hf_to_openai, load_pretrained_clip, openai_to_hf
+
+    folder, single = tiny
+    state = load_file(str(single))
+    config, hf_state = openai_to_hf(state)
+    v, t = config.vision_config, config.text_config
+    assert (v.patch_size, v.image_size, v.hidden_size, v.num_hidden_layers) == (8, 32, 64, 2)
+    assert (t.hidden_size, t.max_position_embeddings, config.projection_dim) == (64, 32, 32)
+    ref = load_pretrained_clip(folder).model.state_dict()
+    assert set(hf_state) == set(ref)
+    for k, val in hf_state.items():
+        assert torch.equal(val, ref[k]), k
+    back = hf_to_openai(load_pretrained_clip(single, tokenizer=folder).model)
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_bad_inputs_give_one_clear_error_naming_the_path_or_key(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from nshot.nn.hfclip import clip_problems, load_pretrained_clip
+
+    folder, single = tiny
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_pretrained_clip(tmp_path / "nope")
+    pickle = tmp_path / "ViT-B-32.pt"
+    pickle.write_bytes(b"\x80\x04not read")
+    with pytest.raises(CheckpointError, match="pickle") as err:
+        load_pretrained_clip(pickle)
+    assert str(pickle) in str(err.value) and "safetensors" in str(err.value)
+    hf_pickle = tmp_path / "hfbin"
+    hf_pickle.mkdir()
+    (hf_pickle / "config.json").write_text(json.dumps({"model_type": "clip"}))
+    (hf_pickle / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_pretrained_clip(hf_pickle)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(CheckpointError, match="not a CLIP checkpoint"):
+        load_pretrained_clip(bert)
+    state = load_file(str(single))
+    bad = dict(state)
+    bad["transformer.resblocks.0.attn.in_proj_weight"] = torch.zeros(10, 64)
+    save_file(bad, str(tmp_path / "shape.safetensors"))
+    with pytest.raises(CheckpointError, match="resblocks.0.attn.in_proj_weight"):
+        load_pretrained_clip(tmp_path / "shape.safetensors", tokenizer=folder)
+    gone = {k: v for k, v in state.items() if k != "visual.ln_post.weight"}
+    save_file(gone, str(tmp_path / "gone.safetensors"))
+    with pytest.raises(CheckpointError, match="visual.ln_post.weight"):
+        load_pretrained_clip(tmp_path / "gone.safetensors", tokenizer=folder)
+    extra = {**state, "visual.attnpool.weight": torch.zeros(2)}
+    save_file(extra, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(CheckpointError, match="visual.attnpool.weight"):
+        load_pretrained_clip(tmp_path / "extra.safetensors", tokenizer=folder)
+    # an OpenAI-format file alone: the tokenizer is required, never downloaded
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        load_pretrained_clip(single)
+    assert any("tokenizer" in p for p in clip_problems(single))
+    assert clip_problems(single, folder) == [] and clip_problems(folder) == []
+    assert clip_problems(None) == ["the CLIP path is not set"]
+
+
+def test_open_clip_bpe_file_and_preprocessing(tiny, tmp_path):
+    from PIL import Image
+
+    from nshot.nn.hfclip import bpe_tokenizer, image_folder, load_image, load_pretrained_clip
+
+    folder, _ = tiny
+    clip = load_pretrained_clip(folder)
+    merges = json.loads((folder / "tokenizer.json").read_text())["model"]["merges"]
+    gz = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
+    lines = ["#version: 0.2"] + [m if isinstance(m, str) else " ".join(m) for m in merges]
+    gz.write_bytes(gzip.compress("\n".join(lines).encode()))
+    tok = bpe_tokenizer(gz)  # open_clip's merges file: the same vocabulary rebuilt
+    for text in TEXTS:
+        assert tok(text).input_ids == clip.tokenizer(text).input_ids
+    # 224-style preprocessing: shorter side resized, centre crop, [0, 1], channels first
+    for c in ("cat", "dog"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+    arr = np.zeros((40, 80, 3), dtype=np.uint8)
+    arr[:, 30:50] = 255  # a white band in the centre survives the crop
+    Image.fromarray(arr).save(tmp_path / "imgs" / "cat" / "0.png")
+    Image.fromarray(arr).convert("L").save(tmp_path / "imgs" / "dog" / "0.jpg")
+    x = load_image(tmp_path / "imgs" / "cat" / "0.png", 20)
+    assert x.shape == (3, 20, 20) and x.dtype == np.float32
+    assert x[:, :, 10].min() > 0.9 and x[:, :, 0].max() < 0.1
+    assert load_image(tmp_path / "imgs" / "dog" / "0.jpg", 20).shape == (3, 20, 20)
+    f = image_folder(tmp_path / "imgs")
+    assert f.classes == ("cat", "dog") and f.labels.tolist() == [0, 1]
+    with pytest.raises(CheckpointError, match="class folder"):
+        image_folder(tmp_path / "imgs" / "cat")
+
+
+def test_against_open_clip_itself():
+    """The OpenAI-format mapping and the BPE file against open_clip's own ViT-B-32 (random
+    weights, perturbed): runs only where open_clip is importable (never in the default
+    environment)."""
+    open_clip = pytest.importorskip("open_clip")
+    from pathlib import Path
+
+    from transformers import CLIPModel
+
+    from nshot.nn.hfclip import bpe_tokenizer, openai_to_hf
+
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-32", pretrained=None, force_quick_gelu=True).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    config, state = openai_to_hf(model.state_dict())
+    hf = CLIPModel(config).eval()
+    hf.load_state_dict(state, strict=True)
+    x = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    texts = ["a photo of a cat", "A Photo of  the Golden-Retriever's toy, 2 dogs!"]
+    ids = open_clip.get_tokenizer("ViT-B-32")(texts)
+    with torch.no_grad():
+        di = (model.encode_image(x) - hf.get_image_features(pixel_values=x).pooler_output).abs()
+        dt = (model.encode_text(ids) - hf.get_text_features(input_ids=ids).pooler_output).abs()
+    assert float(di.max()) <= 1e-4 and float(dt.max()) <= 1e-4
+    tok = bpe_tokenizer(Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz")
+    for row, text in zip(ids, texts, strict=True):
+        mine = [tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids, tok.eos_token_id]
+        assert mine == [int(v) for v in row if int(v) != 0]
