@@ -56,18 +56,16 @@ def test_config_errors_name_the_field():
 
 
 def test_paper_preset_validates_and_names_what_is_missing():
-    from nshot.methods.dirclip.model import require_open_clip
+    from nshot.methods.dirclip.paper import check_paper
 
     cfg = get("dirclip").config("paper")
-    assert cfg.backbone == "open_clip" and cfg.eps == 1 / 255 and cfg.tau == 1e5
+    assert cfg.backbone == "clip" and cfg.eps == 1 / 255 and cfg.tau == 1e5
     with pytest.raises(ConfigError) as err:
-        require_open_clip(cfg)
+        check_paper(cfg)
     msg = str(err.value)
-    assert "clip_path" in msg and "data_path" in msg
-    import importlib.util
-
-    if importlib.util.find_spec("open_clip") is None:
-        assert "open_clip_torch" in msg
+    assert "'clip_path' is not set" in msg and "'data_path' is not set" in msg
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_paper(cfg.replace(clip_path="/no/such/clip", data_path="/no/such/data"))
     # the default path never imports open_clip or torchvision
     import sys
 

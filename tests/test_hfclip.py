@@ -184,3 +184,62 @@ def test_against_open_clip_itself():
     for row, text in zip(ids, texts, strict=True):
         mine = [tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids, tok.eos_token_id]
         assert mine == [int(v) for v in row if int(v) != 0]
+
+
+def _image_folder(root, classes, per_class, seed):
+    """Class folders of small random RGB PNGs, a class-dependent mean colour."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = np.full((36, 40, 3), 60 + 120 * c, dtype=np.float64)
+            img = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.ray
+def test_dirclip_paper_path_trains_and_evaluates_on_a_tiny_clip(
+    tiny, ray_session, nshot_cache, tmp_path
+):
+    """The ``paper`` preset's code path end to end on a tiny random CLIP in the Hugging Face
+    format and an ImageFolder: validation names what is missing, one UCAT step under Ray
+    Train (in-process), a checkpoint holding g only, evaluation on val/."""
+    from nshot.method import ConfigError, get
+    from nshot.methods.dirclip.paper import check_paper
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    folder, single = tiny
+    dirclip = get("dirclip")
+    with pytest.raises(ConfigError) as err:
+        check_paper(dirclip.config("paper"))
+    assert "'clip_path' is not set" in str(err.value) and "'data_path' is not set" in str(err.value)
+    with pytest.raises(ConfigError, match="tokenizer"):
+        check_paper(dirclip.config("paper", clip_path=str(single), data_path=str(tmp_path)))
+    data = tmp_path / "data"
+    _image_folder(data / "train", ["zero", "one"], 8, 0)
+    _image_folder(data / "val", ["zero", "one"], 3, 1)
+    (data / "class_names.json").write_text(json.dumps({"zero": "digit zero"}))
+    cfg = dirclip.config(
+        "paper", clip_path=str(folder), data_path=str(data), clip_arch="any", steps=1,
+        batch_size=4, val_images=10, val_every=1, val_pgd_steps=1, pgd_steps=2, apgd_steps=2,
+        apgd_images=4, warmup=0, log_every=1, checkpoint_every=1,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="clip_arch"):
+        from nshot.methods.dirclip.paper import load_backbone
+
+        load_backbone(cfg.replace(clip_arch="ViT-B-32"))
+    res = fit("dirclip", cfg, scaling=Scaling(workers=0), storage=tmp_path / "runs", name="p")
+    ckpt = load_checkpoint(res.checkpoint, method="dirclip")
+    weights = ckpt.weights()
+    assert ckpt.step == 1 and ckpt.extra["model"]["class_names"] == ["one", "digit zero"]
+    g = ("clip.vision_model.", "clip.visual_projection.")
+    assert weights and all(k.removeprefix("best.").startswith(g) for k in weights)
+    assert {"ce", "lam_kl", "adv_acc", "clean_acc", "val_h"} <= set(ckpt.metrics)
+    metrics = dirclip.evaluate(ckpt, cfg)
+    for k in ("clean", "pgd", "apgd", "h", "ece_clean", "ece_adv", "au", "pu"):
+        assert k in metrics and 0.0 <= metrics[k] <= 1.0, k
+    with pytest.raises(Exception, match="nshot eval"):
+        dirclip.predictor(ckpt)

@@ -6,7 +6,8 @@
   2ε halved on oscillation or stagnation at the checkpoints p_j, momentum 0.75, the best
   point kept), as AutoAttack's ``apgd-ce`` and torchattacks' ``APGD(loss="ce")`` run it.
 
-``loss_fn(x_adv) -> per-example losses [B]`` is maximised; ``model(x) -> logits``.
+``loss_fn(x_adv) -> per-example losses [B]`` is maximised; ``model(x) -> logits``. The random
+starts are drawn on the CPU (``generator``) and moved to the images' device.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def pgd(
     x = x.detach()
     if eps <= 0 or steps <= 0:
         return x.clone()
-    delta = (torch.rand(x.shape, generator=generator, dtype=x.dtype) * 2 - 1) * eps
+    delta = (torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device) * 2 - 1) * eps
     x_adv = project(x + delta, x, eps)
     for _ in range(steps):
         x_adv.requires_grad_(True)
@@ -73,7 +74,7 @@ def apgd_ce(
     x = x.detach()
     n = len(x)
     shape = (n,) + (1,) * (x.dim() - 1)
-    t = torch.rand(x.shape, generator=generator, dtype=x.dtype) * 2 - 1
+    t = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device) * 2 - 1
     t = t / t.reshape(n, -1).abs().amax(1).clamp_min(1e-12).view(shape)
     x_adv = project(x + eps * t, x, eps)
 
@@ -89,12 +90,14 @@ def apgd_ce(
     x_out = x_adv.clone()  # misclassified points, else the best
     found = wrong.clone()
     x_best, loss_best, grad_best = x_adv.clone(), loss.clone(), grad.clone()
-    step = torch.full(shape, 2.0 * eps, dtype=x.dtype)
+    step = torch.full(shape, 2.0 * eps, dtype=x.dtype, device=x.device)
     checks = set(_checkpoints(steps))
     last_check = 0
     loss_at_check = loss_best.clone()
-    reduced_at_check = torch.zeros(n, dtype=torch.bool)
-    increases = torch.zeros(n)  # iterations since the last check where the loss increased
+    reduced_at_check = torch.zeros(n, dtype=torch.bool, device=x.device)
+    increases = torch.zeros(
+        n, device=x.device
+    )  # iterations since the last check where the loss increased
     prev_loss = loss.clone()
     x_prev = x_adv.clone()
     for i in range(steps):

@@ -3,9 +3,9 @@
 ``small`` is the paper's recipe at toy scale on nshot's tiny CLIP pre-trained on scikit-learn's
 digits: ε = 0.1 (a digit pixel is in [0, 1]), PGD-2 of step 0.05 in training, Adam 3e-4, batch
 128, λ = 100 λ₀ (``tau = 1e7`` instead of the paper's 1e5: at toy scale the paper's λ₀ is too
-weak to move anything). ``paper`` is the released code's setting (ViT-B/32 from an open_clip
-checkpoint, TinyImageNet, ε = 1/255, PGD-2 of 1/255, SGD 1e-4, batch 256, ``tau = 1e5``) and
-needs a GPU environment with open_clip and torchvision (see the README).
+weak to move anything). ``paper`` is the released code's setting (ViT-B/32 read by path with
+``transformers``' CLIP, TinyImageNet as an ImageFolder, ε = 1/255, PGD-2 of 1/255, SGD 1e-4,
+batch 256, ``tau = 1e5``; a GPU; see the README's Paper preset).
 """
 
 from __future__ import annotations
@@ -33,19 +33,30 @@ class DirclipConfig(MethodConfig):
         "fare: ‖g(x_adv) − g₀(x)‖² (no labels); forward_kl: CE + λ·KL(Dir(α_ori) ‖ Dir(α_adv)); "
         "prob_kl: CE + λ_p·KL(softmax(ℓ_adv) ‖ softmax(ℓ_ori))",
     )
-    backbone: Literal["tinyclip", "open_clip"] = Field(
+    backbone: Literal["tinyclip", "clip"] = Field(
         "tinyclip",
-        description="tinyclip: nshot's tiny CLIP (offline); open_clip: a real CLIP checkpoint "
-        "read from clip_path (paper preset; needs open_clip and torchvision)",
+        description="tinyclip: nshot's tiny CLIP (offline); clip: a real CLIP read from "
+        "clip_path (paper preset: a Hugging Face CLIP folder or an OpenAI-format safetensors)",
     )
     clip_preset: Literal["digits", "digits-smoke"] = Field(
         "digits", description="the tiny CLIP preset (nshot.train.clip) g₀ comes from"
     )
     clip_text: Literal["word", "minilm"] = Field("word", description="its text tower")
     clip_seed: int = Field(0, ge=0, description="seed of the tiny CLIP and of the digits split")
-    clip_path: str | None = Field(None, description="open_clip checkpoint (paper preset)")
-    clip_arch: str = Field("ViT-B-32", description="open_clip architecture (paper preset)")
-    data_path: str | None = Field(None, description="ImageFolder root (paper preset)")
+    clip_path: str | None = Field(
+        None, description="a Hugging Face CLIP folder or OpenAI-format .safetensors (backbone=clip)"
+    )
+    clip_tokenizer: str | None = Field(
+        None,
+        description="CLIP BPE tokenizer files (a folder, or bpe_simple_vocab_16e6.txt.gz) for an "
+        "OpenAI-format clip_path; default: the files beside it",
+    )
+    clip_arch: str = Field(
+        "ViT-B-32", description="the architecture clip_path must have (ViT-B-32, ViT-B-16, any)"
+    )
+    data_path: str | None = Field(
+        None, description="ImageFolder root with train/ and val/ class folders (backbone=clip)"
+    )
     template: str = Field(TEMPLATE, description="prompt of the class text features")
     # UCAT
     tau_prime: float = Field(0.07, gt=0.0, le=10.0, description="Dirichlet temperature τ'")
@@ -106,7 +117,7 @@ class DirclipConfig(MethodConfig):
         # for 21 trained models), APGD-CE on 100 test images per seed
         "small": {"steps": 150, "log_every": 50, "checkpoint_every": 150, "apgd_images": 100},
         "paper": {
-            "backbone": "open_clip", "clip_arch": "ViT-B-32", "eps": 1 / 255,
+            "backbone": "clip", "clip_arch": "ViT-B-32", "eps": 1 / 255,
             "train_attack_step": 1 / 255, "pgd_steps": 100, "tau": PAPER_TAU, "optimizer": "sgd",
             "lr": 1e-4, "batch_size": 256, "warmup": 1000, "steps": 4000, "log_every": 50,
             "checkpoint_every": 500, "val_every": 500, "val_images": 1000, "seeds": 1,
@@ -120,6 +131,8 @@ class DirclipConfig(MethodConfig):
             raise ValueError("field 'template': must contain '{}' for the class name")
         if self.checkpoint_every % self.log_every and self.checkpoint_every < self.steps:
             raise ValueError("field 'checkpoint_every': must be a multiple of log_every")
+        if self.backbone == "tinyclip" and (self.clip_path or self.data_path):
+            raise ValueError("field 'clip_path': clip_path and data_path are for backbone=clip")
         if any(not 0 <= t <= 1e12 for t in self.sweep_taus):
             raise ValueError("field 'sweep_taus': each tau must lie in [0, 1e12]")
         return self

@@ -52,6 +52,27 @@ def _wrong_entropy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float(normalised_entropy(logits[wrong].softmax(-1)).mean())
 
 
+def logit_metrics(lc: torch.Tensor, la: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Accuracy, ECE, the entropy ratio and the Dirichlet read-outs of clean logits ``lc`` and
+    adversarial logits ``la`` of the labels ``y``."""
+    clean, adv = _acc(lc, y), _acc(la, y)
+    out: dict[str, float] = {
+        "clean": clean,
+        "pgd": adv,
+        "h": harmonic(clean, adv),
+        "ece_clean": ece(lc.softmax(-1), y),
+        "ece_adv": ece(la.softmax(-1), y),
+    }
+    ent_clean, ent_adv = _wrong_entropy(lc, y), _wrong_entropy(la, y)
+    out["ent_wrong_clean"], out["ent_wrong_adv"] = ent_clean, ent_adv
+    out["ent_ratio"] = ent_adv / ent_clean if ent_clean > 0 else float("nan")
+    for tag, logits in (("", lc), ("_adv", la)):
+        u = uncertainty(logits)
+        for k in ("au", "eu", "eu_code", "pu"):
+            out[f"{k}{tag}"] = float(u[k].mean())
+    return out
+
+
 def validation(model, splits: Splits, cfg: DirclipConfig, step: int) -> dict[str, float]:
     """Clean and PGD-``val_pgd_steps`` accuracy on the held-out training images, and their
     harmonic mean ``val_h`` (the selection criterion)."""
@@ -83,21 +104,7 @@ def evaluate_model(
     lc = logits_of(model, x)
     xa = attack_pgd(model, x, y, cfg, cfg.pgd_steps, gen)
     la = logits_of(model, xa)
-    clean, adv = _acc(lc, y), _acc(la, y)
-    out: dict[str, float] = {
-        "clean": clean,
-        "pgd": adv,
-        "h": harmonic(clean, adv),
-        "ece_clean": ece(lc.softmax(-1), y),
-        "ece_adv": ece(la.softmax(-1), y),
-    }
-    ent_clean, ent_adv = _wrong_entropy(lc, y), _wrong_entropy(la, y)
-    out["ent_wrong_clean"], out["ent_wrong_adv"] = ent_clean, ent_adv
-    out["ent_ratio"] = ent_adv / ent_clean if ent_clean > 0 else float("nan")
-    for tag, logits in (("", lc), ("_adv", la)):
-        u = uncertainty(logits)
-        for k in ("au", "eu", "eu_code", "pu"):
-            out[f"{k}{tag}"] = float(u[k].mean())
+    out = logit_metrics(lc, la, y)
     if apgd:
         n = min(cfg.apgd_images, len(y))
         idx = (apgd_offset + np.arange(n)) % len(y)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from nshot.errors import NshotError
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 
@@ -36,7 +37,11 @@ class DirclipMethod(Method):
 
     def train_loop(self, cfg: DirclipConfig) -> None:
         """Adversarial fine-tuning of the image tower with ``cfg.loss`` (ucat, tecoa, fare,
-        forward_kl, prob_kl)."""
+        forward_kl, prob_kl); ``backbone='clip'``: on the real CLIP at ``clip_path``."""
+        if cfg.backbone == "clip":
+            from .paper import train_loop as paper_train_loop
+
+            return paper_train_loop(cfg)
         train_loop(cfg)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, float]:
@@ -45,17 +50,30 @@ class DirclipMethod(Method):
         from .data import load_splits
         from .evaluation import evaluate_model
 
+        if checkpoint.config.get("backbone") == "clip":
+            from .paper import evaluate
+
+            return evaluate(checkpoint, cfg)
         model, ckpt_cfg, _ = load_model(checkpoint)
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in DirclipConfig.EVAL_FIELDS})
         return evaluate_model(model, load_splits(run_cfg), run_cfg, run_cfg.seed)
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> DirclipPredictor:
+        if checkpoint.config.get("backbone") == "clip":
+            raise NshotError(
+                f"{checkpoint.path}: the predictor serves the tiny CLIP's checkpoints; a "
+                "backbone 'clip' checkpoint is evaluated with `nshot eval` (README, Paper preset)"
+            )
         return DirclipPredictor.from_checkpoint(checkpoint)
 
     def model_budget(self, cfg: DirclipConfig, extra: dict[str, Any] | None = None):
         return None
 
     def experiments(self, cfg: DirclipConfig, workdir: Path) -> ResultsTable:
+        if cfg.backbone == "clip":
+            from .paper import run_experiments as paper_experiments
+
+            return paper_experiments(cfg, workdir)
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)

@@ -154,38 +154,3 @@ def load_model(checkpoint: LoadedCheckpoint) -> tuple[DirClip, DirclipConfig, di
     except RuntimeError as err:
         raise NshotError(f"{checkpoint.path}: weights do not fit the model: {err}") from None
     return model.eval(), cfg, extra
-
-
-def require_open_clip(cfg: DirclipConfig) -> None:
-    """The ``paper`` preset's environment: an open_clip checkpoint at ``clip_path``, ImageFolder
-    data at ``data_path``, and the packages ``open_clip_torch`` and ``torchvision`` (a GPU
-    environment; they replace the CPU torch, so they are never on the default path). Raises a
-    :class:`~nshot.errors.ConfigError` naming everything that is missing."""
-    import importlib.util
-    from pathlib import Path
-
-    from nshot.errors import ConfigError
-
-    missing = []
-    for module, package in (("open_clip", "open_clip_torch"), ("torchvision", "torchvision")):
-        if importlib.util.find_spec(module) is None:
-            missing.append(f"the package {package} (import {module})")
-    if not cfg.clip_path:
-        missing.append("field 'clip_path' (an open_clip checkpoint, e.g. ViT-B-32 weights)")
-    elif not Path(cfg.clip_path).is_file():
-        missing.append(f"field 'clip_path': {cfg.clip_path} is not a file")
-    if not cfg.data_path:
-        missing.append("field 'data_path' (ImageFolder root with train/ and val/ folders)")
-    elif not Path(cfg.data_path).is_dir():
-        missing.append(f"field 'data_path': {cfg.data_path} is not a directory")
-    if missing:
-        raise ConfigError(
-            f"dirclip backbone {cfg.backbone!r} (preset {cfg.preset!r}) needs: "
-            + "; ".join(missing)
-            + ". See methods/dirclip/README.md (paper preset) for the GPU environment."
-        )
-    raise ConfigError(
-        "dirclip backbone 'open_clip': the environment is complete, but this version trains "
-        "the tiny CLIP only; the ViT-B/32 run (TinyImageNet, 16 zero-shot sets) is not "
-        "reproduced here (README, What is not reproduced)"
-    )

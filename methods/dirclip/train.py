@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nshot.errors import ConfigError
 from nshot.train import session
 
 from .attacks import ce_loss, pgd
@@ -119,9 +120,10 @@ def lr_at(cfg: DirclipConfig, step: int) -> float:
 
 
 def trainable_state(model: DirClip) -> dict[str, torch.Tensor]:
-    """g's weights (``clip.visual*``), cloned."""
+    """g's weights (the model's ``TRAINABLE`` prefixes, ``clip.visual*`` by default), cloned."""
+    prefixes = getattr(model, "TRAINABLE", ("clip.visual",))
     return {k: v.detach().clone() for k, v in model.state_dict().items()
-            if k.startswith("clip.visual")}  # fmt: skip
+            if k.startswith(prefixes)}  # fmt: skip
 
 
 def fit_model(
@@ -137,16 +139,21 @@ def fit_model(
     best: dict | None = None,
     on_step: Callable[[int, dict[str, float], dict], None] | None = None,
     before_step: Callable[[int], None] | None = None,
+    validate: Callable[..., dict[str, float]] = validation,
 ) -> tuple[DirClip, dict]:
     """Train ``cfg.steps`` steps from ``start``; returns the model holding the validation-
-    selected weights and the selection record ``{"step", "val_h", "state"}``."""
+    selected weights and the selection record ``{"step", "val_h", "state"}``. ``splits``'
+    training images are any array indexable by a row array (the paper backbone's are read
+    from files per batch); batches go to the model's device; ``validate(model, splits, cfg,
+    step)`` scores the held-out images."""
     opt = opt or make_optimizer(model, cfg)
     fwd = forward if forward is not None else model
     best = best if best is not None else {"step": 0, "val_h": -1.0, "state": None}
-    x_all, y_all = torch.from_numpy(splits.x_train), torch.from_numpy(splits.y_train)
+    y_all = torch.from_numpy(splits.y_train)
+    device = next(model.parameters()).device
     per = cfg.batch_size // world
     if start == 0 and best["state"] is None:  # the starting point is a candidate too
-        v = validation(model, splits, cfg, 0)
+        v = validate(model, splits, cfg, 0)
         best.update(step=0, state=trainable_state(model), **v)
     model.train()
     for step in range(start + 1, cfg.steps + 1):
@@ -157,12 +164,13 @@ def fit_model(
                                                 .integers(2**62)))  # fmt: skip
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        loss, stats = step_loss(model, fwd, cfg, x_all[rows], y_all[rows], gen)
+        x = torch.as_tensor(splits.x_train[rows]).to(device)
+        loss, stats = step_loss(model, fwd, cfg, x, y_all[rows].to(device), gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % cfg.val_every == 0 or step == cfg.steps:
-            v = validation(model, splits, cfg, step)
+            v = validate(model, splits, cfg, step)
             stats.update(v)
             if v["val_h"] > best["val_h"]:
                 best.update(step=step, state=trainable_state(model), **v)
@@ -182,9 +190,9 @@ def train_loop(cfg: DirclipConfig) -> None:
     every ``log_every`` steps, validation every ``val_every``, a checkpoint (current and
     selected weights, optimiser) every ``checkpoint_every`` and at the end."""
     if cfg.backbone != "tinyclip":
-        from .model import require_open_clip
-
-        require_open_clip(cfg)
+        raise ConfigError(
+            "backbone 'clip' trains through the method (nshot.methods.dirclip.paper.train_loop)"
+        )
     ctx = session.context()
     torch.set_num_threads(cfg.torch_threads)
     if cfg.batch_size % ctx.world_size:

@@ -1,0 +1,439 @@
+"""dirclip's ``paper`` backbone: UCAT on a real CLIP (ViT-B/32 in the paper, §4) read by path
+with :func:`nshot.nn.hfclip.load_pretrained_clip` (a Hugging Face folder, or an OpenAI-format
+safetensors file plus its tokenizer), and training images from an ImageFolder.
+
+* Data (``data_path``): ``train/<class>/*.png|jpg|jpeg`` (the fine-tuning set; ``val_images``
+  of it held out for model selection) and ``val/<class>/...`` with the same class folders (the
+  evaluation set). Class names come from ``data_path/class_names.json`` (folder → name; e.g.
+  TinyImageNet's WordNet ids to words) or else from the folder names (``_`` as spaces).
+  Images are read per batch with PIL and CLIP's 224 resize / centre crop
+  (:func:`nshot.nn.hfclip.load_image`); the normalisation is inside the model, so attacks run
+  in pixel space as on the toy.
+* The model (:class:`HFDirClip`) has the toy's interface: g is the whole image tower and its
+  projection (trainable), g₀ a frozen copy of both, the text tower and the logit scale frozen,
+  the text features of ``template`` for the training classes a buffer, logits ``100 · cos``.
+* Training reuses :func:`.train.fit_model` and :func:`.train.step_loss` (the loss, the attack
+  and the schedule are the toy's code); validation and evaluation run in chunks of
+  ``CHUNK`` images on the worker's device and give the toy's metrics except the toy's shifted
+  domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``), which have no counterpart.
+* A checkpoint holds g's current and selected (``best.*``) weights and the optimiser, and
+  records ``clip_path``; :func:`load_paper_model` rebuilds the rest from that path.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nshot.errors import CheckpointError, ConfigError
+from nshot.method import ResultsTable
+from nshot.train import session
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .attacks import apgd_ce
+from .config import DirclipConfig
+from .evaluation import _acc, attack_pgd, harmonic, logit_metrics
+from .model import SCALE
+from .train import _best_record, batch_rows, fit_model, make_optimizer, trainable_state
+
+CHUNK = 128  # images per forward / attack in validation and evaluation
+METRICS = {"clean": True, "pgd": True, "apgd": True, "h": True, "ece_clean": False,
+           "ece_adv": False, "ent_ratio": True}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+
+
+def check_paper(cfg: DirclipConfig) -> None:
+    """Raise a :class:`ConfigError` naming everything that keeps ``backbone='clip'`` from
+    running: ``clip_path`` (not set, missing, missing files, not a CLIP), the tokenizer, and
+    ``data_path`` (not set, missing, no ``train/`` or ``val/`` class folders)."""
+    from nshot.nn.hfclip import clip_problems
+
+    missing = []
+    if not cfg.clip_path:
+        missing.append(
+            "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
+            "openai/clip-vit-base-patch32 downloaded with huggingface-cli, or an OpenAI-format "
+            "open_clip_model.safetensors)"
+        )
+    else:
+        missing += [f"field 'clip_path': {p}" for p in clip_problems(cfg.clip_path,
+                                                                     cfg.clip_tokenizer)]  # fmt: skip
+    if not cfg.data_path:
+        missing.append("field 'data_path' is not set (an ImageFolder root with train/ and val/)")
+    else:
+        root = Path(cfg.data_path)
+        if not root.is_dir():
+            missing.append(f"field 'data_path': {root} is not a directory")
+        else:
+            for split in ("train", "val"):
+                d = root / split
+                if not d.is_dir() or not any(c.is_dir() for c in d.iterdir()):
+                    missing.append(f"field 'data_path': {d} has no class folders")
+    if missing:
+        raise ConfigError(
+            f"dirclip backbone 'clip' (preset {cfg.preset!r}) needs: " + "; ".join(missing)
+            + ". See methods/dirclip/README.md (Paper preset)."
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# data
+
+
+class FolderImages:
+    """Images of an ImageFolder read on demand: ``x[rows]`` is ``float32 [n, 3, S, S]``."""
+
+    def __init__(self, paths: Sequence[Path], size: int) -> None:
+        self.paths = list(paths)
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        from nshot.nn.hfclip import load_image
+
+        idx = np.atleast_1d(np.arange(len(self.paths))[rows])
+        return np.stack([load_image(self.paths[i], self.size) for i in idx])
+
+
+@dataclass(frozen=True)
+class FolderSplits:
+    x_train: FolderImages
+    y_train: np.ndarray
+    x_val: FolderImages
+    y_val: np.ndarray
+    x_test: FolderImages
+    y_test: np.ndarray
+    class_names: list[str]
+
+
+def folder_splits(cfg: DirclipConfig, size: int, seed: int | None = None) -> FolderSplits:
+    """``data_path``'s train / held-out / evaluation images (the held-out ones drawn from
+    ``train/`` by ``seed`` as on the toy)."""
+    from nshot.nn.hfclip import image_folder
+
+    root = Path(cfg.data_path or "")
+    try:
+        train, test = image_folder(root / "train"), image_folder(root / "val")
+    except CheckpointError as e:
+        raise ConfigError(f"field 'data_path': {e}") from None
+    if test.classes != train.classes:
+        raise ConfigError(
+            f"field 'data_path': {root / 'val'} has other class folders than {root / 'train'}"
+        )
+    if cfg.val_images >= len(train.paths):
+        raise ConfigError(
+            f"field 'val_images': {cfg.val_images} >= the {len(train.paths)} training images"
+        )
+    seed = cfg.seed if seed is None else seed
+    order = np.random.default_rng([seed, 17]).permutation(len(train.paths))
+    val, rest = order[: cfg.val_images], order[cfg.val_images :]
+    paths = np.array(train.paths, dtype=object)
+    names = train.class_names(root / "class_names.json")
+    return FolderSplits(
+        x_train=FolderImages(paths[rest], size), y_train=train.labels[rest],
+        x_val=FolderImages(paths[val], size), y_val=train.labels[val],
+        x_test=FolderImages(test.paths, size), y_test=test.labels, class_names=names,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+
+
+class HFDirClip(nn.Module):
+    """UCAT's model on a ``transformers.CLIPModel`` (see the module docstring); the interface
+    of :class:`.model.DirClip`."""
+
+    TRAINABLE = ("clip.vision_model.", "clip.visual_projection.")
+
+    def __init__(self, pretrained: Any, class_names: Sequence[str], template: str) -> None:
+        super().__init__()
+        self.pre = pretrained
+        self.clip = pretrained.model
+        self.orig_vision = copy.deepcopy(self.clip.vision_model)
+        self.orig_proj = copy.deepcopy(self.clip.visual_projection)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        for p in self.trainable():
+            p.requires_grad_(True)
+        self.register_buffer("mean", torch.tensor(pretrained.mean)[:, None, None])
+        self.register_buffer("std", torch.tensor(pretrained.std)[:, None, None])
+        self.class_names = list(class_names)
+        self.template = template
+        self.register_buffer("text_features", self.text_features_of(self.class_names, template))
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [*self.clip.vision_model.parameters(), *self.clip.visual_projection.parameters()]
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @torch.no_grad()
+    def text_features_of(self, class_names: Sequence[str], template: str) -> torch.Tensor:
+        return self.pre.encode_text([template.format(n) for n in class_names], normalize=True)
+
+    def features(self, images: torch.Tensor, original: bool = False) -> torch.Tensor:
+        x = (images - self.mean) / self.std
+        if original:
+            return self.orig_proj(self.orig_vision(pixel_values=x).pooler_output)
+        return self.clip.visual_projection(self.clip.vision_model(pixel_values=x).pooler_output)
+
+    def logits(
+        self,
+        images: torch.Tensor,
+        original: bool = False,
+        text_features: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        t = self.text_features if text_features is None else text_features
+        img = F.normalize(self.features(images, original), dim=-1)
+        return SCALE * img @ t.T
+
+    def forward(self, images: torch.Tensor, features: bool = False) -> torch.Tensor:
+        return self.features(images) if features else self.logits(images)
+
+
+def load_backbone(cfg: DirclipConfig) -> Any:
+    """The CLIP at ``clip_path``, checked against ``clip_arch``."""
+    from nshot.nn.hfclip import load_pretrained_clip
+
+    check_paper(cfg)
+    try:
+        pre = load_pretrained_clip(cfg.clip_path or "", cfg.clip_tokenizer)
+    except CheckpointError as e:
+        raise ConfigError(f"field 'clip_path': {e}") from None
+    problem = pre.arch_problem(cfg.clip_arch)
+    if problem:
+        raise ConfigError(f"field 'clip_arch': {problem}")
+    return pre
+
+
+def build_paper_model(cfg: DirclipConfig, class_names: Sequence[str]) -> HFDirClip:
+    return HFDirClip(load_backbone(cfg), class_names, cfg.template)
+
+
+# --------------------------------------------------------------------------------------------
+# validation and evaluation (chunked, on the model's device)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def _logits(model: HFDirClip, x: torch.Tensor) -> torch.Tensor:
+    return model.logits(x).cpu()
+
+
+def _clean_and_pgd(
+    model: HFDirClip, images: FolderImages, y: np.ndarray, cfg: DirclipConfig, steps: int,
+    generator: torch.Generator, limit: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Clean and PGD-``steps`` logits (CPU) of the first ``limit`` images, chunk by chunk."""
+    dev = _device(model)
+    n = len(y) if limit is None else min(limit, len(y))
+    lc, la = [], []
+    for i in range(0, n, CHUNK):
+        rows = np.arange(i, min(n, i + CHUNK))
+        x, yy = torch.from_numpy(images[rows]).to(dev), torch.from_numpy(y[rows]).to(dev)
+        lc.append(_logits(model, x))
+        la.append(_logits(model, attack_pgd(model, x, yy, cfg, steps, generator)))
+    return torch.cat(lc), torch.cat(la), torch.from_numpy(y[:n])
+
+
+def paper_validation(
+    model: HFDirClip, splits: FolderSplits, cfg: DirclipConfig, step: int
+) -> dict[str, float]:
+    """The toy's selection criterion on the held-out training images, in chunks."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    was = model.training
+    model.eval()
+    lc, la, y = _clean_and_pgd(model, splits.x_val, splits.y_val, cfg, cfg.val_pgd_steps, gen)
+    model.train(was)
+    clean, adv = _acc(lc, y), _acc(la, y)
+    return {"val_clean": clean, "val_pgd": adv, "val_h": harmonic(clean, adv)}
+
+
+def paper_evaluate(
+    model: HFDirClip, splits: FolderSplits, cfg: DirclipConfig, seed: int
+) -> dict[str, float]:
+    """The toy's metrics on ``val/`` (clean, PGD-``pgd_steps``, APGD-CE on the first
+    ``apgd_images``, ECE, the entropy ratio, the Dirichlet read-outs)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(10_007 * seed + 1)
+    lc, la, y = _clean_and_pgd(model, splits.x_test, splits.y_test, cfg, cfg.pgd_steps, gen)
+    out = logit_metrics(lc, la, y)
+    dev = _device(model)
+    n = min(cfg.apgd_images, len(y))
+    gen_a = torch.Generator().manual_seed(10_007 * seed + 2)
+    right = 0.0
+    for i in range(0, n, CHUNK):
+        rows = np.arange(i, min(n, i + CHUNK))
+        x = torch.from_numpy(splits.x_test[rows]).to(dev)
+        yy = torch.from_numpy(splits.y_test[rows]).to(dev)
+        xa = apgd_ce(model.logits, x, yy, cfg.eps, cfg.apgd_steps, generator=gen_a)
+        right += float((_logits(model, xa).argmax(-1) == yy.cpu()).sum())
+    out["apgd"] = right / n if n else float("nan")
+    out["pgd_on_apgd_images"] = float((la[:n].argmax(-1) == y[:n]).double().mean())
+    return {k: float(v) for k, v in out.items() if v == v}
+
+
+# --------------------------------------------------------------------------------------------
+# training under Ray Train, checkpoints
+
+
+def _record(cfg: DirclipConfig, model: HFDirClip) -> dict[str, Any]:
+    return {"backbone": "clip", "clip_path": str(cfg.clip_path),
+            "class_names": model.class_names, "template": model.template}  # fmt: skip
+
+
+def train_loop(cfg: DirclipConfig) -> None:
+    """The toy's training loop on the real CLIP: each worker attacks and trains on its shard of
+    the global batch on its device (DDP averages g's gradients); checkpoints hold g only."""
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    if cfg.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {ctx.world_size}")
+    pre = load_backbone(cfg)
+    splits = folder_splits(cfg, pre.image_size)
+    torch.manual_seed(cfg.seed)
+    model = HFDirClip(pre, splits.class_names, cfg.template).to(ctx.device)
+    opt = make_optimizer(model, cfg)
+    restored = session.restore()
+    start, best = 0, None
+    if restored is not None:
+        state = dict(restored.checkpoint.weights())
+        best_state = {k.removeprefix("best."): v.to(ctx.device)
+                      for k, v in state.items() if k.startswith("best.")}  # fmt: skip
+        current = {k: v for k, v in state.items() if not k.startswith("best.")}
+        model.load_state_dict({**model.state_dict(), **current})
+        opt_state = restored.checkpoint.optimizer_state()
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        start = restored.step
+        best = {**restored.extra.get("selected", {}), "state": best_state}
+    ddp = session.prepare_model(model)
+    record = {"model": _record(cfg, model), "loss": cfg.loss, "lambda": cfg.lam}
+    window: list[dict[str, float]] = []
+
+    def on_step(step: int, stats: dict[str, float], best: dict) -> None:
+        window.append({k: stats[k] for k in ("loss", "ce", "lam_kl", "adv_acc")})
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+            rows = batch_rows(len(splits.y_train), cfg.batch_size, step, cfg.seed)[:CHUNK]
+            with torch.no_grad():
+                xb = torch.from_numpy(splits.x_train[rows]).to(ctx.device)
+                yb = torch.from_numpy(splits.y_train[rows])
+                metrics["clean_acc"] = float((_logits(model, xb).argmax(-1) == yb).float().mean())
+            for k in ("val_clean", "val_pgd", "val_h"):
+                if k in best:
+                    metrics[k] = float(stats.get(k, best[k]))
+            state: dict[str, torch.Tensor] = {}
+            if is_ckpt:
+                state = {**trainable_state(model),
+                         **{f"best.{k}": v for k, v in best["state"].items()}}  # fmt: skip
+            session.report(
+                metrics, step=step, model=state, optimizer=opt if is_ckpt else None,
+                extra={**record, "selected": _best_record(best)}, checkpoint=is_ckpt,
+                samples=len(window) * cfg.batch_size // ctx.world_size,
+            )  # fmt: skip
+            window.clear()
+
+    fit_model(
+        cfg, splits, model, opt=opt, start=start, rank=ctx.rank, world=ctx.world_size,
+        forward=ddp if ctx.world_size > 1 else None, best=best, on_step=on_step,
+        before_step=lambda s: session.maybe_inject_fault(s, restored),
+        validate=paper_validation,
+    )  # fmt: skip
+
+
+def load_paper_model(checkpoint: LoadedCheckpoint) -> tuple[HFDirClip, DirclipConfig, dict]:
+    """The selected g of a ``backbone='clip'`` checkpoint on the CLIP of its ``clip_path``."""
+    cfg = DirclipConfig.validated(checkpoint.config)
+    rec = checkpoint.extra.get("model")
+    if not isinstance(rec, dict) or rec.get("backbone") != "clip":
+        raise CheckpointError(f"{checkpoint.path}: not a dirclip checkpoint of backbone 'clip'")
+    names = rec.get("class_names")
+    if not isinstance(names, list) or not 2 <= len(names) <= 100_000:
+        raise CheckpointError(f"{checkpoint.path}: the model record's class names are invalid")
+    model = HFDirClip(load_backbone(cfg), names, str(rec.get("template", cfg.template)))
+    state = dict(checkpoint.weights())
+    best = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
+    expected = set(trainable_state(model))
+    if set(best) != expected:
+        odd = sorted(set(best) ^ expected)
+        raise CheckpointError(f"{checkpoint.path}: best.* weights do not fit g (e.g. {odd[0]!r})")
+    try:
+        model.load_state_dict({**model.state_dict(), **best})
+    except RuntimeError as err:
+        raise CheckpointError(f"{checkpoint.path}: weights do not fit the model: {err}") from None
+    return model.eval(), cfg, checkpoint.extra
+
+
+def evaluate(checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, float]:
+    model, ckpt_cfg, _ = load_paper_model(checkpoint)
+    run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in DirclipConfig.EVAL_FIELDS})
+    if torch.cuda.is_available():
+        model = model.cuda()
+    splits = folder_splits(run_cfg, model.pre.image_size)
+    return paper_evaluate(model, splits, run_cfg, run_cfg.seed)
+
+
+# --------------------------------------------------------------------------------------------
+# the reproduction at the paper's scale (one process, the rows in turn on one device)
+
+
+def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
+    """Every row of the toy's table (``clip`` untrained, the trained losses, the λ = 0 control)
+    for ``seeds`` seeds, one after another on this process's device."""
+    from nshot.experiment import aggregate
+
+    from .experiments import SYSTEMS
+
+    t0 = time.time()
+    workdir.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    pre = load_backbone(cfg)
+    splits = folder_splits(cfg, pre.image_size)
+    base_state = {k: v.clone() for k, v in pre.model.state_dict().items()}
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    per: dict[tuple[str, int], dict[str, float]] = {}
+    selected: dict[str, list[Any]] = {}
+    seconds: dict[str, float] = {}
+    for system, over in SYSTEMS.items():
+        for seed in seeds:
+            t1 = time.time()
+            run = cfg.replace(**(over or {}), seed=seed)
+            pre.model.load_state_dict(base_state)
+            torch.manual_seed(seed)
+            model = HFDirClip(pre, splits.class_names, cfg.template).to(device)
+            if over is not None:
+                model, best = fit_model(run, splits, model, validate=paper_validation)
+                selected.setdefault(system, []).append(best.get("step"))
+            per[(system, seed)] = paper_evaluate(model, splits, run, seed)
+            seconds[f"{system}/{seed}"] = round(time.time() - t1, 1)
+            print(f"[nshot dirclip paper] {system} seed {seed}: {per[(system, seed)]}", flush=True)
+    rows, stds, samples = aggregate(per)
+    return ResultsTable(
+        method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0,
+        notes=[f"CLIP {cfg.clip_arch} from {cfg.clip_path}; {len(splits.y_train)} training "
+               f"images of {len(splits.class_names)} classes ({cfg.val_images} held out), "
+               f"{len(splits.y_test)} evaluation images; {cfg.steps} steps of "
+               f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, ε = {cfg.eps:g}."],
+        extra={"selected_step": selected, "job_seconds": seconds},
+    )  # fmt: skip
