@@ -52,10 +52,10 @@ def test_paper_preset_validates_and_names_what_is_missing():
     from nshot.methods.atha.train import check_backbone
 
     cfg = get("atha").config("paper")
-    assert cfg.backbone == "open_clip" and cfg.epochs == 100 and cfg.episodes_1shot == 800
-    with pytest.raises(ConfigError, match="open_clip_torch") as err:
+    assert cfg.backbone == "clip" and cfg.epochs == 100 and cfg.episodes_1shot == 800
+    with pytest.raises(ConfigError, match="'clip_path' is not set") as err:
         check_backbone(cfg)
-    assert "clip_path" in str(err.value)
+    assert "'data_path' is not set" in str(err.value)
 
 
 def test_rho_zero_forward_equals_coop_lora_bit_for_bit(backbone, cfg):

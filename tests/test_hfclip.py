@@ -243,3 +243,62 @@ def test_dirclip_paper_path_trains_and_evaluates_on_a_tiny_clip(
         assert k in metrics and 0.0 <= metrics[k] <= 1.0, k
     with pytest.raises(Exception, match="nshot eval"):
         dirclip.predictor(ckpt)
+
+
+@pytest.mark.ray
+def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
+    tiny, ray_session, nshot_cache, tmp_path
+):
+    """The ``paper`` preset's code path end to end on a tiny random CLIP and one image-folder
+    domain: validation names what is missing; CoOp's prompt route reproduces the CLIP's own
+    text features; ρ = 0 is CoOp + LoRA; the ATHA hooks act and are removed; one report under
+    Ray Train (in-process), evaluation and the reproduction's table."""
+    from nshot.method import ConfigError, get
+    from nshot.methods.atha.clip_backbone import (
+        folder_pool,
+        load_hf_backbone,
+        sample_folder_episode,
+    )
+    from nshot.methods.atha.train import check_backbone
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    folder, _ = tiny
+    atha = get("atha")
+    with pytest.raises(ConfigError) as err:
+        check_backbone(atha.config("paper"))
+    assert "'clip_path' is not set" in str(err.value) and "'data_path' is not set" in str(err.value)
+    names = ["cat", "dog", "circle", "square", "ring"]
+    _image_folder(tmp_path / "data" / "shapes", names, 12, 2)
+    cfg = atha.config(
+        "paper", clip_path=str(folder), data_path=str(tmp_path / "data"), clip_arch="any",
+        txtlayer=0, rho_block=1, epochs=2, queries=2, eval_episodes=1, episodes_1shot=1,
+        episodes_5shot=1,
+    )  # fmt: skip
+    bb = load_hf_backbone(cfg)
+    zero = bb.episode_model(names[:2], cfg, "zero_shot", shots=1, seed=0)
+    a = bb.episode_model(names[:2], cfg, "atha", shots=1, seed=3)
+    b = bb.episode_model(names[:2], cfg, "coop_lora", shots=1, seed=3)
+    x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = bb.pre.encode_text([f"a photo of a {n}" for n in names[:2]])
+        assert float((zero.text_features()[0] - ref).abs().max()) <= 1e-5
+        assert not torch.equal(a(x), b(x))  # ρ⁺ = 0.8 at rho_block: the hooks act
+        assert all(not layer._forward_pre_hooks for layer in a.vision.encoder.layers)
+        a.rho_plus.zero_()
+        assert torch.equal(a(x), b(x))
+    assert a.lora_parameters() and not zero.lora_parameters()
+    pool = folder_pool(cfg, "shapes", 32)
+    ep = sample_folder_episode(pool, seed=0, episode=0, n_way=5, shots=1, queries=2)
+    assert ep.support_x.shape == (5, 3, 32, 32) and ep.query_x.shape == (10, 3, 32, 32)
+    res = fit("atha", cfg, scaling=Scaling(workers=0), storage=tmp_path / "runs", name="p")
+    ckpt = load_checkpoint(res.checkpoint, method="atha")
+    assert ckpt.extra["backbone"] == "clip" and not dict(ckpt.weights())
+    for k in ("acc_1shot_avg", "acc_1shot_shapes", "acc_1shot_avg_coop_lora"):
+        assert 0.0 <= ckpt.metrics[k] <= 1.0, k
+    assert atha.evaluate(ckpt, cfg)["acc_1shot_avg"] == ckpt.metrics["acc_1shot_avg"]
+    table = atha.experiments(cfg, tmp_path / "exp")
+    assert set(table.rows) == set(cfg.systems)
+    assert table.rows["coop_lora"]["paired_gain_vs_coop_lora"] == 0.0
+    unit = table.extra["unit"]
+    assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["prompt_max_abs_diff"] <= 1e-5
+    assert unit["anchor_rel_error"] <= 1e-3

@@ -2,8 +2,9 @@
 
 ``smoke`` / ``small`` use nshot's own tiny CLIP (:mod:`nshot.train.clip`, the preset of the same
 name: ``small`` with the frozen MiniLM text tower, ``smoke`` with the word tower); ``paper`` is
-CLIP ViT-B/16 loaded from an open_clip checkpoint (``clip_path``) on a GPU environment that has
-``open_clip_torch`` and ``torchvision`` (the paper's setting: 800 / 400 episodes of 100 epochs).
+CLIP ViT-B/16 read by path with ``transformers``' CLIP (``clip_path``: a Hugging Face folder or
+an OpenAI-format safetensors file) on target domains in image folders (``data_path``), for a
+GPU (the paper's setting: 800 / 400 episodes of 100 epochs; :mod:`.clip_backbone`).
 
 A step of ``nshot train atha`` is one step of the tiny CLIP's contrastive pre-training; the
 episodes (adaptation on a support set, classification of its queries) run in ``evaluate``,
@@ -46,10 +47,10 @@ SYSTEMS: tuple[str, ...] = (
 
 class AthaConfig(MethodConfig):
     # the backbone
-    backbone: Literal["tiny", "open_clip"] = Field(
+    backbone: Literal["tiny", "clip"] = Field(
         "tiny",
         description="tiny: nshot's tiny CLIP, pre-trained by `nshot train atha` (or taken from "
-        "the cache); open_clip: a real CLIP checkpoint at clip_path (GPU environment)",
+        "the cache); clip: a real CLIP read from clip_path (paper preset, a GPU)",
     )
     clip_preset: Literal["smoke", "small"] = Field(
         "small", description="the tiny CLIP preset (nshot.train.clip.PRESETS)"
@@ -66,9 +67,22 @@ class AthaConfig(MethodConfig):
         "cached apart",
     )
     clip_path: str | None = Field(
-        None, description="open_clip checkpoint (.pt / .safetensors) for backbone=open_clip"
+        None, description="a Hugging Face CLIP folder or OpenAI-format .safetensors (backbone=clip)"
     )
-    clip_arch: str = Field("ViT-B-16", description="open_clip architecture of clip_path")
+    clip_tokenizer: str | None = Field(
+        None,
+        description="CLIP BPE tokenizer files (a folder, or bpe_simple_vocab_16e6.txt.gz) for an "
+        "OpenAI-format clip_path; default: the files beside it",
+    )
+    clip_arch: str = Field(
+        "ViT-B-16", description="the architecture clip_path must have (ViT-B-16, ViT-B-32, any)"
+    )
+    data_path: str | None = Field(
+        None, description="target domains for backbone=clip: <domain>/<class>/ image folders"
+    )
+    data_domains: list[str] = Field(
+        [], description="domain folders of data_path to run (default: every one)"
+    )
     # ATHA (paper §3; the authors' options txtlayer, add_ratio, minus_ratio)
     txtlayer: int = Field(
         4,
@@ -158,7 +172,7 @@ class AthaConfig(MethodConfig):
         "small": {"steps": 1500, "checkpoint_every": 300, "log_every": 25,
                   "episodes_1shot": 20, "episodes_5shot": 15},
         "paper": {
-            "backbone": "open_clip", "txtlayer": 10, "rho_block": 6, "lora_r": 16,
+            "backbone": "clip", "txtlayer": 10, "rho_block": 6, "lora_r": 16,
             "lora_alpha": 8.0, "lr_lora": 2e-4, "epochs": 100, "episodes_1shot": 800,
             "episodes_5shot": 400, "steps": 1, "checkpoint_every": 1, "log_every": 1,
             "pool_per_class": 200, "eval_episodes": 100, "episodes_per_job": 20,
@@ -182,6 +196,6 @@ class AthaConfig(MethodConfig):
             raise ValueError("field 'pool_per_class': must hold 10 shots + queries per class")
         if self.epochs > self.max_epochs:
             raise ValueError("field 'epochs': must be <= max_epochs")
-        if self.backbone == "tiny" and self.clip_path is not None:
-            raise ValueError("field 'clip_path': only for backbone=open_clip")
+        if self.backbone == "tiny" and (self.clip_path is not None or self.data_path):
+            raise ValueError("field 'clip_path': clip_path and data_path are for backbone=clip")
         return self

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from nshot.errors import NshotError
 from nshot.method import Method, ResultsTable, register
 from nshot.train.limits import ModelBudget
 
@@ -34,12 +35,21 @@ class AthaMethod(Method):
         return {d: domain_table(d, cfg.pool_per_class, cfg.seed) for d in cfg.domains}
 
     def train_loop(self, cfg: AthaConfig) -> None:
-        """Contrastive pre-training of the tiny CLIP the episodes start from."""
+        """Contrastive pre-training of the tiny CLIP the episodes start from; ``backbone='clip'``:
+        the real CLIP's episode accuracy (nothing to pre-train)."""
+        if cfg.backbone == "clip":
+            from .paper import train_loop as paper_train_loop
+
+            return paper_train_loop(cfg)
         train_loop(cfg)
 
     def evaluate(self, checkpoint, cfg: AthaConfig) -> dict[str, float]:
         """1-shot accuracy of ATHA and of CoOp + LoRA on ``eval_episodes`` episodes per
         domain (the same episodes), their paired gain, and the zero-shot precondition."""
+        if checkpoint.config.get("backbone") == "clip":
+            from .paper import evaluate
+
+            return evaluate(checkpoint, cfg)
         clip, ckpt_cfg = load_model(checkpoint)
         fixed = set(AthaConfig.EVAL_FIELDS)
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in fixed})
@@ -49,9 +59,16 @@ class AthaMethod(Method):
         return out
 
     def predictor(self, checkpoint) -> AthaPredictor:
+        if checkpoint.config.get("backbone") == "clip":
+            raise NshotError(
+                f"{checkpoint.path}: the predictor serves the tiny CLIP's checkpoints; a "
+                "backbone 'clip' checkpoint is evaluated with `nshot eval` (README, Paper preset)"
+            )
         return AthaPredictor.from_checkpoint(checkpoint)
 
-    def model_budget(self, cfg: AthaConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
+    def model_budget(
+        self, cfg: AthaConfig, extra: dict[str, Any] | None = None
+    ) -> ModelBudget | None:
         """The tiny CLIP of the checkpoint's ``extra.clip_config`` (the config's preset when
         there is no checkpoint), and one request's image-tower activations at the caps: the
         support with gradients (about three times the forward) and then the queries. MiniLM's
@@ -59,6 +76,9 @@ class AthaMethod(Method):
         from nshot.nn.clip import CLIPConfig, TinyCLIP
         from nshot.train.clip import clip_config
         from nshot.train.limits import meta_counts, transformer_activation_bytes
+
+        if cfg.backbone == "clip":  # a real CLIP is not served; its size is the checkpoint's
+            return None
 
         from . import serve
 
@@ -76,6 +96,10 @@ class AthaMethod(Method):
         return ModelBudget(params=params, activation_bytes=per_block * images, weights_numel=state)
 
     def experiments(self, cfg: AthaConfig, workdir: Path) -> ResultsTable:
+        if cfg.backbone == "clip":
+            from .paper import run_experiments as paper_experiments
+
+            return paper_experiments(cfg, workdir)
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)

@@ -39,25 +39,17 @@ from .model import Backbone, EpisodeModel
 
 
 def check_backbone(cfg: AthaConfig) -> None:
-    """The paper backbone needs open_clip (and torchvision) and a checkpoint: say which is
-    missing."""
-    if cfg.backbone != "open_clip":
+    """``backbone='clip'`` (the paper preset): raise a ``ConfigError`` naming what is missing
+    (``clip_path``, the tokenizer, ``data_path``); with everything present, say that this loop
+    pre-trains the tiny CLIP only (the method runs the real CLIP through ``.paper``)."""
+    if cfg.backbone != "clip":
         return
-    missing = []
-    try:
-        import open_clip  # noqa: F401
-    except ImportError:
-        missing.append(
-            "the package open_clip_torch (with torchvision; a GPU environment, see the "
-            "method's README: it replaces the CPU torch)"
-        )
-    if not cfg.clip_path or not Path(cfg.clip_path).is_file():
-        missing.append(f"field 'clip_path': an open_clip checkpoint file (got {cfg.clip_path!r})")
-    if missing:
-        raise ConfigError("backbone=open_clip needs " + "; and ".join(missing))
+    from .clip_backbone import check_clip_backbone
+
+    check_clip_backbone(cfg)
     raise ConfigError(
-        "backbone=open_clip: this build runs episodes on nshot's tiny CLIP only; the open_clip "
-        "ViT-B/16 path is documented in the method's README and not wired into this version"
+        "backbone=clip: this loop pre-trains the tiny CLIP; the real CLIP is run by the "
+        "method (nshot.methods.atha.paper)"
     )
 
 
@@ -198,7 +190,11 @@ def adapt(
 ) -> EpisodeResult:
     """Adapt a fresh episode model on the support set and classify the queries."""
     epochs = cfg.epochs if epochs is None else epochs
-    model = EpisodeModel(backbone, names, cfg, system, shots=shots, seed=seed)
+    make = getattr(backbone, "episode_model", None)  # a real CLIP's backbone builds its own
+    if make is not None:
+        model = make(names, cfg, system, shots=shots, seed=seed)
+    else:
+        model = EpisodeModel(backbone, names, cfg, system, shots=shots, seed=seed)
     opts: list[torch.optim.Optimizer] = []
     if model.lora_parameters():
         opts.append(torch.optim.AdamW(model.lora_parameters(), lr=cfg.lr_lora))

@@ -1,0 +1,160 @@
+"""ATHA's ``paper`` preset on a real CLIP: ``nshot train`` / ``eval`` / ``reproduce`` for
+``backbone='clip'`` (:mod:`.clip_backbone`), with the toy's episode loop
+(:func:`.train.run_episode`) and table (:func:`.experiments.summarise`).
+
+* ``train_loop``: the CLIP is pre-trained already, so nothing is pre-trained: the run reports
+  one checkpoint (no weights: it records ``clip_path``) with ATHA's and CoOp + LoRA's 1-shot
+  accuracy on ``eval_episodes`` episodes per domain (the Tune objective ``acc_1shot_avg``).
+* ``evaluate``: the same on the checkpoint's CLIP.
+* ``run_experiments``: every system on the same episodes of every domain, in this process on
+  its device (a GPU), an episode's images read once for all systems; the toy's rows, metrics
+  and paired gains (``acc_src_8way``, the tiny CLIP's precondition, has no counterpart: null).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nshot.errors import CheckpointError
+from nshot.method import ResultsTable
+from nshot.train import session
+
+from .clip_backbone import (
+    FolderPool,
+    HFBackbone,
+    folder_pool,
+    load_hf_backbone,
+    paper_domains,
+    sample_folder_episode,
+)
+from .config import AthaConfig
+from .experiments import ATHA_VARIANTS, summarise
+from .train import run_episode
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def episode_seed(cfg: AthaConfig, pool: FolderPool, episode: int) -> int:
+    """The seed of an episode's model, the same for every system."""
+    return cfg.seed * 1_000_003 + pool.index * 100_003 + episode
+
+
+def paper_accuracy(
+    bb: HFBackbone, cfg: AthaConfig, systems: list[str], episodes: int | None = None
+) -> dict[str, float]:
+    """1-shot accuracy of ``systems`` on ``eval_episodes`` episodes per domain, keyed as
+    :func:`.train.episode_accuracy` keys it."""
+    n = cfg.eval_episodes if episodes is None else episodes
+    out: dict[str, float] = {}
+    per: dict[str, list[float]] = {s: [] for s in systems}
+    accs: dict[tuple[str, str], list[float]] = {}
+    for d in paper_domains(cfg):
+        pool = folder_pool(cfg, d, bb.image_size)
+        for e in range(n):
+            ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=1,
+                                       queries=cfg.queries)  # fmt: skip
+            for s in systems:
+                r = run_episode(bb, ep, cfg, s, shots=1, seed=episode_seed(cfg, pool, e))
+                accs.setdefault((s, d), []).append(r["acc"])
+    domains = paper_domains(cfg)
+    for i, s in enumerate(systems):
+        suffix = "" if i == 0 else f"_{s}"
+        for d in domains:
+            out[f"acc_1shot_{d}{suffix}"] = float(np.mean(accs[(s, d)]))
+        per[s] = list(np.mean([accs[(s, d)] for d in domains], axis=0))
+        out[f"acc_1shot_avg{suffix}"] = float(np.mean(per[s]))
+    if len(systems) > 1:
+        gain = np.asarray(per[systems[0]]) - np.asarray(per[systems[1]])
+        out[f"paired_gain_vs_{systems[1]}"] = float(100 * gain.mean())
+    return out
+
+
+def train_loop(cfg: AthaConfig) -> None:
+    """One report: the real CLIP's ATHA and CoOp + LoRA 1-shot accuracy (no pre-training)."""
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    restored = session.restore()
+    if restored is not None and restored.step >= cfg.steps:
+        return
+    t0 = time.time()
+    bb = load_hf_backbone(cfg, ctx.device)
+    metrics = paper_accuracy(bb, cfg, ["atha", "coop_lora"])
+    extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "domains": paper_domains(cfg)}
+    session.report(metrics, step=cfg.steps, model={}, extra=extra, checkpoint=True,
+                   samples=cfg.eval_episodes)  # fmt: skip
+    print(f"[nshot atha] paper backbone: {time.time() - t0:.0f}s", flush=True)
+
+
+def evaluate(checkpoint: Any, cfg: AthaConfig) -> dict[str, float]:
+    """ATHA's and CoOp + LoRA's 1-shot accuracy on the checkpoint's CLIP and domains."""
+    ckpt_cfg = AthaConfig.validated(checkpoint.config)
+    if ckpt_cfg.backbone != "clip":
+        raise CheckpointError(f"{checkpoint.path}: not an atha checkpoint of backbone 'clip'")
+    run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in AthaConfig.EVAL_FIELDS
+                                  if k != "domains"})  # fmt: skip
+    return paper_accuracy(load_hf_backbone(run_cfg, _device()), run_cfg, ["atha", "coop_lora"])
+
+
+def unit_checks(bb: HFBackbone, cfg: AthaConfig, names: list[str]) -> dict[str, float]:
+    """On the run's CLIP: ρ = 0 against CoOp + LoRA (max |Δ logit|), zero-shot prompt features
+    against the CLIP's own text features (max |Δ|), the anchors' reconstruction (relative)."""
+    x = torch.rand(2, 3, bb.image_size, bb.image_size, generator=torch.Generator().manual_seed(0))
+    a = bb.episode_model(names, cfg, "atha", shots=1, seed=0)
+    b = bb.episode_model(names, cfg, "coop_lora", shots=1, seed=0)
+    z = bb.episode_model(names, cfg, "zero_shot", shots=1, seed=0)
+    with torch.no_grad():
+        a.rho_plus.zero_()
+        diff = float((a(x) - b(x)).abs().max())
+        text, anchor_text = z.text_features()
+        ref = bb.pre.encode_text([f"{cfg.ctx_init} {n}" for n in names])
+        prompt = float((text - ref).abs().max())
+        ln = z.vision.post_layernorm
+        back = z.visual_projection(z.anchors(anchor_text) * ln.weight + ln.bias)
+        rel = float(((back - anchor_text).norm(dim=-1) / anchor_text.norm(dim=-1)).max())
+    return {"rho0_max_abs_logit_diff": diff, "prompt_max_abs_diff": prompt,
+            "anchor_rel_error": rel}  # fmt: skip
+
+
+def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
+    """Every system on the same episodes of every image-folder domain (see the module
+    docstring)."""
+    t0 = time.time()
+    workdir.mkdir(parents=True, exist_ok=True)
+    bb = load_hf_backbone(cfg, _device())
+    domains = paper_domains(cfg)
+    pools = {d: folder_pool(cfg, d, bb.image_size) for d in domains}
+    acc: dict[tuple[str, str, int], list[float]] = {}
+    rates: dict[str, list[dict[str, list[float]]]] = {}
+    shots_runs = [(1, cfg.episodes_1shot, list(cfg.systems))]
+    if cfg.episodes_5shot:
+        shots_runs.append((5, cfg.episodes_5shot, list(cfg.systems_5shot)))
+    for d, pool in pools.items():
+        for shots, n_ep, systems in shots_runs:
+            for e in range(n_ep):
+                ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way,
+                                           shots=shots, queries=cfg.queries)  # fmt: skip
+                for s in systems:
+                    r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
+                    acc.setdefault((s, d, shots), []).append(r["acc"])
+                    rates.setdefault(s, []).append(r["rates"])
+            print(f"[nshot atha paper] {d} {shots}-shot: {time.time() - t0:.0f}s", flush=True)
+    table = summarise(cfg.model_copy(update={"domains": domains}), acc, None)
+    extra = table.extra
+    extra["unit"] = unit_checks(bb, cfg, list(pools[domains[0]].names[:2]))
+    extra["rates_per_block"] = {
+        s: {k: np.mean([r[k] for r in rates[s]], 0).round(4).tolist() for k in ("head", "tail")}
+        for s in ATHA_VARIANTS
+        if s in rates
+    }
+    extra["clip"] = {"path": str(cfg.clip_path), "arch": cfg.clip_arch, "domains": domains}
+    extra["seconds"] = {"total": round(time.time() - t0, 1)}
+    table.notes.append(f"backbone: CLIP {cfg.clip_arch} from {cfg.clip_path}; domains {domains}")
+    table.runtime_s = time.time() - t0
+    return table
