@@ -139,7 +139,8 @@ class TimeModeConfig(MethodConfig):
         },
         "small": {
             "fetch_data": True, "pretrain_steps": 1000, "batch": 64, "finetune_steps": 300,
-            "scratch_steps": 800, "n_generate": 200, "log_every": 50, "checkpoint_every": 500,
+            "scratch_steps": 600, "n_generate": 200, "disc_seeds": 1, "pred_iters": 200,
+            "log_every": 50, "checkpoint_every": 500,
         },
         "paper": {
             "fetch_data": True, "d_model": 256, "depth": 6, "heads": 4, "experts": 8,
