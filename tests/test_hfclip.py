@@ -302,3 +302,10 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     unit = table.extra["unit"]
     assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["prompt_max_abs_diff"] <= 1e-5
     assert unit["anchor_rel_error"] <= 1e-3
+
+
+def test_example_runs_on_a_tiny_clip(run_example, capsys):
+    run_example("clip_paper", ["--tiny"])
+    out = capsys.readouterr().out
+    diff = float(out.split("max |Δ logit| = ")[1].split()[0])
+    assert diff <= 1e-5 and "zero-shot accuracy:" in out and "patch 8, width 64" in out
