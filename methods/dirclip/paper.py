@@ -103,10 +103,14 @@ class FolderImages:
         return len(self.paths)
 
     def __getitem__(self, rows: Any) -> np.ndarray:
+        from concurrent.futures import ThreadPoolExecutor
+
         from nshot.nn.hfclip import load_image
 
         idx = np.atleast_1d(np.arange(len(self.paths))[rows])
-        return np.stack([load_image(self.paths[i], self.size) for i in idx])
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(idx)))) as pool:  # PIL frees the GIL
+            images = list(pool.map(lambda i: load_image(self.paths[i], self.size), idx))
+        return np.stack(images)
 
 
 @dataclass(frozen=True)
