@@ -1,0 +1,203 @@
+"""timemode units: the .ts reader, the corpora and targets, the config, the model's checks
+(adaLN-Zero, gates, dense/sparse dispatch, K = 1 equals a SwiGLU DiT, the reverse step) and
+the metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.errors import ConfigError
+from nshot.methods.timemode.config import TimeModeConfig
+
+
+def _ts_text(cases: list[list[np.ndarray]], labels: list[str]) -> str:
+    lines = ["# a comment", "@problemName Fixture", "@univariate false",
+             f"@dimensions {len(cases[0])}", "@equalLength false", "@classLabel true a b",
+             "@data"]  # fmt: skip
+    for case, label in zip(cases, labels, strict=True):
+        dims = [",".join("?" if np.isnan(v) else repr(float(v)) for v in d) for d in case]
+        lines.append(":".join(dims) + f":{label}")
+    return "\n".join(lines) + "\n"
+
+
+def test_ts_reader_parses_cases_dimensions_missing_values_and_labels():
+    from nshot.data.cache import DataError
+    from nshot.data.tsfile import parse_ts
+    from nshot.methods.timemode.data import synth_domain, windows_of
+
+    rng = np.random.default_rng(0)
+    a = synth_domain("chirp", 2, 50, rng).astype(np.float64)
+    b = synth_domain("sine", 2, 50, rng).astype(np.float64)
+    short = b[1, :30].copy()
+    short[3] = np.nan
+    ts = parse_ts(_ts_text([[a[0], b[0]], [a[1], short]], ["a", "b"]), name="fx.ts")
+    assert ts.labels == ["a", "b"] and ts.header["dimensions"] == "2"
+    np.testing.assert_array_equal(ts.series[0][1], b[0])
+    assert np.isnan(ts.series[1][1][3]) and len(ts.series[1][1]) == 30
+    uni = ts.univariate()
+    assert [len(s) for s in uni] == [50, 50, 50, 29]  # the missing value is dropped
+    w = windows_of(uni, 24)
+    assert w.shape == (2 + 2 + 2 + 1, 24)
+    np.testing.assert_array_equal(w[0], a[0, :24].astype(np.float32))
+    with pytest.raises(DataError, match="fx.ts:2"):
+        parse_ts("@problemName x\n1,2,3\n", name="fx.ts")
+    with pytest.raises(DataError, match="dimensions"):
+        parse_ts("@dimensions 2\n@classLabel true a\n@data\n1,2:a\n", name="fx.ts")
+
+
+def test_synthetic_corpus_damped_target_and_scalers():
+    from nshot.methods.timemode.data import SYNTH_DOMAINS, load_corpus, load_target
+
+    cfg = TimeModeConfig.from_preset("smoke")
+    corpus = load_corpus(cfg)
+    assert corpus.names == list(SYNTH_DOMAINS)
+    for w in corpus.windows:
+        assert w.shape == (cfg.synth_per_domain, cfg.window, 1)
+        assert w.min() == pytest.approx(0.0) and w.max() == pytest.approx(1.0)
+    t0, t1 = load_target(cfg, seed=0), load_target(cfg, seed=1)
+    assert t0.shots.shape == (cfg.n_shot, cfg.window, 1) and len(t0.reference) == cfg.n_reference
+    assert not np.array_equal(t0.shots, t1.shots)  # each seed draws its own few-shot set
+    # the reference comes from disjoint seeds: no few-shot window is in it
+    ref = {w.tobytes() for w in t0.reference}
+    assert not any(w.tobytes() in ref for w in t0.shots)
+    s = t0.scaler.scale(t0.shots)  # fitted on the few-shot windows only
+    assert s.min() == pytest.approx(0.0) and s.max() == pytest.approx(1.0)
+    np.testing.assert_allclose(t0.scaler.invert(s), t0.shots, atol=1e-5)
+    small = load_target(cfg, n_shot=4, seed=0)
+    np.testing.assert_array_equal(small.shots, t0.shots[:4])  # regimes of a seed are nested
+
+
+def test_real_corpus_from_the_wheels_when_cached():
+    from nshot.methods.timemode.data import REAL_DOMAINS, load_corpus, load_target, real_available
+
+    if not real_available():
+        pytest.skip("the aeon/sktime wheels are not in the nshot cache (offline test run)")
+    cfg = TimeModeConfig.from_preset("small", fetch_data=False)
+    corpus = load_corpus(cfg)
+    counts = dict(zip(corpus.names, (len(w) for w in corpus.windows), strict=True))
+    assert corpus.names == list(REAL_DOMAINS) and "ItalyPowerDemand" not in counts
+    assert counts["PLAID"] == 14089 and counts["ACSF1"] == 12000 and counts["co2"] == 95
+    italy = load_target(cfg)
+    assert italy.shots.shape == (50, 24, 1) and len(italy.reference) == 1096 - 50
+    # the UCR archive z-normalises every series
+    np.testing.assert_allclose(italy.reference[..., 0].mean(1), 0.0, atol=1e-4)
+
+
+def test_config_names_the_field():
+    with pytest.raises(ConfigError, match="top_k"):
+        TimeModeConfig.from_preset("small", top_k=5)
+    with pytest.raises(ConfigError, match="init_from"):
+        TimeModeConfig.from_preset("smoke", stage="finetune")
+    with pytest.raises(ConfigError, match="'bogus'.*unknown field"):
+        TimeModeConfig.from_preset("smoke", bogus=1)
+    with pytest.raises(ConfigError, match="shot_regimes"):
+        TimeModeConfig.from_preset("smoke", shot_regimes=[100])
+    with pytest.raises(ConfigError, match="heads"):
+        TimeModeConfig.from_preset("smoke", heads=3)
+    cfg = TimeModeConfig.from_preset("smoke", stage="scratch")
+    assert cfg.steps == cfg.scratch_steps
+
+
+def test_model_unit_checks():
+    from nshot.methods.timemode.experiments import unit_checks
+
+    u = unit_checks()
+    assert u["adaln_zero_max_abs_eps"] == 0.0
+    assert u["gate_min"] >= 0 and u["gate_sum_max_err"] < 1e-6 and u["gate_topk_count_err"] == 0
+    assert u["dense_sparse_max_err"] < 1e-5
+    assert u["posterior_step_max_err"] < 1e-6
+    assert abs(u["analytic_sample_mean"]) < 0.05 and abs(u["analytic_sample_var"] - 1) < 0.05
+
+
+def test_shared_expert_always_contributes_and_the_router_follows_the_prompt():
+    from nshot.methods.timemode.experiments import randomise
+    from nshot.methods.timemode.model import Denoiser
+
+    cfg = TimeModeConfig.from_preset("smoke", experts=4, top_k=2, basis=2)
+    net = Denoiser(cfg).eval()
+    randomise(net, 1)
+    x, t = torch.randn(4, 24, 1), torch.tensor([1, 2, 3, 4])
+    ex1, ex2 = torch.rand(4, 24, 1), torch.rand(4, 24, 1)
+    with torch.no_grad():
+        a, b = net(x, t, ex1), net(x, t, ex2)
+        assert not torch.allclose(a.routings[0].scores, b.routings[0].scores)
+        mlp = net.blocks[0].mlp
+        z, c = torch.randn(4, 24, cfg.d_model), torch.randn(4, cfg.d_model)
+        dp = net.domain_prompt(ex1, 4)
+        full, r = mlp(z, c, dp)
+        routed = full - mlp.shared(z, c)
+        ys = torch.stack([e(z, c) for e in mlp.experts], 2)
+        torch.testing.assert_close(routed, (r.gates[..., None] * ys).sum(2))
+
+
+class _SwiGLUDiTBlock(torch.nn.Module):
+    """A DiT block with a SwiGLU MLP that has its own AdaLN, written independently."""
+
+    def __init__(self, d: int, heads: int, n: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.ada = torch.nn.Linear(d, 6 * d)
+        self.mlp_ada = torch.nn.Linear(d, 2 * d)
+        self.w_gate, self.w_up = torch.nn.Linear(d, n * d), torch.nn.Linear(d, n * d)
+        self.w_down = torch.nn.Linear(n * d, d)
+
+    def forward(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        ln = torch.nn.functional.layer_norm
+        b, length, d = h.shape
+        sh1, sc1, g1, sh2, sc2, g2 = self.ada(torch.nn.functional.silu(c))[:, None].chunk(6, -1)
+        u = ln(h, (d,), eps=1e-6) * (1 + sc1) + sh1
+        q, k, v = self.qkv(u).reshape(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+        h = h + g1 * self.proj(att.transpose(1, 2).reshape(b, length, d))
+        z = ln(h, (d,), eps=1e-6) * (1 + sc2) + sh2
+        msh, msc = self.mlp_ada(torch.nn.functional.silu(c))[:, None].chunk(2, -1)
+        w = ln(z, (d,), eps=1e-6) * (1 + msc) + msh
+        y = self.w_down(torch.nn.functional.silu(self.w_gate(w)) * self.w_up(w)) + z
+        return h + g2 * y
+
+
+def test_dense_variant_equals_a_dit_with_a_swiglu_mlp():
+    from nshot.methods.timemode.experiments import randomise
+    from nshot.methods.timemode.model import Block
+
+    cfg = TimeModeConfig.from_preset("smoke", system="dit_dense", d_model=16, heads=2)
+    block = Block(cfg).eval()
+    randomise(block, 2)
+    ref = _SwiGLUDiTBlock(16, 2, cfg.expansion).eval()
+    e = block.mlp.shared
+    pairs = [(ref.qkv, block.attn.qkv), (ref.proj, block.attn.proj), (ref.ada, block.ada),
+             (ref.mlp_ada, e.ada), (ref.w_gate, e.gate), (ref.w_up, e.up),
+             (ref.w_down, e.down)]  # fmt: skip
+    with torch.no_grad():
+        for mine, theirs in pairs:
+            mine.weight.copy_(theirs.weight)
+            mine.bias.copy_(theirs.bias)
+        h, c = torch.randn(3, 24, 16), torch.randn(3, 16)
+        out, routing = block(h, c, None, "dense")
+        assert routing is None and not hasattr(block.mlp, "experts")
+        torch.testing.assert_close(out, ref(h, c), atol=1e-5, rtol=1e-5)
+
+
+def test_metrics_separate_real_from_structureless_noise():
+    from nshot.methods.timemode.baselines import ar_samples, marginal_noise_samples
+    from nshot.methods.timemode.data import damped
+    from nshot.methods.timemode.evaluation import disc_score, features, fid_feat, js_divergence
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    real = damped(300, 24, rng)[..., None]
+    shots = real[:50]
+    noise = marginal_noise_samples(shots, 300, seed=0)
+    same = damped(300, 24, np.random.default_rng(1))[..., None]
+    assert features(real).shape == (300, 20)
+    assert fid_feat(real, noise) > 5 * fid_feat(real, same)
+    # a level shift is caught by the GRU within a few dozen iterations
+    assert disc_score(real, real + 1.0, iters=40, batch=64, seeds=1) > 0.4
+    ar = ar_samples(shots, 50, seed=0)
+    assert ar.shape == (50, 24, 1) and np.isfinite(ar).all()
+    p = np.array([0.5, 0.5, 0, 0])
+    assert js_divergence(p, p) == 0.0
+    assert js_divergence(p, np.array([0, 0, 0.5, 0.5])) == pytest.approx(1.0)
