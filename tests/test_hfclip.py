@@ -121,6 +121,12 @@ def test_bad_inputs_give_one_clear_error_naming_the_path_or_key(tiny, tmp_path):
     assert any("tokenizer" in p for p in clip_problems(single))
     assert clip_problems(single, folder) == [] and clip_problems(folder) == []
     assert clip_problems(None) == ["the CLIP path is not set"]
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text((folder / "config.json").read_text())
+    assert "model.safetensors is missing" in clip_problems(partial)[0]
+    (partial / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    assert "no tokenizer files" in clip_problems(partial)[0]
 
 
 def test_open_clip_bpe_file_and_preprocessing(tiny, tmp_path):
