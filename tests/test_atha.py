@@ -1,6 +1,6 @@
 """atha: config, the token update's unit checks (rho = 0 is CoOp + LoRA bit for bit, disjoint
 head and tail sets, anchors that reconstruct), the MiniLM prompt route, the episodes, the
-predictor's 422s over HTTP, two Ray Train workers, experiments on smoke and the example."""
+predictor's 422s over HTTP, experiments on smoke and the example on two Ray Train workers."""
 
 from __future__ import annotations
 
@@ -246,27 +246,10 @@ def test_conformal_sets_wrap_the_predictor(checkpoint):
     assert answer.probs == inner(req).probs
 
 
-def test_two_ray_train_workers_pretrain(ray_session, tmp_path):
-    """The pre-training on two Ray Train workers (all-gathered image features, averaged
-    gradients) writes an nshot checkpoint of the tiny CLIP with the final metrics (the fault
-    and the resume are the conformance test's, in-process)."""
-    from nshot.train import Scaling, fit, load_checkpoint
-
-    atha = get("atha")
-    cfg = atha.config("smoke", steps=20, checkpoint_every=20, domains=["digits"])
-    res = fit("atha", cfg, scaling=Scaling(workers=2), storage=tmp_path, name="w2")
-    ckpt = load_checkpoint(res.checkpoint, method="atha")
-    assert ckpt.step == 20 and 0.0 <= ckpt.metrics["acc_1shot_avg"] <= 1.0
-    assert "acc_src_8way" in ckpt.metrics and ckpt.extra["clip_preset"] == "smoke"
-    from nshot.methods.atha.model import load_model
-
-    clip, _ = load_model(ckpt)
-    assert clip.cfg.vision_depth == 2
-
-
 def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):
     from nshot.claims import evaluate
     from nshot.methods.atha.config import SYSTEMS
+    from nshot.train.clip import VERSION
 
     atha = get("atha")
     cfg = atha.config("smoke", domains=["sketch"], episodes_1shot=1)
@@ -286,12 +269,29 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_p
     assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["head_tail_overlap"] == 0.0
     assert unit["anchor_rel_error"] <= 1e-4
     assert len(table.extra["rates_per_block"]["atha"]["head"]) == 2
+    tiny = table.extra["tiny_clip"]  # clip_workers=0: the in-process CLIP the fixtures share
+    assert tiny["folder"] == f"tinyclip-smoke-word-s0-v{VERSION}" and tiny["world_size"] == 1
     results = table.to_json()
     claims = evaluate(atha.claims, results)
     assert len(claims) == 6 and all(c.get("applies") is False for c in claims)
 
 
-def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):
-    run_example("atha", ["--output", str(tmp_path)])
+def test_example_on_two_ray_train_workers(ray_session, tmp_path, run_example, capsys):
+    """The suite's one run on two Ray Train workers: the example's pre-training of the smoke
+    tiny CLIP (all-gathered image features, averaged gradients) writes an nshot checkpoint with
+    the final metrics; the example then evaluates it and serves one episode. (The fault and the
+    resume are the conformance test's, in-process.)"""
+    from nshot.methods.atha.model import load_model
+    from nshot.train import load_checkpoint
+
+    argv = ["--output", str(tmp_path), "--workers", "2"]
+    for lean in ("steps=20", "checkpoint_every=20", 'domains=["digits"]'):
+        argv += ["--set", lean]
+    run_example("atha", argv)
     out = capsys.readouterr().out
-    assert "episodes (1-shot):" in out and "query 0 ->" in out
+    assert "episodes (1-shot): acc_1shot_digits=" in out and "query 0 ->" in out
+    ckpt = load_checkpoint(tmp_path / "example-atha-smoke", method="atha")
+    assert ckpt.step == 20 and 0.0 <= ckpt.metrics["acc_1shot_avg"] <= 1.0
+    assert "acc_src_8way" in ckpt.metrics and ckpt.extra["clip_preset"] == "smoke"
+    clip, _ = load_model(ckpt)
+    assert clip.cfg.vision_depth == 2
