@@ -12,17 +12,20 @@ from nshot.train.deepspeed import DeepSpeedOptions, build_engine, ds_config, mem
 
 
 def test_zero_stages_agree_on_two_ray_workers(ray_session, tmp_path):
-    """ZeRO-0 and ZeRO-3 on two Ray Train workers train the same global batches to the same
-    losses and weights (ZeRO-2 is compared with both in one process, below)."""
+    """ZeRO-3 on two Ray Train workers trains the same global batches to the same losses and
+    weights as ZeRO-0 in one process (each rank takes its slice of the one global batch, so the
+    world size does not change the data; ZeRO-2 is compared with both in one process, below)."""
     from transformers import AutoModelForCausalLM
 
     from nshot.train.tinylm import pretrain
 
     losses = {}
-    for stage in (0, 3):
-        res = pretrain("smoke", out=tmp_path / f"z{stage}", workers=2, zero_stage=stage, steps=4)
+    for stage, workers in ((0, 0), (3, 2)):
+        res = pretrain(
+            "smoke", out=tmp_path / f"z{stage}", workers=workers, zero_stage=stage, steps=4
+        )
         meta = json.loads((res.path / "nshot.json").read_text())
-        assert meta["world_size"] == 2 and meta["zero_stage"] == stage
+        assert meta["world_size"] == max(workers, 1) and meta["zero_stage"] == stage
         losses[stage] = res.losses
         assert len(res.losses) == 4
     # the loss changes over the steps (training happens) ...

@@ -16,9 +16,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import inspect
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from nshot.data.cache import (
     features_table,
     table_to_numpy,
 )
+from nshot.data.stdlib_docs import clean_module_docs
 from nshot.errors import NshotError
 from nshot.hashing import sha256_file
 
@@ -379,61 +378,15 @@ STDLIB_DOC_MODULES: tuple[str, ...] = (
     "unittest",
     "zipfile",
 )
-_MIN_CHARS = 40
-_MAX_CHARS = 400
 _MIN_PER_CLASS = 15
 _MAX_PER_CLASS = 60
-# C implementations whose objects report another module name
-_IMPL_MODULES = {"os": ("posix", "nt")}
-
-
-def _owned_by(obj: object, module: str) -> bool:
-    """Whether ``obj`` is defined by ``module`` (or its C accelerator), not re-exported."""
-    owner = getattr(obj, "__module__", None)
-    if not isinstance(owner, str):
-        return False
-    if owner == module or owner.startswith(module + "."):
-        return True
-    if owner.lstrip("_") in (module, module.rsplit(".", 1)[-1]):
-        return True
-    return owner in _IMPL_MODULES.get(module, ())
-
-
-def _first_paragraph(doc: str) -> str:
-    par = re.split(r"\n\s*\n", inspect.cleandoc(doc).strip(), maxsplit=1)[0]
-    text = " ".join(par.split())
-    if len(text) > _MAX_CHARS:
-        cut = text[:_MAX_CHARS]
-        space = cut.rfind(" ")
-        text = cut[:space] if space > _MAX_CHARS // 2 else cut
-    return text
 
 
 def _module_docs(module: str) -> set[str]:
-    mod = importlib.import_module(module)
-    texts: set[str] = set()
-    for name in sorted(vars(mod)):
-        if name.startswith("_"):
-            continue
-        obj = vars(mod)[name]
-        if inspect.ismodule(obj) or not callable(obj) or not _owned_by(obj, module):
-            continue
-        members: list[object] = [obj]
-        if inspect.isclass(obj):
-            for attr, value in sorted(vars(obj).items()):
-                if attr.startswith("_"):
-                    continue
-                if isinstance(value, staticmethod | classmethod):
-                    value = value.__func__
-                if isinstance(value, property) or callable(value):
-                    members.append(value)
-        for member in members:
-            doc = getattr(member, "__doc__", None)
-            if isinstance(doc, str):
-                text = _first_paragraph(doc)
-                if len(text) >= _MIN_CHARS:
-                    texts.add(text)
-    return texts
+    """The texts of ``module`` (:mod:`nshot.data.stdlib_docs`: read in a clean interpreter, so
+    they do not depend on what this process imported)."""
+    modules = STDLIB_DOC_MODULES if module in STDLIB_DOC_MODULES else (module,)
+    return set(clean_module_docs(tuple(modules))[module])
 
 
 def stdlib_doc_texts() -> tuple[list[str], list[int], list[str]]:
@@ -479,4 +432,5 @@ def text_table() -> pa.Table:
         table = features_table(x, np.asarray(labels, dtype=np.int64), "stdlib_docs", names)
         return table.append_column("text", pa.array(texts, type=pa.string()))
 
-    return cached_table("stdlib_docs_minilm", build)
+    # v2: texts read in a clean interpreter (nshot.data.stdlib_docs), not from this process
+    return cached_table("stdlib_docs_minilm", build, version="2")
