@@ -1,6 +1,6 @@
-"""bsr: pretraining on two Ray Train workers, the predictor over HTTP (any montage; a 422
-naming the field for every bad input), conformal sets, experiments on smoke with every row,
-metric and claim, and the example."""
+"""bsr: pretraining on two Ray Train workers, the predictor over HTTP (any montage, stored
+subject statistics; a 422 naming the field for every bad input) and its conformal sets,
+experiments on smoke with every row, metric and claim, and the example."""
 
 from __future__ import annotations
 
@@ -15,34 +15,36 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):
+    """The one two-worker run (smoke, 4 steps); the predictor tests serve its checkpoint."""
     from nshot.train import Scaling, fit
 
     storage = tmp_path_factory.mktemp("bsr-runs")
     cfg = get("bsr").config("smoke")
-    res = fit("bsr", cfg, scaling=Scaling(workers=0), storage=storage, name="one")
+    res = fit("bsr", cfg, scaling=Scaling(workers=2), storage=storage, name="two")
     return storage, cfg, res
 
 
 def test_pretrains_on_two_ray_train_workers(trained):
-    from nshot.train import Scaling, fit, load_checkpoint
+    from nshot.train import load_checkpoint
 
-    storage, cfg, _ = trained
-    res = fit("bsr", cfg.replace(steps=2, checkpoint_every=2), scaling=Scaling(workers=2),
-              storage=storage, name="two")  # fmt: skip
+    _, cfg, res = trained
     ckpt = load_checkpoint(res.checkpoint, method="bsr")
-    assert ckpt.step == 2 and 0.0 < ckpt.metrics["val_mae_mse"] < 5.0
+    assert ckpt.step == cfg.steps and 0.0 < ckpt.metrics["val_mae_mse"] < 5.0
     assert ckpt.extra["renderer"]["channels"][:2] == ["Fp1", "Fp2"]
+    assert sorted(ckpt.extra["renderer"]["subject_stats"]) == ["s000", "s001", "s002"]
 
 
-def test_predictor_answers_any_montage_and_refuses_bad_input_with_422(trained):
+def test_predictor_answers_any_montage_refuses_bad_input_with_422_and_gives_sets(trained):
     from fastapi.testclient import TestClient
 
     from nshot.methods.bsr.data import positions_for
     from nshot.serve.bare import make_app
+    from nshot.serve.conformal import ConformalPredictor
     from nshot.train import load_checkpoint
 
     _, _, res = trained
     pred = get("bsr").predictor(load_checkpoint(res.checkpoint, method="bsr"))
+    assert pred.metadata()["subjects"] == ["s000", "s001", "s002"]
     good = pred.example_request()
     names = good["ch_names"]
     by_pos = {**{k: v for k, v in good.items() if k != "ch_names"},
@@ -58,6 +60,10 @@ def test_predictor_answers_any_montage_and_refuses_bad_input_with_422(trained):
         assert abs(sum(body["probs"].values()) - 1) < 1e-6 and body["channels_used"] == 19
         same = client.post("/bsr/predict", json=by_pos).json()  # positions instead of names
         assert same["montage_hash"] == body["montage_hash"] and same["probs"] == body["probs"]
+        # a stored subject's statistics replace the support's: another rendering, other probs
+        stored = client.post("/bsr/predict", json={**good, "subject_id": "s001"})
+        assert stored.status_code == 200, stored.text
+        assert stored.json()["probs"] != body["probs"]
         cases = {
             "ch_names": {**good, "ch_names": names[:-1]},
             "ch_names[3]": {**good, "ch_names": names[:3] + ["Xx9"] + names[4:]},
@@ -69,12 +75,15 @@ def test_predictor_answers_any_montage_and_refuses_bad_input_with_422(trained):
             "positions[0]": {**by_pos, "positions": [[0.0, 0.1]] + by_pos["positions"][1:]},
             "support": {**good, "support": [s for s in good["support"]
                                             if s["label"] == "rest"]},
+            "subject_id": {**good, "subject_id": "t999"},
         }  # fmt: skip
         for field, req in cases.items():
             got = client.post("/bsr/predict", json=req)
             assert got.status_code == 422, (field, got.text)
             assert got.json()["detail"][0]["field"] == field, (field, got.json())
-        # too short for the frame layout (every trial equally short): the predictor refuses
+        got = client.post("/bsr/predict", json={**good, "sfreq": 8192.0})  # above the range
+        assert got.status_code == 422 and got.json()["detail"][0]["field"] == "sfreq", got.text
+        # too short for the lowest band's frame layout (every trial equally short)
         too_short = {**good, "eeg": short,
                      "support": [{**s, "eeg": [r[:100] for r in s["eeg"]]}
                                  for s in good["support"]]}  # fmt: skip
@@ -82,25 +91,19 @@ def test_predictor_answers_any_montage_and_refuses_bad_input_with_422(trained):
         assert got.status_code == 422 and got.json()["detail"][0]["field"] == "eeg", got.text
         got = client.post("/bsr/predict", content=_json_with_nan({**good, "eeg": nan_eeg}),
                           headers={"content-type": "application/json"})  # fmt: skip
-        assert got.status_code == 422 and "eeg" in got.text, got.text
+        assert got.status_code == 422, got.text
+        assert got.json()["detail"][0]["field"] == "eeg.2.5", got.text  # the NaN's index
+    # prediction sets (`--conformal caos`) over the support's classes from the same embeddings
+    wrapped = ConformalPredictor(pred, alpha=0.2)
+    answer = wrapped(wrapped.Request.model_validate(good))
+    assert len(answer.sets) == 1
+    assert set(answer.sets[0]) <= {"feet", "left_hand", "rest", "right_hand"}
 
 
 def _json_with_nan(body: dict) -> str:
     import json
 
     return json.dumps(body)  # writes NaN, which Python's JSON reader accepts
-
-
-def test_conformal_sets_wrap_the_predictor(trained):
-    from nshot.serve.conformal import ConformalPredictor
-    from nshot.train import load_checkpoint
-
-    _, _, res = trained
-    inner = get("bsr").predictor(load_checkpoint(res.checkpoint, method="bsr"))
-    wrapped = ConformalPredictor(inner, alpha=0.2)
-    answer = wrapped(wrapped.Request.model_validate(inner.example_request()))
-    assert len(answer.sets) == 1
-    assert set(answer.sets[0]) <= {"feet", "left_hand", "rest", "right_hand"}
 
 
 def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):

@@ -1,6 +1,7 @@
 """bsr model: tube masking keeps a visible patch at every preset, the masked loss uses
 transformers' token order (it equals VideoMAE's own loss when every token lies in the head),
-the encoder moves into the classifier whole, layer-wise lr decay."""
+the encoder moves into the classifier whole, layer-wise lr decay, VideoMAE's peak learning rates
+and schedules, the linear probe."""
 
 from __future__ import annotations
 
@@ -61,3 +62,35 @@ def test_encoder_moves_into_the_classifier_and_layer_decay():
     assert lrs == pytest.approx([cfg.layer_decay**k for k in (3, 2, 1, 0)])
     n = sum(p.numel() for g in groups for p in g["params"])
     assert n == sum(p.numel() for p in clf.parameters())
+
+
+def test_learning_rates_are_videomaes_peaks_with_warm_up_then_cosine():
+    """VideoMAE's ViT-S recipe: peak 1.5e-4 · 1024 / 256 = 6e-4 in pretraining, 5e-4 · 384 /
+    256 = 7.5e-4 in fine-tuning, whatever our batch; warm-up then cosine."""
+    from nshot.methods.bsr.evaluation import ft_lr_factor
+    from nshot.methods.bsr.train import lr_at
+
+    cfg = BsrConfig.from_preset("small")
+    assert lr_at(cfg, cfg.warmup_steps) == pytest.approx(6e-4)
+    assert lr_at(cfg.replace(batch=8), cfg.warmup_steps) == pytest.approx(6e-4)
+    assert lr_at(cfg, 1) == pytest.approx(6e-4 / cfg.warmup_steps)
+    assert lr_at(cfg, cfg.steps) == pytest.approx(cfg.min_lr)
+    assert cfg.ft_base_lr * cfg.ft_lr_ref_batch / 256 == pytest.approx(7.5e-4)
+    f = [ft_lr_factor(s, 10, 40) for s in range(41)]
+    assert f[0] == pytest.approx(0.1) and f[9] == f[10] == 1.0 and f[40] == 0.0
+    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
+
+
+def test_linear_probe_standardises_and_fits_the_support():
+    import numpy as np
+
+    from nshot.methods.bsr.model import fit_probe
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 4)
+    emb = rng.normal(size=(12, 6)) * 1e-3 + 5.0  # tiny spread on a large offset
+    emb[:, 0] += y * 1e-2  # the class lives in one feature
+    probe = fit_probe(emb, y)
+    assert (probe.predict(emb) == y).all()
+    p = probe.predict_proba(emb[:2], 4)
+    assert p.shape == (2, 4) and (p[:, 3] == 0).all() and np.allclose(p.sum(1), 1)

@@ -54,7 +54,7 @@ class BsrMethod(Method):
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in BsrConfig.EVAL_FIELDS})
         torch.set_num_threads(run_cfg.torch_threads)
         ds = load_dataset(run_cfg)
-        clips, _ = source_clips(run_cfg, ds)
+        clips, *_ = source_clips(run_cfg, ds)
         out = {"mae_mse": held_out_mse(run_cfg, model, clips,
                                        split_clips(run_cfg, len(clips.powers))[1])}  # fmt: skip
         state = model.videomae.state_dict()

@@ -4,7 +4,8 @@ labelled support set of that subject's trials → class probabilities of a query
 Any montage is accepted (standard 10-20/10-10 names, or head-frame positions in metres): the
 trials are rendered onto the model's scalp grid, which is what makes the pretrained encoder
 layout-agnostic. Band powers are z-scored with the support trials' statistics (never the
-query's). The classifier is the frozen encoder's mean-pooled embedding with a logistic
+query's), or with the statistics the checkpoint stores for ``subject_id`` (a pretraining
+subject). The classifier is the frozen encoder's mean-pooled embedding with a logistic
 regression fitted on the support (the paper's linear-probe protocol; fine-tuning per request
 would cost seconds), so prediction sets (``--conformal caos``) work on the same embeddings.
 """
@@ -61,6 +62,12 @@ class BsrRequest(StrictRequest):
     )
     sfreq: float = Field(..., description="sampling rate (Hz)")
     unit: Literal["V", "uV"] = "V"
+    subject_id: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="a subject whose normalisation statistics the checkpoint stores (the "
+        "pretraining subjects, see metadata()['subjects']); they z-score the band powers "
+        "instead of the support's",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> BsrRequest:
@@ -156,6 +163,7 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
             "grid": c.grid, "frames": c.frames, "trial_s": c.trial_s, "model_sfreq": c.sfreq,
             "min_channels": MIN_CHANNELS, "sfreq_range": list(SFREQ_RANGE),
             "bands_hz": [[4, 8], [8, 13], [13, 30]], "max_support": MAX_SUPPORT,
+            "subjects": sorted(self._subjects()),
         }  # fmt: skip
 
     def example_request(self) -> dict[str, Any]:
@@ -207,11 +215,26 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
         xy = project(pos)
         m, _ = interpolation_matrix(xy, self.cfg.grid)
         p = band_powers(self._signals(request), self.cfg.sfreq, self.cfg.window, self.cfg.frames)
-        stats = NormStats.fit(p[1:])  # the support's statistics only
+        stats = self._stored_stats(request.subject_id) or NormStats.fit(p[1:])  # never the query
         v = render(stats.apply(p), m, self.cfg.grid)
         return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)), montage_hash(
             xy, self.cfg.grid
         )
+
+    def _stored_stats(self, subject_id: str | None) -> NormStats | None:
+        if subject_id is None:
+            return None
+        table = self._subjects()
+        if subject_id not in table:
+            known = ", ".join(sorted(table)[:5]) or "none"
+            raise ValueError(
+                f"subject_id: unknown subject {subject_id[:40]!r}; this checkpoint stores "
+                f"statistics of {len(table)} subjects ({known}{', ...' if len(table) > 5 else ''})"
+            )
+        return NormStats.from_json(table[subject_id])
+
+    def _subjects(self) -> dict[str, dict]:
+        return dict((self.extra.get("renderer") or {}).get("subject_stats") or {})
 
     @torch.no_grad()
     def _embed(self, request: BsrRequest) -> tuple[np.ndarray, str]:

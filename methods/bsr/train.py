@@ -58,17 +58,20 @@ def raw_powers(cfg: BsrConfig, eeg: np.ndarray, montage: str = "A") -> np.ndarra
     return band_powers(x, cfg.sfreq, cfg.window, cfg.frames).astype(np.float32)
 
 
-def source_clips(cfg: BsrConfig, ds: Dataset) -> tuple[Clips, NormStats]:
-    """The source subjects' clips on montage A (z-scored per subject) and the population
-    statistics (all source trials pooled, for requests without a support set)."""
-    out, pooled = [], []
+def source_clips(cfg: BsrConfig, ds: Dataset) -> tuple[Clips, NormStats, dict[str, NormStats]]:
+    """The source subjects' clips on montage A (z-scored per subject), the population
+    statistics (all source trials pooled) and each source subject's own statistics (the
+    predictor's ``subject_id``)."""
+    out, pooled, per_subject = [], [], {}
     for name in ds.names("source"):
         eeg, _ = ds.subject(name)
         p = raw_powers(cfg, eeg)
         pooled.append(p)
-        out.append(NormStats.fit(p).apply(p))
+        per_subject[name] = NormStats.fit(p)
+        out.append(per_subject[name].apply(p))
     stats = NormStats.fit(np.concatenate(pooled))
-    return Clips(np.concatenate(out).astype(np.float32), montage_m(cfg, "A"), cfg.grid), stats
+    clips = Clips(np.concatenate(out).astype(np.float32), montage_m(cfg, "A"), cfg.grid)
+    return clips, stats, per_subject
 
 
 def split_clips(cfg: BsrConfig, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,11 +107,12 @@ def held_out_mse(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, idx: np.n
     return total / max(n, 1)
 
 
-def renderer_record(cfg: BsrConfig, stats: NormStats) -> dict:
+def renderer_record(cfg: BsrConfig, stats: NormStats, subjects: dict[str, NormStats]) -> dict:
     """What a checkpoint keeps about the rendering (the predictor re-renders requests)."""
     return {
         "channels": list(MONTAGE_A),
         "population_stats": stats.to_json(),
+        "subject_stats": {name: s.to_json() for name, s in subjects.items()},
         "sfreq": cfg.sfreq,
         "samples": cfg.samples,
         "window": cfg.window,
@@ -148,7 +152,7 @@ def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module
     """Stage 1 in one process (the reproduction's task): the pretrainer and its record
     (held-out ``mae_mse``, the loss curve)."""
     ds = ds if ds is not None else load_dataset(cfg)
-    clips, stats = source_clips(cfg, ds)
+    clips, stats, subjects = source_clips(cfg, ds)
     train_idx, val_idx = split_clips(cfg, len(clips.powers))
     model, opt = new_pretrainer(cfg)
     model.train()
@@ -159,7 +163,7 @@ def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module
             curve.append((step, float(np.mean(window))))
             window.clear()
     record = {"mae_mse": held_out_mse(cfg, model, clips, val_idx), "curve": curve,
-              "renderer": renderer_record(cfg, stats)}  # fmt: skip
+              "renderer": renderer_record(cfg, stats, subjects)}  # fmt: skip
     return model.eval(), record
 
 
@@ -170,13 +174,13 @@ def train_loop(cfg: BsrConfig) -> None:
     ctx = session.context()
     torch.set_num_threads(cfg.torch_threads)
     ds = load_dataset(cfg)
-    clips, stats = source_clips(cfg, ds)
+    clips, stats, subjects = source_clips(cfg, ds)
     train_idx, val_idx = split_clips(cfg, len(clips.powers))
     model, opt = new_pretrainer(cfg)
     restored = session.restore(model, opt)
     start = restored.step if restored else 0
     fwd = session.prepare_model(model) if ctx.world_size > 1 else None
-    extra = {"renderer": renderer_record(cfg, stats)}
+    extra = {"renderer": renderer_record(cfg, stats, subjects)}
     model.train()
     window: list[float] = []
     for step in range(start + 1, cfg.steps + 1):
