@@ -16,10 +16,12 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):
     """The one two-worker run (smoke, 4 steps); the predictor tests serve its checkpoint."""
+    from nshot.methods.bsr.data import load_dataset
     from nshot.train import Scaling, fit
 
     storage = tmp_path_factory.mktemp("bsr-runs")
     cfg = get("bsr").config("smoke")
+    load_dataset(cfg)  # generated once here: the two workers read the cache, not race to build it
     res = fit("bsr", cfg, scaling=Scaling(workers=2), storage=storage, name="two")
     return storage, cfg, res
 

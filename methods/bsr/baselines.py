@@ -86,7 +86,8 @@ def topomap_cnn(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) ->
     clips = subject_clips(cfg, eeg, sup, montage)
     frames = clips.videos(slice(None)).mean(1)  # (n, 3, H, W)
     torch.manual_seed(seed)
-    model = _fit(TopomapCNN(), frames[sup], torch.from_numpy(labels[sup]), 60, 3e-3, seed)
+    model = _fit(TopomapCNN(), frames[sup], torch.from_numpy(labels[sup]), cfg.topomap_epochs,
+                 3e-3, seed)  # fmt: skip
     with torch.no_grad():
         pred = model(frames[qry]).argmax(1).numpy()
     return scores(labels[qry], pred)
@@ -148,8 +149,8 @@ def eegnet(cfg: BsrConfig, source: EEGNet, eeg, labels, k: int, montage: str, se
         keep[montage_channels(montage)] = True
         x[:, ~keep] = 0.0
     xt = _scaled(x, x[sup])
-    model = _fit(copy.deepcopy(source), xt[sup], torch.from_numpy(labels[sup]), 20, 5e-4, seed,
-                 batch=8)  # fmt: skip
+    model = _fit(copy.deepcopy(source), xt[sup], torch.from_numpy(labels[sup]),
+                 cfg.eegnet_ft_epochs, 5e-4, seed, batch=8)  # fmt: skip
     with torch.no_grad():
         pred = model(xt[qry]).argmax(1).numpy()
     return scores(labels[qry], pred)

@@ -114,6 +114,8 @@ class BsrConfig(MethodConfig):
         min_length=1, description="rows `experiments` runs",
     )  # fmt: skip
     eegnet_epochs: int = Field(20, ge=1, le=1000, description="EEGNet source-training epochs")
+    eegnet_ft_epochs: int = Field(20, ge=1, le=1000, description="EEGNet epochs on the support")
+    topomap_epochs: int = Field(60, ge=1, le=1000, description="topomap CNN epochs on the support")
 
     TUNE: ClassVar[TuneSpec] = TuneSpec(
         space={
@@ -139,7 +141,8 @@ class BsrConfig(MethodConfig):
             "dec_heads": 1, "mask_ratio": 0.75, "batch": 8, "base_lr": 1e-3,
             "lr_ref_batch": 256, "warmup_steps": 0, "steps": 4, "log_every": 2,
             "checkpoint_every": 2, "ft_epochs": 2, "ft_warmup_epochs": 0, "shots": [1, 5],
-            "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1,
+            "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1, "eegnet_ft_epochs": 2,
+            "topomap_epochs": 5,
         },
         # sized to fit `nshot reproduce bsr --preset small` in about 10 min on 2 cores (README)
         "small": {
