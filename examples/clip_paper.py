@@ -2,7 +2,7 @@
 backbone of the ``paper`` presets of atha (ViT-B/16) and dirclip (ViT-B/32).
 
     # a Hugging Face CLIP folder, fetched beforehand
-    huggingface-cli download openai/clip-vit-base-patch32 --local-dir ~/models/clip-b32
+    hf download openai/clip-vit-base-patch32 --local-dir ~/models/clip-b32
     python examples/clip_paper.py --clip-path ~/models/clip-b32 \\
         --images cat.jpg dog.jpg --classes cat dog "traffic light"
 

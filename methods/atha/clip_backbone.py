@@ -65,7 +65,7 @@ def check_clip_backbone(cfg: AthaConfig) -> None:
     if not cfg.clip_path:
         missing.append(
             "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
-            "openai/clip-vit-base-patch16 downloaded with huggingface-cli, or an OpenAI-format "
+            "openai/clip-vit-base-patch16 downloaded with `hf download`, or an OpenAI-format "
             "open_clip_model.safetensors)"
         )
     else:

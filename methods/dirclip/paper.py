@@ -64,7 +64,7 @@ def check_paper(cfg: DirclipConfig) -> None:
     if not cfg.clip_path:
         missing.append(
             "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
-            "openai/clip-vit-base-patch32 downloaded with huggingface-cli, or an OpenAI-format "
+            "openai/clip-vit-base-patch32 downloaded with `hf download`, or an OpenAI-format "
             "open_clip_model.safetensors)"
         )
     else:

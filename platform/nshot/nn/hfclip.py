@@ -6,7 +6,7 @@ never unpickled: convert it to safetensors first):
 
 * a **Hugging Face CLIP folder**: ``config.json`` (``model_type`` "clip") + ``model.safetensors``
   (or a sharded index) + the tokenizer files (``tokenizer.json``, or ``vocab.json`` +
-  ``merges.txt``), e.g. ``huggingface-cli download openai/clip-vit-base-patch16 --local-dir D``;
+  ``merges.txt``), e.g. ``hf download openai/clip-vit-base-patch16 --local-dir D``;
 * an **open_clip / OpenAI state dict** in one safetensors file (``open_clip_model.safetensors``:
   ``visual.conv1.weight``, ``visual.transformer.resblocks.0.attn.in_proj_weight``,
   ``token_embedding.weight``, ``text_projection``, ``logit_scale``, ...). The architecture is
