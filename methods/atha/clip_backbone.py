@@ -59,18 +59,9 @@ def check_clip_backbone(cfg: AthaConfig) -> None:
     """Raise a :class:`ConfigError` naming everything that keeps ``backbone='clip'`` from
     running: ``clip_path`` (not set, missing, missing files, not a CLIP), the tokenizer, and
     ``data_path`` (not set, missing, no domain folders, an unknown ``data_domains`` entry)."""
-    from nshot.nn.hfclip import clip_problems
+    from nshot.nn.hfclip import clip_field_problems
 
-    missing = []
-    if not cfg.clip_path:
-        missing.append(
-            "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
-            "openai/clip-vit-base-patch16 downloaded with `hf download`, or an OpenAI-format "
-            "open_clip_model.safetensors)"
-        )
-    else:
-        missing += [f"field 'clip_path': {p}" for p in clip_problems(cfg.clip_path,
-                                                                     cfg.clip_tokenizer)]  # fmt: skip
+    missing = clip_field_problems(cfg.clip_path, cfg.clip_tokenizer, "openai/clip-vit-base-patch16")
     if not cfg.data_path:
         missing.append(
             "field 'data_path' is not set (a folder of target domains, each class folders)"

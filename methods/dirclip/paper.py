@@ -58,18 +58,9 @@ def check_paper(cfg: DirclipConfig) -> None:
     """Raise a :class:`ConfigError` naming everything that keeps ``backbone='clip'`` from
     running: ``clip_path`` (not set, missing, missing files, not a CLIP), the tokenizer, and
     ``data_path`` (not set, missing, no ``train/`` or ``val/`` class folders)."""
-    from nshot.nn.hfclip import clip_problems
+    from nshot.nn.hfclip import clip_field_problems
 
-    missing = []
-    if not cfg.clip_path:
-        missing.append(
-            "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
-            "openai/clip-vit-base-patch32 downloaded with `hf download`, or an OpenAI-format "
-            "open_clip_model.safetensors)"
-        )
-    else:
-        missing += [f"field 'clip_path': {p}" for p in clip_problems(cfg.clip_path,
-                                                                     cfg.clip_tokenizer)]  # fmt: skip
+    missing = clip_field_problems(cfg.clip_path, cfg.clip_tokenizer, "openai/clip-vit-base-patch32")
     if not cfg.data_path:
         missing.append("field 'data_path' is not set (an ImageFolder root with train/ and val/)")
     else:

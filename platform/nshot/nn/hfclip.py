@@ -72,6 +72,7 @@ __all__ = [
     "ImageFolder",
     "PretrainedCLIP",
     "bpe_tokenizer",
+    "clip_field_problems",
     "clip_problems",
     "hf_to_openai",
     "image_folder",
@@ -380,6 +381,20 @@ def _tokenizer_beside(p: Path) -> Path | None:
         if (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file():
             return folder
     return None
+
+
+def clip_field_problems(
+    clip_path: str | Path | None, clip_tokenizer: str | Path | None, example: str
+) -> list[str]:
+    """:func:`clip_problems` worded for a method config's ``clip_path`` field (``example``: the
+    Hugging Face name of the CLIP the method's paper uses, e.g. ``openai/clip-vit-base-patch16``)."""
+    if not clip_path:
+        return [
+            "field 'clip_path' is not set (a Hugging Face CLIP folder, e.g. "
+            f"{example} downloaded with `hf download`, or an OpenAI-format "
+            "open_clip_model.safetensors)"
+        ]
+    return [f"field 'clip_path': {p}" for p in clip_problems(clip_path, clip_tokenizer)]
 
 
 def clip_problems(path: str | Path | None, tokenizer: str | Path | None = None) -> list[str]:
