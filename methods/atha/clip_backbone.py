@@ -49,7 +49,14 @@ from nshot.errors import CheckpointError, ConfigError
 
 from .config import AthaConfig
 from .data import Episode
-from .model import SYSTEM_SPEC, _inject_lora, anchor_inverse, atha_update, text_anchors
+from .model import (
+    SYSTEM_SPEC,
+    _inject_lora,
+    anchor_inverse,
+    atha_update,
+    check_episode_model,
+    text_anchors,
+)
 
 # --------------------------------------------------------------------------------------------
 # checks
@@ -136,17 +143,10 @@ class HFBackbone:
 
 def load_hf_backbone(cfg: AthaConfig, device: torch.device | str | None = None) -> HFBackbone:
     """The CLIP at ``clip_path`` (checked against ``clip_arch``) as an episode backbone."""
-    from nshot.nn.hfclip import load_pretrained_clip
+    from nshot.nn.hfclip import load_clip_fields
 
     check_clip_backbone(cfg)
-    try:
-        pre = load_pretrained_clip(cfg.clip_path or "", cfg.clip_tokenizer)
-    except CheckpointError as e:
-        raise ConfigError(f"field 'clip_path': {e}") from None
-    problem = pre.arch_problem(cfg.clip_arch)
-    if problem:
-        raise ConfigError(f"field 'clip_arch': {problem}")
-    return HFBackbone(pre, device)
+    return HFBackbone(load_clip_fields(cfg.clip_path, cfg.clip_tokenizer, cfg.clip_arch), device)
 
 
 class HFEpisodeModel(nn.Module):
@@ -164,17 +164,7 @@ class HFEpisodeModel(nn.Module):
         seed: int,
     ) -> None:
         super().__init__()
-        if system not in SYSTEM_SPEC:
-            raise ConfigError(f"system: unknown {system!r}; choose from {sorted(SYSTEM_SPEC)}")
-        if cfg.txtlayer >= backbone.text_depth:
-            raise ConfigError(
-                f"field 'txtlayer': {cfg.txtlayer} >= the text tower's {backbone.text_depth} blocks"
-            )
-        if cfg.rho_block >= backbone.vision_depth:
-            raise ConfigError(
-                f"field 'rho_block': {cfg.rho_block} >= the image tower's "
-                f"{backbone.vision_depth} blocks"
-            )
+        check_episode_model(backbone, cfg, system)
         self.spec = SYSTEM_SPEC[system]
         self.system = system
         self.names = list(names)

@@ -233,6 +233,22 @@ def _inject_lora(module: nn.Module, targets: list[str], cfg: AthaConfig) -> nn.M
     return inject_adapter_in_model(lora, module)
 
 
+def check_episode_model(backbone: Any, cfg: AthaConfig, system: str) -> None:
+    """Refuse a system name or block indices the backbone cannot take (any backbone with
+    ``text_depth`` and ``vision_depth``: the tiny CLIP's or a real CLIP's)."""
+    if system not in SYSTEM_SPEC:
+        raise ConfigError(f"system: unknown {system!r}; choose from {sorted(SYSTEM_SPEC)}")
+    if cfg.txtlayer >= backbone.text_depth:
+        raise ConfigError(
+            f"field 'txtlayer': {cfg.txtlayer} >= the text tower's {backbone.text_depth} blocks"
+        )
+    if cfg.rho_block >= backbone.vision_depth:
+        raise ConfigError(
+            f"field 'rho_block': {cfg.rho_block} >= the image tower's "
+            f"{backbone.vision_depth} blocks"
+        )
+
+
 class EpisodeModel(nn.Module):
     """One episode's adapted CLIP for the classes ``names`` (see the module docstring)."""
 
@@ -247,17 +263,7 @@ class EpisodeModel(nn.Module):
         seed: int,
     ) -> None:
         super().__init__()
-        if system not in SYSTEM_SPEC:
-            raise ConfigError(f"system: unknown {system!r}; choose from {sorted(SYSTEM_SPEC)}")
-        if cfg.txtlayer >= backbone.text_depth:
-            raise ConfigError(
-                f"field 'txtlayer': {cfg.txtlayer} >= the text tower's {backbone.text_depth} blocks"
-            )
-        if cfg.rho_block >= backbone.vision_depth:
-            raise ConfigError(
-                f"field 'rho_block': {cfg.rho_block} >= the image tower's "
-                f"{backbone.vision_depth} blocks"
-            )
+        check_episode_model(backbone, cfg, system)
         self.spec = SYSTEM_SPEC[system]
         self.system = system
         self.names = list(names)

@@ -203,17 +203,10 @@ class HFDirClip(nn.Module):
 
 def load_backbone(cfg: DirclipConfig) -> Any:
     """The CLIP at ``clip_path``, checked against ``clip_arch``."""
-    from nshot.nn.hfclip import load_pretrained_clip
+    from nshot.nn.hfclip import load_clip_fields
 
     check_paper(cfg)
-    try:
-        pre = load_pretrained_clip(cfg.clip_path or "", cfg.clip_tokenizer)
-    except CheckpointError as e:
-        raise ConfigError(f"field 'clip_path': {e}") from None
-    problem = pre.arch_problem(cfg.clip_arch)
-    if problem:
-        raise ConfigError(f"field 'clip_arch': {problem}")
-    return pre
+    return load_clip_fields(cfg.clip_path, cfg.clip_tokenizer, cfg.clip_arch)
 
 
 def build_paper_model(cfg: DirclipConfig, class_names: Sequence[str]) -> HFDirClip:

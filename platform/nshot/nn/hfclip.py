@@ -73,6 +73,7 @@ __all__ = [
     "PretrainedCLIP",
     "bpe_tokenizer",
     "clip_field_problems",
+    "load_clip_fields",
     "clip_problems",
     "hf_to_openai",
     "image_folder",
@@ -395,6 +396,23 @@ def clip_field_problems(
             "open_clip_model.safetensors)"
         ]
     return [f"field 'clip_path': {p}" for p in clip_problems(clip_path, clip_tokenizer)]
+
+
+def load_clip_fields(
+    clip_path: str | Path | None, clip_tokenizer: str | Path | None, clip_arch: str
+) -> PretrainedCLIP:
+    """:func:`load_pretrained_clip` for a method config's ``clip_path`` / ``clip_tokenizer`` /
+    ``clip_arch`` fields: a failure is a :class:`~nshot.errors.ConfigError` naming the field."""
+    from nshot.errors import ConfigError
+
+    try:
+        pre = load_pretrained_clip(clip_path or "", clip_tokenizer)
+    except CheckpointError as e:
+        raise ConfigError(f"field 'clip_path': {e}") from None
+    problem = pre.arch_problem(clip_arch)
+    if problem:
+        raise ConfigError(f"field 'clip_arch': {problem}")
+    return pre
 
 
 def clip_problems(path: str | Path | None, tokenizer: str | Path | None = None) -> list[str]:
