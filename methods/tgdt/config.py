@@ -1,0 +1,149 @@
+"""TG-DT configuration and presets.
+
+One training run trains one system (``system``): the full TG-DT (decision transformer that
+cross-attends to a character-level text encoder, trained with L_DT + L_TBC + L_TBM, paper §3),
+its ablations without the contrastive (``tgdt_no_tbc``) or the matching loss (``tgdt_no_tbm``),
+and the baselines of paper §4: ``naive_text_dt`` (the pooled text embedding concatenated to every
+token, L_DT only), ``agnostic_dt`` (no task information), ``oracle_dt`` (the true goal
+concatenated to every token) and ``prompt_dt`` (Prompt-DT: an expert segment of the task
+prepended as prompt tokens; a few-shot reference, not zero-shot).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from nshot.method import MethodConfig
+from nshot.tune.space import Float, Int, TuneSpec
+
+VERSION = "1"  # of the checkpoint format
+
+System = Literal[
+    "tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt", "oracle_dt",
+    "prompt_dt",
+]  # fmt: skip
+TEXT_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt")
+CROSS_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm")
+
+
+class TGDTConfig(MethodConfig):
+    system: System = Field("tgdt", description="the system this run trains (see the module)")
+    # data: the PointRobot generator
+    n_train_tasks: int = Field(45, ge=2, le=1000, description="training goals")
+    n_test_tasks: int = Field(5, ge=1, le=1000, description="held-out goals (never trained on)")
+    episodes_per_quality: int = Field(50, ge=2, le=10_000, description="episodes per tier")
+    horizon: int = Field(20, ge=2, le=200, description="steps per episode")
+    data_seed: int = Field(0, ge=0, description="seed of the goals and the episodes")
+    # model (paper §3; sizes of the small track)
+    d_model: int = Field(64, ge=8, le=1024, description="width of every transformer")
+    heads: int = Field(4, ge=1, le=16, description="attention heads")
+    layers: int = Field(2, ge=1, le=24, description="behaviour-decoder layers")
+    text_layers: int = Field(2, ge=1, le=24, description="character text-encoder layers")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout")
+    context: int = Field(10, ge=1, le=200, description="K: steps in the decoder's window")
+    prompt_len: int = Field(5, ge=1, le=200, description="prompt_dt: steps of the prompt")
+    rtg_scale: float = Field(10.0, gt=0.0, description="return-to-go divisor")
+    # losses (paper §3: unit weights)
+    w_dt: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_DT")
+    w_tbc: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBC")
+    w_tbm: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBM")
+    # optimisation
+    lr: float = Field(3e-4, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(1e-4, ge=0.0, le=1.0, description="AdamW weight decay")
+    warmup: int = Field(100, ge=0, description="linear warm-up steps")
+    grad_clip: float = Field(0.25, gt=0.0, description="gradient norm clip")
+    tasks_per_step: int = Field(
+        8, ge=2, le=1000, description="training tasks per step (DT and alignment batches)"
+    )
+    seqs_per_task: int = Field(8, ge=1, le=1000, description="windows per task per DT batch")
+    # evaluation
+    eval_episodes: int = Field(3, ge=1, le=100, description="episodes per held-out goal")
+    start_jitter: float = Field(
+        0.05, ge=0.0, le=0.5, description="start-state jitter of every episode after the first"
+    )
+    auc_episodes: int = Field(4, ge=1, le=1000, description="episodes per task for tbm_auc")
+    share_k: int = Field(2, ge=1, le=50, description="data sharing: nearest training tasks")
+    share_steps: int = Field(10, ge=1, le=100_000, description="data sharing: fine-tune steps")
+    share_batch: int = Field(64, ge=1, le=4096, description="data sharing: batch")
+    share_lr: float = Field(1e-4, gt=0.0, le=1.0, description="data sharing: AdamW rate")
+    leak_factors: list[float] = Field(
+        [0.5, 1.5], description="scalings of the description's return field (leak test)"
+    )
+    seeds: int = Field(3, ge=1, le=20, description="training seeds of the reproduction")
+
+    TUNE: ClassVar[TuneSpec] = TuneSpec(
+        space={
+            "lr": Float(1e-4, 1e-3, log=True),
+            "d_model": Int(32, 128),
+            "w_tbc": Float(0.1, 3.0, log=True),
+            "w_tbm": Float(0.1, 3.0, log=True),
+        },
+        metric="loss",
+        mode="min",
+        curve=("loss", "dt"),
+    )
+    EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
+        "eval_episodes", "start_jitter", "auc_episodes", "share_k", "share_steps",
+        "share_batch", "share_lr", "leak_factors",
+    }  # fmt: skip
+
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "smoke": {
+            "episodes_per_quality": 6, "d_model": 16, "heads": 2, "layers": 1,
+            "text_layers": 1, "dropout": 0.0, "context": 5, "prompt_len": 3, "lr": 1e-3,
+            "warmup": 0, "steps": 20, "tasks_per_step": 4, "seqs_per_task": 4,
+            "eval_episodes": 1, "auc_episodes": 2, "share_k": 1,
+            "share_steps": 2, "share_batch": 16, "seeds": 1, "log_every": 5,
+            "checkpoint_every": 10,
+        },
+        "small": {"steps": 1000, "log_every": 100, "checkpoint_every": 500},
+        "paper": {
+            "d_model": 128, "heads": 8, "layers": 12, "text_layers": 12, "context": 20,
+            "prompt_len": 5, "lr": 1e-4, "warmup": 10_000, "steps": 50_000,
+            "tasks_per_step": 45, "seqs_per_task": 16,
+            "eval_episodes": 50, "share_batch": 256, "log_every": 100,
+            "checkpoint_every": 5000,
+        },
+    }  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> TGDTConfig:
+        if self.d_model % self.heads:
+            raise ValueError("field 'heads': must divide d_model")
+        if self.context > self.horizon:
+            raise ValueError(f"field 'context': {self.context} > horizon = {self.horizon}")
+        if self.prompt_len > self.horizon:
+            raise ValueError(f"field 'prompt_len': {self.prompt_len} > horizon = {self.horizon}")
+        if self.tasks_per_step > self.n_train_tasks:
+            raise ValueError(
+                f"field 'tasks_per_step': {self.tasks_per_step} > n_train_tasks = "
+                f"{self.n_train_tasks}"
+            )
+        if self.share_k > self.n_train_tasks:
+            raise ValueError(f"field 'share_k': {self.share_k} > n_train_tasks")
+        if not self.leak_factors or any(f <= 0 or f == 1 for f in self.leak_factors):
+            raise ValueError("field 'leak_factors': positive scalings other than 1")
+        return self
+
+    @property
+    def n_tasks(self) -> int:
+        return self.n_train_tasks + self.n_test_tasks
+
+    @property
+    def uses_text(self) -> bool:
+        return self.system in TEXT_SYSTEMS
+
+    @property
+    def cross(self) -> bool:
+        """Whether the decoder cross-attends to the description's tokens."""
+        return self.system in CROSS_SYSTEMS
+
+    @property
+    def tbc(self) -> bool:
+        return self.system in ("tgdt", "tgdt_no_tbm") and self.w_tbc > 0
+
+    @property
+    def tbm(self) -> bool:
+        return self.system in ("tgdt", "tgdt_no_tbc") and self.w_tbm > 0

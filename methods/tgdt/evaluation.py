@@ -1,0 +1,278 @@
+"""TG-DT's evaluation (paper §4): zero-shot rollouts on the held-out goals, the normalised
+score, retrieval and matching of descriptions and trajectories, the leak test of the
+description's return field, and description-guided data sharing.
+
+- ``norm_score``: per held-out task (R − R_random)/(R_expert − R_random), with R_random and
+  R_expert the mean dataset returns of that task's random and expert tiers; then averaged.
+- ``retrieval_top1``: for each of the 50 tasks, its test-time description against one expert
+  window (the first K steps of expert episode 0) of every task, by TBC cosine; chance 1/50.
+- ``tbm_auc``: per task, ROC-AUC of the matching score of (test-time description, expert
+  window) against (description, medium window) of the same task, averaged over the tasks; the
+  score is TBM's match probability, or the TBC cosine for a model without a TBM head.
+- ``leak_delta``: the relative change of the mean achieved return when the return field of the
+  held-out descriptions is scaled (by 0.5 and 1.5), averaged over the scalings.
+- Data sharing: per held-out task, the ``share_k`` training tasks with the most similar
+  description embeddings (cosine), their data relabelled with the held-out goal (quality and
+  return fields kept), ``share_steps`` fine-tuning steps on a copy of the model (never carried
+  to the next task), then the same rollouts.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import TGDTConfig
+from .data import MAX_ACTION, QUALITIES, PointData, describe, env_step, tokenize
+from .model import Text, TGDTModel, Window
+from .train import Sampler, dt_loss
+
+
+@dataclass
+class Rollouts:
+    returns: np.ndarray  # (tasks, episodes)
+    states: np.ndarray  # (tasks, episodes, T + 1, 2)
+
+
+def encode(model: TGDTModel, texts: list[str]) -> Text:
+    uniq = list(dict.fromkeys(texts))
+    ids = torch.as_tensor(tokenize(uniq))
+    index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long)
+    return model.encode_text(ids, index)
+
+
+def history_window(
+    rtg: np.ndarray, states: np.ndarray, actions: np.ndarray, t: int, k: int, horizon: int
+) -> Window:
+    """The decoder's window at step t (0-based) of B episodes: the last k steps up to s_t, left
+    padded; a_t (not yet taken) is a zero placeholder that the action at s_t never sees.
+    ``rtg``, ``states``, ``actions``: (B, t + 1, ·), R̂ already scaled."""
+    b = states.shape[0]
+    n = min(k, t + 1)
+    lo = t + 1 - n
+    pad = k - n
+
+    def padded(x: np.ndarray) -> torch.Tensor:
+        out = np.zeros((b, k, *x.shape[2:]), np.float32)
+        out[:, pad:] = x[:, lo : t + 1]
+        return torch.as_tensor(out)
+
+    steps = np.zeros((b, k), np.int64)
+    steps[:, pad:] = np.minimum(np.arange(lo, t + 1), horizon - 1)
+    valid = np.zeros((b, k), bool)
+    valid[:, pad:] = True
+    return Window(padded(rtg), padded(states), padded(actions), torch.as_tensor(steps),
+                  torch.as_tensor(valid))  # fmt: skip
+
+
+@torch.no_grad()
+def rollout(
+    model: TGDTModel,
+    cfg: TGDTConfig,
+    goals: np.ndarray,
+    *,
+    texts: list[str] | None = None,
+    model_goals: np.ndarray | None = None,
+    prompts: Window | None = None,
+    episodes: int = 1,
+    seed: int = 0,
+    target_return: float | None = None,
+) -> Rollouts:
+    """Greedy rollouts: ``episodes`` per goal (the first from the origin, the others from a
+    start jittered by ``start_jitter``), conditioned on one description (or model goal, or
+    prompt) per goal; R̂ starts at ``target_return`` (default: the checkpoint's)."""
+    n = len(goals)
+    b = n * episodes
+    rep = np.repeat(np.arange(n), episodes)
+    rng = np.random.default_rng([seed, 77])
+    s = np.zeros((b, 2))
+    jitter = rng.uniform(-cfg.start_jitter, cfg.start_jitter, (b, 2))
+    s[np.arange(b) % episodes != 0] = jitter[np.arange(b) % episodes != 0]
+    target = float(model.target_return) if target_return is None else target_return
+    text = encode(model, [texts[i] for i in rep]) if texts is not None and model.text else None
+    goal_t = torch.as_tensor(model_goals[rep], dtype=torch.float32) if model_goals is not None \
+        else None  # fmt: skip
+    prompt = None
+    if prompts is not None:
+        prompt = Window(*(getattr(prompts, f)[torch.as_tensor(rep)] for f in
+                          ("rtg", "states", "actions", "timesteps", "valid")))  # fmt: skip
+    h = cfg.horizon
+    states = np.zeros((b, h + 1, 2))
+    actions = np.zeros((b, h, 2))
+    rtg = np.zeros((b, h))
+    states[:, 0] = s
+    rtg[:, 0] = target / cfg.rtg_scale
+    total = np.zeros(b)
+    for t in range(h):
+        w = history_window(rtg, states, actions, t, cfg.context, h)
+        a = model.act(w, text, goal_t, prompt)[:, -1].double().numpy() * MAX_ACTION
+        nxt, r = env_step(states[:, t], a, goals[rep])
+        actions[:, t] = np.clip(a, -MAX_ACTION, MAX_ACTION)
+        states[:, t + 1] = nxt
+        total += r
+        if t + 1 < h:
+            rtg[:, t + 1] = rtg[:, t] - r / cfg.rtg_scale
+    return Rollouts(total.reshape(n, episodes), states.reshape(n, episodes, h + 1, 2))
+
+
+def norm_scores(data: PointData, tasks: np.ndarray, returns: np.ndarray) -> np.ndarray:
+    """Per task (R − R_random)/(R_expert − R_random) of the mean return over its episodes."""
+    rets = data.returns[tasks]
+    r_exp, r_rand = rets[:, 0].mean(-1), rets[:, 2].mean(-1)
+    return (returns.mean(-1) - r_rand) / (r_exp - r_rand)
+
+
+def system_inputs(model: TGDTModel, data: PointData, tasks: np.ndarray, cfg: TGDTConfig,
+                  return_scale: float = 1.0) -> dict:  # fmt: skip
+    """What the system is conditioned on for these held-out tasks (zero-shot: the test-time
+    description; oracle: the goal; Prompt-DT: an expert segment of the task)."""
+    if model.system == "oracle_dt":
+        return {"model_goals": data.goals[tasks]}
+    if model.system == "prompt_dt":
+        s = Sampler(cfg, data)
+        w = s.window(tasks, np.zeros(len(tasks), int), np.zeros(len(tasks), int),
+                     np.full(len(tasks), data.horizon), cfg.prompt_len)  # fmt: skip
+        return {"prompts": w}
+    if model.text is not None:
+        return {"texts": [data.test_description(int(t), return_scale) for t in tasks]}
+    return {}
+
+
+def zero_shot(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int,
+              texts: list[str] | None = None, return_scale: float = 1.0) -> Rollouts:  # fmt: skip
+    tasks = data.test_tasks
+    inputs = system_inputs(model, data, tasks, cfg, return_scale)
+    if texts is not None:
+        inputs["texts"] = texts
+    return rollout(model, cfg, data.goals[tasks], episodes=cfg.eval_episodes, seed=seed, **inputs)
+
+
+def probe_windows(data: PointData, cfg: TGDTConfig, quality: int, episodes: int) -> Window:
+    """The first K steps of the first ``episodes`` episodes of a tier, for every task
+    (task-major)."""
+    n = len(data.goals)
+    tasks = np.repeat(np.arange(n), episodes)
+    ep = np.tile(np.arange(episodes), n)
+    return Sampler(cfg, data).window(tasks, np.full(len(tasks), quality), ep,
+                                     np.full(len(tasks), cfg.context), cfg.context)  # fmt: skip
+
+
+@torch.no_grad()
+def retrieval_top1(model: TGDTModel, cfg: TGDTConfig, data: PointData) -> float | None:
+    if not model.has_tbc:
+        return None
+    n = len(data.goals)
+    t = model.text_embedding(encode(model, [data.test_description(i) for i in range(n)]))
+    v = model.traj_embedding(probe_windows(data, cfg, 0, 1))
+    return float(((t @ v.T).argmax(1) == torch.arange(n)).float().mean())
+
+
+def auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """ROC-AUC (Mann–Whitney, ties count half)."""
+    d = pos[:, None] - neg[None, :]
+    return float((d > 0).mean() + 0.5 * (d == 0).mean())
+
+
+@torch.no_grad()
+def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: PointData) -> float | None:
+    if not (model.has_tbm or model.has_tbc):
+        return None
+    n, e = len(data.goals), min(cfg.auc_episodes, data.states.shape[2])
+    text = encode(model, [data.test_description(i) for i in range(n)])
+    scores = []
+    for quality in (0, 1):  # expert, medium
+        w = probe_windows(data, cfg, quality, e)
+        idx = torch.as_tensor(np.repeat(np.arange(n), e))
+        if model.has_tbm:
+            logits = model.tbm_logits(w, Text(text.tokens, text.valid, idx))
+            scores.append(logits.softmax(-1)[:, 1].numpy().reshape(n, e))
+        else:
+            t = model.text_embedding(text)[idx]
+            scores.append((t * model.traj_embedding(w)).sum(-1).numpy().reshape(n, e))
+    return float(np.mean([auc(scores[0][i], scores[1][i]) for i in range(n)]))
+
+
+@torch.no_grad()
+def text_similarity(model: TGDTModel, data: PointData, task: int) -> np.ndarray:
+    """Cosine of the held-out task's description embedding with every training task's (TBC
+    projection where there is one, else the pooled text tokens)."""
+    texts = [data.test_description(i) for i in [task, *range(data.n_train)]]
+    text = encode(model, texts)
+    if model.has_tbc:
+        emb = model.text_embedding(text)
+    else:
+        tok = text.tokens[text.index]
+        valid = text.valid[text.index].float()[..., None]
+        emb = F.normalize((tok * valid).sum(1) / valid.sum(1), dim=-1)
+    return (emb[1:] @ emb[0]).numpy()
+
+
+def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int) -> Rollouts:
+    """Description-guided data sharing, then zero-shot rollouts, one held-out task at a time."""
+    sampler = Sampler(cfg, data)
+    returns, states = [], []
+    for j, task in enumerate(data.test_tasks):
+        near = np.argsort(-text_similarity(model, data, int(task)))[: cfg.share_k]
+        tuned = copy.deepcopy(model).train()
+        opt = torch.optim.AdamW(tuned.parameters(), lr=cfg.share_lr, weight_decay=cfg.weight_decay)
+        rng = np.random.default_rng([seed, 5, j])
+        for _ in range(cfg.share_steps):
+            rows = rng.choice(near, cfg.share_batch)
+            quality = rng.integers(3, size=len(rows))
+            texts = [describe(data.goals[task], QUALITIES[q], data.tier_return(int(r), int(q)),
+                              data.horizon) for r, q in zip(rows, quality, strict=True)]  # fmt: skip
+            b = sampler.dt_batch(rng, rows, quality, texts=texts)
+            text = tuned.encode_text(b.ids, b.text_index)
+            loss = dt_loss(tuned.act(b.window, text), b.target, b.window.valid)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(tuned.parameters(), cfg.grad_clip)
+            opt.step()
+        tuned.eval()
+        one = rollout(tuned, cfg, data.goals[[task]], texts=[data.test_description(int(task))],
+                      episodes=cfg.eval_episodes, seed=seed)  # fmt: skip
+        returns.append(one.returns[0])
+        states.append(one.states[0])
+    return Rollouts(np.stack(returns), np.stack(states))
+
+
+def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int,
+                   share: bool = False, shuffled: bool = False) -> dict[str, dict]:  # fmt: skip
+    """Metrics of one trained system: {row: {metric: value}}; with ``share`` also the
+    data-sharing row, with ``shuffled`` the negative control (descriptions permuted among the
+    held-out goals: each goal gets the next goal's description)."""
+    model.eval()
+    torch.manual_seed(seed)
+    tasks = data.test_tasks
+    base = zero_shot(model, cfg, data, seed)
+    row: dict[str, float | None] = {
+        "norm_score": float(norm_scores(data, tasks, base.returns).mean()),
+        "return": float(base.returns.mean()),
+        "retrieval_top1": retrieval_top1(model, cfg, data),
+        "tbm_auc": tbm_auc(model, cfg, data),
+        "leak_delta": None,
+    }
+    if model.text is not None:
+        ref = base.returns.mean()
+        deltas = [abs(zero_shot(model, cfg, data, seed, return_scale=f).returns.mean() - ref)
+                  / abs(ref) for f in cfg.leak_factors]  # fmt: skip
+        row["leak_delta"] = float(np.mean(deltas))
+    out = {model.system: row}
+    if shuffled and model.text is not None and len(tasks) > 1:
+        texts = [data.test_description(int(t)) for t in np.roll(tasks, -1)]
+        sh = zero_shot(model, cfg, data, seed, texts=texts)
+        out[f"{model.system}_shuffled_text"] = {
+            "norm_score": float(norm_scores(data, tasks, sh.returns).mean()),
+            "return": float(sh.returns.mean()),
+        }
+    if share and model.text is not None:
+        sr = share_and_rollout(model, cfg, data, seed)
+        out[f"{model.system}_share_k{cfg.share_k}"] = {
+            "norm_score": float(norm_scores(data, tasks, sr.returns).mean()),
+            "return": float(sr.returns.mean()),
+        }
+    return out

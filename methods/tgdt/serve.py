@@ -1,0 +1,163 @@
+"""TG-DT predictor (paper §3, zero-shot inference): a task description, the trajectory so far
+and a target return → the next action; or, with ``mode: "rollout"``, episodes in the built-in
+PointRobot environment.
+
+``act``: ``states`` holds s_0 … s_t (1 or more; longer histories are truncated to the last K
+steps), ``actions`` and ``rewards`` the len(states) − 1 steps taken; the return-to-go starts at
+``target_return`` (default: the checkpoint's, the mean expert return of the training tasks) and
+falls by each reward. The answer is the action at s_t (within [−0.1, 0.1]²) and the
+return-to-go it was conditioned on. ``rollout``: ``goal`` is used by the environment only (and,
+for an ``oracle_dt`` checkpoint, by the model, which is conditioned on it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field, model_validator
+
+from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .data import ACT_DIM, MAX_ACTION, MAX_DESC_LEN, STATE_DIM
+from .evaluation import encode, history_window, rollout
+from .model import load_model
+
+MAX_HISTORY = 1000
+
+
+def _finite_rows(name: str, rows: list[list[float]], dim: int) -> None:
+    for i, row in enumerate(rows):
+        if len(row) != dim:
+            raise ValueError(f"{name}[{i}]: {len(row)} values, the environment's {name} have {dim}")
+        if not all(math.isfinite(v) for v in row):
+            raise ValueError(f"{name}[{i}]: NaN or inf")
+
+
+class TGDTRequest(StrictRequest):
+    mode: Literal["act", "rollout"] = Field("act", description="next action, or episodes")
+    description: str = Field(..., min_length=1, max_length=MAX_DESC_LEN,
+                             description="the task in words (1–512 characters)")  # fmt: skip
+    states: list[list[float]] | None = Field(
+        None, min_length=1, max_length=MAX_HISTORY, description="act: s_0 … s_t, each of 2"
+    )
+    actions: list[list[float]] | None = Field(
+        None, max_length=MAX_HISTORY, description="act: len(states) − 1 actions, each of 2"
+    )
+    rewards: list[float] | None = Field(
+        None, max_length=MAX_HISTORY, description="act: len(states) − 1 rewards"
+    )
+    target_return: float | None = Field(None, description="return-to-go at s_0")
+    goal: list[float] | None = Field(
+        None, min_length=2, max_length=2, description="rollout: the environment's goal in [−1, 1]²"
+    )
+    episodes: int = Field(1, ge=1, le=20, description="rollout: episodes (1–20)")
+
+    @model_validator(mode="after")
+    def _check(self) -> TGDTRequest:
+        if not self.description.strip():
+            raise ValueError("description: empty (only white space)")
+        if self.target_return is not None and not math.isfinite(self.target_return):
+            raise ValueError("target_return: NaN or inf")
+        if self.goal is not None:
+            if not all(math.isfinite(v) for v in self.goal):
+                raise ValueError("goal: NaN or inf")
+            if any(abs(v) > 1.0 for v in self.goal):
+                raise ValueError("goal: outside [-1, 1]²")
+        if self.mode == "rollout":
+            if self.goal is None:
+                raise ValueError("goal: a rollout needs the environment's goal")
+            return self
+        if self.states is None:
+            raise ValueError("states: the act mode needs the states so far")
+        _finite_rows("states", self.states, STATE_DIM)
+        n = len(self.states) - 1
+        actions, rewards = self.actions or [], self.rewards or []
+        if len(actions) != n:
+            raise ValueError(f"actions: {len(actions)} given for {len(self.states)} states "
+                             f"(need len(states) − 1 = {n})")  # fmt: skip
+        if len(rewards) != n:
+            raise ValueError(f"rewards: {len(rewards)} given for {len(self.states)} states "
+                             f"(need len(states) − 1 = {n})")  # fmt: skip
+        _finite_rows("actions", actions, ACT_DIM)
+        for i, r in enumerate(rewards):
+            if not math.isfinite(r):
+                raise ValueError(f"rewards[{i}]: NaN or inf")
+        return self
+
+
+class TGDTResponse(BaseModel):
+    action: list[float] | None = Field(None, description="act: the action at s_t")
+    rtg: float | None = Field(None, description="act: the return-to-go at s_t")
+    returns: list[float] | None = Field(None, description="rollout: return of each episode")
+    trajectory: list[list[float]] | None = Field(None, description="rollout: first episode")
+
+
+class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
+    Request = TGDTRequest
+    Response = TGDTResponse
+
+    def __init__(self, checkpoint: LoadedCheckpoint) -> None:
+        self.model, self.cfg = load_model(checkpoint)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> TGDTPredictor:
+        return cls(checkpoint)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"system": self.cfg.system, "context": self.cfg.context,
+                "horizon": self.cfg.horizon, "state_dim": STATE_DIM, "action_dim": ACT_DIM,
+                "max_action": MAX_ACTION,
+                "target_return": round(float(self.model.target_return), 4)}  # fmt: skip
+
+    def example_request(self) -> dict[str, Any]:
+        from .data import describe
+
+        desc = describe(np.array([0.3, -0.7]), "expert", float(self.model.target_return),
+                        self.cfg.horizon)  # fmt: skip
+        return {"description": desc, "states": [[0.0, 0.0], [0.1, -0.1]],
+                "actions": [[0.1, -0.1]], "rewards": [-0.67], "target_return": -2.5}  # fmt: skip
+
+    def _check_system(self, request: TGDTRequest) -> None:
+        if self.cfg.system == "prompt_dt":
+            raise ValueError("mode: a prompt_dt checkpoint needs a prompt of expert steps, "
+                             "which this endpoint does not take")  # fmt: skip
+        if self.cfg.system == "oracle_dt" and request.goal is None:
+            raise ValueError("goal: an oracle_dt checkpoint is conditioned on the goal")
+
+    @torch.no_grad()
+    def __call__(self, request: TGDTRequest) -> TGDTResponse:
+        self._check_system(request)
+        cfg, model = self.cfg, self.model
+        target = float(model.target_return) if request.target_return is None \
+            else request.target_return  # fmt: skip
+        goal = None if request.goal is None else np.asarray([request.goal], np.float64)
+        if request.mode == "rollout":
+            assert goal is not None
+            r = rollout(model, cfg, goal, texts=[request.description],
+                        model_goals=goal if cfg.system == "oracle_dt" else None,
+                        episodes=request.episodes, seed=0, target_return=target)  # fmt: skip
+            return TGDTResponse(returns=[round(float(v), 6) for v in r.returns[0]],
+                                trajectory=np.round(r.states[0, 0], 6).tolist())  # fmt: skip
+        assert request.states is not None
+        states = np.asarray(request.states, np.float64)[None]
+        n = states.shape[1]
+        actions = np.zeros((1, n, ACT_DIM))
+        if n > 1:
+            actions[0, :-1] = np.asarray(request.actions)
+        rtg = np.empty((1, n))
+        rtg[0, 0] = target
+        if n > 1:
+            rtg[0, 1:] = target - np.cumsum(np.asarray(request.rewards, np.float64))
+        t = n - 1
+        w = history_window(rtg / cfg.rtg_scale, states, actions, t, cfg.context, cfg.horizon)
+        text = encode(model, [request.description]) if model.text is not None else None
+        goal_t = torch.as_tensor(goal, dtype=torch.float32) if goal is not None else None
+        a = model.act(w, text, goal_t if cfg.system == "oracle_dt" else None)[0, -1]
+        action = np.clip(a.double().numpy() * MAX_ACTION, -MAX_ACTION, MAX_ACTION)
+        return TGDTResponse(action=[round(float(v), 6) for v in action],
+                            rtg=round(float(rtg[0, -1]), 6))  # fmt: skip

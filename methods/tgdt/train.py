@@ -1,0 +1,299 @@
+"""TG-DT training (paper §3): per step a DT batch (``tasks_per_step`` training tasks ×
+``seqs_per_task`` windows of one quality tier per task, each with its task-and-tier
+description) for L_DT, and for the systems with alignment heads an expert batch of the same
+tasks (one window each) for L_TBC
+(symmetric InfoNCE over the batch) and L_TBM (matching) with BLIP-style negatives per positive
+pair (description of τ, expert window of τ): a window of another task drawn ∝ softmax of the TBC
+similarity (uniformly without TBC), a medium or random window of τ itself, and the description
+of another task drawn the same way.
+
+A step draws its batch from a generator seeded by (seed, step, rank), so a resumed run sees what
+an uninterrupted one sees. Rows with padding (the first steps of an episode) are left-padded;
+padding never enters L_DT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nshot.train import session
+
+from .config import TGDTConfig
+from .data import MAX_ACTION, PointData, load_data, tokenize
+from .model import Text, TGDTModel, Window
+
+
+@dataclass
+class DTBatch:
+    window: Window
+    target: torch.Tensor  # (B, K, 2) actions / MAX_ACTION
+    ids: torch.Tensor | None  # unique descriptions' characters
+    text_index: torch.Tensor | None
+    goal: torch.Tensor | None
+    prompt: Window | None
+
+
+@dataclass
+class AlignBatch:
+    expert: Window  # (A, K) one expert window per task
+    negative_self: Window  # (A, K) a medium or random window of the same task
+    text_index: torch.Tensor  # (A,) the tasks' expert descriptions among the step's texts
+    tasks: np.ndarray
+
+
+class Sampler:
+    """Windows and descriptions drawn from the offline data."""
+
+    def __init__(self, cfg: TGDTConfig, data: PointData) -> None:
+        self.cfg, self.data = cfg, data
+        r = data.rewards
+        self.rtg = np.flip(np.cumsum(np.flip(r, -1), -1), -1).copy() / cfg.rtg_scale
+        self.desc = {(t, q): data.description(t, q)
+                     for t in range(len(data.goals)) for q in range(3)}  # fmt: skip
+
+    def window(self, task, quality, episode, end, k: int) -> Window:  # noqa: ANN001
+        """Windows of k steps ending (exclusive) at ``end``, left-padded where end < k."""
+        task, quality, episode, end = map(np.asarray, (task, quality, episode, end))
+        steps = end[:, None] - k + np.arange(k)[None]  # (B, k)
+        valid = steps >= 0
+        st = np.clip(steps, 0, None)
+        idx = (task[:, None], quality[:, None], episode[:, None], st)
+        d = self.data
+        states = np.where(valid[..., None], d.states[idx], 0.0)
+        actions = np.where(valid[..., None], d.actions[idx], 0.0)
+        rtg = np.where(valid, self.rtg[idx], 0.0)
+        return Window(torch.as_tensor(rtg, dtype=torch.float32),
+                      torch.as_tensor(states, dtype=torch.float32),
+                      torch.as_tensor(actions, dtype=torch.float32),
+                      torch.as_tensor(st, dtype=torch.long), torch.as_tensor(valid))  # fmt: skip
+
+    def texts(self, keys: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids of the unique descriptions, index of each key's description)."""
+        uniq = list(dict.fromkeys(keys))
+        ids = torch.as_tensor(tokenize([self.desc[u] for u in uniq]))
+        pos = {u: i for i, u in enumerate(uniq)}
+        return ids, torch.as_tensor([pos[k] for k in keys], dtype=torch.long)
+
+    def prompt(self, tasks: np.ndarray, rng: np.random.Generator) -> Window:
+        """Prompt-DT's prompt: the last ``prompt_len`` steps of an expert episode of each task."""
+        e = rng.integers(self.data.states.shape[2], size=len(tasks))
+        return self.window(tasks, np.zeros_like(tasks), e, np.full(len(tasks), self.data.horizon),
+                           self.cfg.prompt_len)  # fmt: skip
+
+    def dt_batch(self, rng: np.random.Generator, tasks: np.ndarray, quality: np.ndarray,
+                 texts: list[str] | None = None) -> DTBatch:  # fmt: skip
+        """Windows of the given (task, tier) rows, each with its description (or ``texts``:
+        one description per row, as data sharing relabels them)."""
+        cfg, d = self.cfg, self.data
+        b = len(tasks)
+        episode = rng.integers(d.states.shape[2], size=b)
+        end = rng.integers(1, d.horizon + 1, size=b)
+        w = self.window(tasks, quality, episode, end, cfg.context)
+        ids = index = goal = prompt = None
+        if cfg.uses_text and texts is not None:
+            uniq = list(dict.fromkeys(texts))
+            ids = torch.as_tensor(tokenize(uniq))
+            index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long)
+        elif cfg.uses_text:
+            ids, index = self.texts(list(zip(tasks.tolist(), quality.tolist(), strict=True)))
+        if cfg.system == "oracle_dt":
+            goal = torch.as_tensor(d.goals[tasks], dtype=torch.float32)
+        if cfg.system == "prompt_dt":
+            prompt = self.prompt(tasks, rng)
+        return DTBatch(w, w.actions / MAX_ACTION, ids, index, goal, prompt)
+
+    def step_batch(
+        self, rng: np.random.Generator, align: bool
+    ) -> tuple[DTBatch, AlignBatch | None]:
+        """One training step's batches: the alignment batch takes the DT batch's tasks, and the
+        step's descriptions are encoded once (the DT batch's ``ids`` hold them all)."""
+        cfg, d = self.cfg, self.data
+        tasks = rng.choice(d.n_train, cfg.tasks_per_step, replace=False)
+        tier = rng.integers(3, size=len(tasks))  # a step's windows of one task share its tier
+        rows = np.repeat(tasks, cfg.seqs_per_task)
+        quality = np.repeat(tier, cfg.seqs_per_task)
+        dt = self.dt_batch(rng, rows, quality)
+        if not align:
+            return dt, None
+        a = len(tasks)
+        n_ep = d.states.shape[2]
+        end = rng.integers(cfg.context, d.horizon + 1, size=a)
+        expert = self.window(tasks, np.zeros(a, int), rng.integers(n_ep, size=a), end, cfg.context)
+        neg = self.window(tasks, rng.integers(1, 3, size=a), rng.integers(n_ep, size=a),
+                          rng.integers(cfg.context, d.horizon + 1, size=a), cfg.context)  # fmt: skip
+        keys = [(int(t), int(q)) for t, q in zip(rows, quality, strict=True)]
+        keys += [(int(t), 0) for t in tasks]
+        ids, index = self.texts(keys)
+        dt.ids, dt.text_index = ids, index[: len(rows)]
+        return dt, AlignBatch(expert, neg, index[len(rows) :], tasks)
+
+
+def _cat(*ws: Window) -> Window:
+    return Window(*(torch.cat([getattr(w, f) for w in ws]) for f in
+                    ("rtg", "states", "actions", "timesteps", "valid")))  # fmt: skip
+
+
+def dt_loss(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """MSE over the real (non-padded) steps only."""
+    m = valid.to(pred.dtype)[..., None]
+    return ((pred - target) ** 2 * m).sum() / (m.sum() * pred.shape[-1]).clamp_min(1.0)
+
+
+def _draw_other(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Per row, an index ≠ the row's own drawn ∝ softmax(logits) (uniform for equal logits)."""
+    masked = logits.detach().float().clone()
+    masked.fill_diagonal_(float("-inf"))
+    return torch.multinomial(masked.softmax(-1), 1, generator=gen)[:, 0]
+
+
+def align_terms(
+    model: TGDTModel, b: AlignBatch, encoded: Text, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """L_TBC, L_TBM and their diagnostics on one expert batch (``encoded``: the step's
+    descriptions; ``b.text_index`` picks the tasks' expert descriptions among them)."""
+    out: dict[str, torch.Tensor] = {}
+    a = len(b.tasks)
+    eye = torch.arange(a)
+    text = Text(encoded.tokens[b.text_index], encoded.valid[b.text_index], eye)
+    sims = torch.zeros(a, a)
+    if model.has_tbc:
+        t = model.text_embedding(text)
+        v = model.traj_embedding(b.expert)
+        logits = model.logit_scale.exp().clamp(max=100.0) * t @ v.T  # text × trajectory
+        out["tbc"] = 0.5 * (F.cross_entropy(logits, eye) + F.cross_entropy(logits.T, eye))
+        out["tbc_acc"] = (logits.argmax(1) == eye).float().mean()
+        sims = logits
+    if model.has_tbm:
+        traj_neg = _draw_other(sims, gen)  # per text: a trajectory of another task
+        text_neg = _draw_other(sims.T, gen)  # per trajectory: the description of another task
+        windows = _cat(b.expert, _index(b.expert, traj_neg), b.negative_self, b.expert)
+        index = torch.cat([eye, eye, eye, text_neg])
+        labels = torch.cat([torch.ones(a), torch.zeros(3 * a)]).long()
+        logits = model.tbm_logits(windows, Text(text.tokens, text.valid, index))
+        out["tbm"] = F.cross_entropy(logits, labels)
+        out["tbm_acc"] = (logits.argmax(1) == labels).float().mean()
+        out["tbm_positive_fraction"] = labels.float().mean()
+    return out
+
+
+def _index(w: Window, i: torch.Tensor) -> Window:
+    return Window(w.rtg[i], w.states[i], w.actions[i], w.timesteps[i], w.valid[i])
+
+
+class LossModule(torch.nn.Module):
+    """The whole objective as one module, so that DDP sees every parameter in each step."""
+
+    def __init__(self, model: TGDTModel, cfg: TGDTConfig) -> None:
+        super().__init__()
+        self.model, self.cfg = model, cfg
+
+    def forward(self, dt: DTBatch, align: AlignBatch | None, gen: torch.Generator):  # noqa: ANN201
+        m, cfg = self.model, self.cfg
+        text = m.encode_text(dt.ids, dt.text_index) if dt.ids is not None else None
+        pred = m.act(dt.window, text, dt.goal, dt.prompt)
+        terms = {"dt": dt_loss(pred, dt.target, dt.window.valid)}
+        total = cfg.w_dt * terms["dt"]
+        if align is not None:
+            terms.update(align_terms(m, align, text, gen))
+            if "tbc" in terms:
+                total = total + cfg.w_tbc * terms["tbc"]
+            if "tbm" in terms:
+                total = total + cfg.w_tbm * terms["tbm"]
+        terms["loss"] = total + 0.0 * sum(p.sum() for p in m.parameters())
+        return terms
+
+
+def build_model(cfg: TGDTConfig, data: PointData) -> TGDTModel:
+    torch.manual_seed(cfg.seed + 31)
+    model = TGDTModel(cfg)
+    mean, std = data.state_stats()
+    model.state_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+    model.state_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+    model.target_return.fill_(data.test_return())
+    return model
+
+
+def new_optimizer(cfg: TGDTConfig, model: TGDTModel, lr: float | None = None):  # noqa: ANN201
+    return torch.optim.AdamW(model.parameters(), lr=lr or cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def lr_at(cfg: TGDTConfig, step: int) -> float:
+    return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
+
+
+def fit(
+    cfg: TGDTConfig,
+    data: PointData | None = None,
+    *,
+    model: TGDTModel | None = None,
+    opt: torch.optim.Optimizer | None = None,
+    start: int = 0,
+    rank: int = 0,
+    forward: torch.nn.Module | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    before_step: Callable[[int], None] | None = None,
+) -> TGDTModel:
+    """Train ``cfg.system`` from step ``start`` to ``cfg.steps``, in process."""
+    data = data or load_data(cfg)
+    model = model or build_model(cfg, data)
+    opt = opt or new_optimizer(cfg, model)
+    sampler = Sampler(cfg, data)
+    loss_fn = forward or LossModule(model, cfg)
+    model.train()
+    for step in range(start + 1, cfg.steps + 1):
+        if before_step is not None:
+            before_step(step)
+        rng = np.random.default_rng([cfg.seed, step, rank, 3])
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        dt, align = sampler.step_batch(rng, align=cfg.tbc or cfg.tbm)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        terms = loss_fn(dt, align, gen)
+        opt.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        if on_step is not None:
+            on_step(step, {k: float(v.detach()) for k, v in terms.items()})
+    model.eval()
+    return model
+
+
+def train_loop(cfg: TGDTConfig) -> None:
+    """One system under Ray Train: L_DT, L_TBC, L_TBM and the TBC in-batch retrieval accuracy
+    every ``log_every`` steps; a checkpoint (weights with the state statistics and the target
+    return, optimiser) every ``checkpoint_every`` and at the end. With several workers DDP
+    averages the gradients and each worker draws its own batches."""
+    ctx = session.context()
+    torch.set_num_threads(cfg.torch_threads)
+    data = load_data(cfg)
+    model = build_model(cfg, data)
+    opt = new_optimizer(cfg, model)
+    restored = session.restore(model, opt)
+    start = restored.step if restored else 0
+    forward = LossModule(model, cfg)
+    if ctx.world_size > 1:
+        forward = session.prepare_model(forward)
+    window: list[dict[str, float]] = []
+    n_seq = cfg.tasks_per_step * cfg.seqs_per_task
+
+    def on_step(step: int, stats: dict[str, float]) -> None:
+        window.append(stats)
+        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or is_ckpt:
+            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+            session.report(metrics, step=step, model=model, optimizer=opt,
+                           extra={"system": cfg.system}, checkpoint=is_ckpt,
+                           samples=len(window) * n_seq)  # fmt: skip
+            window.clear()
+
+    fit(cfg, data, model=model, opt=opt, start=start, rank=ctx.rank, forward=forward,
+        on_step=on_step, before_step=lambda s: session.maybe_inject_fault(s, restored))  # fmt: skip
+
+
+__all__ = ["Sampler", "build_model", "dt_loss", "fit", "train_loop"]

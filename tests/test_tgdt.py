@@ -1,0 +1,132 @@
+"""tgdt units: the PointRobot generator and its descriptions, the tokenizer, the config, the
+model's checks (padding, causality, TBM negatives), the windows of a rollout and the metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nshot.errors import ConfigError
+from nshot.methods.tgdt.config import TGDTConfig
+
+
+def test_generator_is_deterministic_and_follows_the_protocol():
+    from nshot.methods.tgdt.data import QUALITIES, generate, load_data, make_goals
+
+    cfg = TGDTConfig.from_preset("smoke")
+    a, b = generate(cfg), generate(cfg)
+    assert a.equals(b)  # same seed, same table
+    assert a.num_rows == cfg.n_tasks * len(QUALITIES) * cfg.episodes_per_quality
+    assert not generate(cfg.replace(data_seed=1)).equals(a)
+    d = load_data(cfg)  # through the verified Parquet cache
+    np.testing.assert_allclose(d.goals, make_goals(cfg))
+    assert np.abs(d.goals).max() <= 1.0 and len(np.unique(d.goals.round(6), axis=0)) == cfg.n_tasks
+    assert list(d.test_tasks) == list(range(cfg.n_train_tasks, cfg.n_tasks))
+    assert d.states.shape == (cfg.n_tasks, 3, cfg.episodes_per_quality, cfg.horizon, 2)
+    np.testing.assert_array_equal(d.states[:, :, :, 0], 0.0)  # every episode starts at the origin
+    assert np.abs(d.actions).max() <= 0.1 + 1e-6  # clipped to the bounds
+    # s_{t+1} = s_t + a_t and r_t = −‖s_{t+1} − goal‖
+    nxt = d.states[..., :-1, :] + d.actions[..., :-1, :]
+    np.testing.assert_allclose(d.states[..., 1:, :], nxt, atol=1e-5)
+    dist = np.linalg.norm(nxt - d.goals[:, None, None, None, :], axis=-1)
+    np.testing.assert_allclose(d.rewards[..., :-1], -dist, atol=1e-5)
+    r = d.returns.mean(-1)  # (tasks, tiers): expert > medium > random on every task
+    assert (r[:, 0] > r[:, 1]).all() and (r[:, 1] > r[:, 2]).all()
+
+
+def test_descriptions_and_tokenizer():
+    from nshot.methods.tgdt.data import MAX_DESC_LEN, describe, load_data, tokenize
+
+    cfg = TGDTConfig.from_preset("smoke")
+    d = load_data(cfg)
+    text = describe(np.array([0.3, -0.7]), "medium", -4.25, 20)
+    assert text == ("Navigate the point robot to the goal at x=+0.30, y=-0.70. The data is medium "
+                    "with return -4.2 over 20 steps.")  # fmt: skip
+    test = d.test_description(int(d.test_tasks[0]))
+    assert "expert" in test and f"{d.test_return():.1f}" in test
+    assert f"{d.test_return() * 1.5:.1f}" in d.test_description(int(d.test_tasks[0]), 1.5)
+    assert d.test_return() == pytest.approx(d.returns[: cfg.n_train_tasks, 0].mean())
+    ids = tokenize(["ab", "x=+0.3", "é"])
+    assert ids.shape == (3, 6) and (ids[0, 2:] == 0).all()  # padded with 0
+    assert ids[1, 2] != ids[1, 3] and ids[2, 0] == 1  # one id per digit; unknown → 1
+    assert tokenize(["a" * 600]).shape == (1, MAX_DESC_LEN)
+
+
+def test_config_names_the_field():
+    with pytest.raises(ConfigError, match="heads"):
+        TGDTConfig.from_preset("small", heads=5)
+    with pytest.raises(ConfigError, match="context"):
+        TGDTConfig.from_preset("smoke", context=50)
+    with pytest.raises(ConfigError, match="'bogus'.*unknown field"):
+        TGDTConfig.from_preset("smoke", bogus=1)
+    with pytest.raises(ConfigError, match="system"):
+        TGDTConfig.from_preset("smoke", system="decision_diffuser")
+    with pytest.raises(ConfigError, match="leak_factors"):
+        TGDTConfig.from_preset("smoke", leak_factors=[1.0])
+    with pytest.raises(ConfigError, match="tasks_per_step"):
+        TGDTConfig.from_preset("smoke", tasks_per_step=100)
+    small = TGDTConfig.from_preset("small")
+    assert (small.context, small.d_model, small.layers, small.text_layers) == (10, 64, 2, 2)
+    assert small.tbc and small.tbm and small.cross
+    assert (
+        not small.replace(system="tgdt_no_tbm").tbm
+        and not small.replace(system="naive_text_dt").cross
+    )
+
+
+def test_model_checks_padding_causality_and_tbm_negatives():
+    from nshot.methods.tgdt.experiments import unit_checks
+
+    u = unit_checks()
+    assert u["padding_max_abs_change"] <= 1e-6
+    assert u["causal_max_abs_change"] <= 1e-6
+    assert u["later_tokens_change_later_actions"] > 1e-3  # the perturbation was real
+    assert u["tbm_positive_fraction_min"] == u["tbm_positive_fraction_max"] == 0.25
+    assert u["rollout_finite"] == 1.0
+
+
+def test_every_system_builds_trains_a_step_and_keeps_its_heads():
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.train import fit
+
+    torch.set_num_threads(1)
+    base = TGDTConfig.from_preset("smoke", steps=2)
+    data = load_data(base)
+    heads = {}
+    for system in ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt",
+                   "oracle_dt", "prompt_dt"):  # fmt: skip
+        logs = []
+        model = fit(base.replace(system=system), data, on_step=lambda s, m, lg=logs: lg.append(m))
+        assert all(np.isfinite(v) for m in logs for v in m.values()), system
+        heads[system] = (model.has_tbc, model.has_tbm, model.text is not None, set(logs[-1]))
+    assert heads["tgdt"][:3] == (True, True, True) and {"tbc", "tbm"} <= heads["tgdt"][3]
+    assert heads["tgdt_no_tbc"][:2] == (False, True) and "tbc" not in heads["tgdt_no_tbc"][3]
+    assert heads["tgdt_no_tbm"][:2] == (True, False) and "tbm" not in heads["tgdt_no_tbm"][3]
+    for system in ("naive_text_dt", "agnostic_dt", "oracle_dt", "prompt_dt"):
+        assert heads[system][3] == {"dt", "loss"}, system
+    assert heads["agnostic_dt"][2] is False and heads["naive_text_dt"][2] is True
+
+
+def test_rollout_window_metrics_and_the_expert_reference():
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.evaluation import auc, history_window, norm_scores
+    from nshot.methods.tgdt.experiments import reference_scores
+
+    cfg = TGDTConfig.from_preset("smoke")
+    d = load_data(cfg)
+    rtg = np.arange(12, dtype=float).reshape(2, 6)
+    states = np.arange(24, dtype=float).reshape(2, 6, 2)
+    w = history_window(rtg, states, np.ones((2, 6, 2)), t=2, k=5, horizon=cfg.horizon)
+    assert w.valid.tolist() == [[False, False, True, True, True]] * 2  # left-padded
+    assert w.timesteps[0].tolist() == [0, 0, 0, 1, 2] and w.rtg[1, 2:].tolist() == [6, 7, 8]
+    late = history_window(rtg, states, np.ones((2, 6, 2)), t=5, k=3, horizon=cfg.horizon)
+    assert late.valid.all() and late.states[0, -1].tolist() == [10, 11]
+    tasks = d.test_tasks
+    expert = d.returns[tasks, 0].mean(-1, keepdims=True)
+    np.testing.assert_allclose(norm_scores(d, tasks, expert), 1.0, atol=1e-5)
+    np.testing.assert_allclose(norm_scores(d, tasks, d.returns[tasks, 2]), 0.0, atol=1e-5)
+    ref = reference_scores(cfg, d)
+    assert ref["expert_controller_norm_score"] > 0.9 and ref["stand_still_norm_score"] < 0.5
+    assert auc(np.array([2.0, 3.0]), np.array([1.0, 0.0])) == 1.0
+    assert auc(np.array([1.0]), np.array([1.0])) == 0.5
