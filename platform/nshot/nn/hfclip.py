@@ -415,6 +415,59 @@ def load_clip_fields(
     return pre
 
 
+def clip_fingerprint(model: Any) -> str:
+    """SHA-256 of a CLIP's parameters and buffers (names, dtypes, shapes and bytes, in name
+    order): what a checkpoint tuned from that CLIP records, so that the CLIP found at the same
+    path later can be told apart from another one."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def clip_record(cfg: Any, pre: PretrainedCLIP) -> dict[str, Any]:
+    """What a checkpoint tuned from ``pre`` records of it: the config's ``clip_path`` /
+    ``clip_tokenizer`` / ``clip_arch`` and the CLIP's :func:`clip_fingerprint`."""
+    return {
+        "clip_path": str(cfg.clip_path),
+        "clip_tokenizer": None if cfg.clip_tokenizer is None else str(cfg.clip_tokenizer),
+        "clip_arch": cfg.clip_arch,
+        "clip_sha256": clip_fingerprint(pre.model),
+    }
+
+
+def load_recorded_clip(
+    config: dict[str, Any], record: dict[str, Any] | None, where: Any
+) -> PretrainedCLIP:
+    """The CLIP a checkpoint was tuned from, read from the ``clip_path`` / ``clip_tokenizer`` /
+    ``clip_arch`` of its ``config`` (the machine that serves or evaluates it must have it
+    there): a :class:`CheckpointError` naming ``clip_path`` when it is missing or is not a
+    CLIP, names the architecture when it differs, and says so when its parameters are not
+    those the checkpoint recorded (``record['clip_sha256']``, when recorded)."""
+    path, tok = config.get("clip_path"), config.get("clip_tokenizer")
+    problems = clip_problems(path, tok)
+    if problems:
+        raise CheckpointError(
+            f"{where}: field 'clip_path' (recorded in the checkpoint's config: the CLIP it was "
+            f"tuned from, which this machine must have at that path): " + "; ".join(problems)
+        )
+    pre = load_pretrained_clip(path, tok)
+    problem = pre.arch_problem(str(config.get("clip_arch", "any")))
+    if problem:
+        raise CheckpointError(f"{where}: field 'clip_arch': {problem}")
+    want = (record or {}).get("clip_sha256")
+    if want is not None and clip_fingerprint(pre.model) != want:
+        raise CheckpointError(
+            f"{where}: field 'clip_path': the CLIP at {path} is not the one the checkpoint was "
+            f"tuned from (parameter fingerprint differs from the recorded {str(want)[:12]}…)"
+        )
+    return pre
+
+
 def clip_problems(path: str | Path | None, tokenizer: str | Path | None = None) -> list[str]:
     """What keeps ``path`` (and ``tokenizer``) from loading, without reading the weights: an
     empty list when nothing is found wrong. For a config's validation message."""
@@ -659,16 +712,24 @@ def load_image(path: str | Path, size: int = 224) -> np.ndarray:
 
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            scale = size / min(w, h)
-            nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-            im = im.resize((nw, nh), Image.Resampling.BICUBIC)
-            left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
-            im = im.crop((left, top, left + size, top + size))
-            arr = np.asarray(im, dtype=np.float32) / 255.0
+            return preprocess_image(im, size)
     except OSError as e:
         raise CheckpointError(f"{path}: not a readable image ({e})") from None
+
+
+def preprocess_image(image: Any, size: int = 224) -> np.ndarray:
+    """:func:`load_image`'s preprocessing of a PIL image or an ``uint8 [H, W, 3]`` array."""
+    from PIL import Image
+
+    im = Image.fromarray(image) if isinstance(image, np.ndarray) else image
+    im = im.convert("RGB")
+    w, h = im.size
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    im = im.resize((nw, nh), Image.Resampling.BICUBIC)
+    left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
+    im = im.crop((left, top, left + size, top + size))
+    arr = np.asarray(im, dtype=np.float32) / 255.0
     return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
