@@ -206,15 +206,33 @@ def _image_folder(root, classes, per_class, seed):
     return root
 
 
+def _b64_png(arr):
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 @pytest.mark.ray
-def test_dirclip_paper_path_trains_and_evaluates_on_a_tiny_clip(
+def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
     tiny, ray_session, nshot_cache, tmp_path
 ):
     """The ``paper`` preset's code path end to end on a tiny random CLIP in the Hugging Face
-    format and an ImageFolder: validation names what is missing, one UCAT step under Ray
-    Train (in-process), a checkpoint holding g only, evaluation on val/."""
+    format and an ImageFolder: validation names what is missing; two UCAT steps under Ray
+    Train (in-process) with a checkpoint holding g only; a run interrupted after step 1 and
+    resumed ends with the same weights; evaluation on val/; the predictor reads the CLIP from
+    the recorded clip_path and answers over HTTP with the in-process model's probabilities."""
+    from fastapi.testclient import TestClient
+
     from nshot.method import ConfigError, get
-    from nshot.methods.dirclip.paper import check_paper
+    from nshot.methods.dirclip.model import SCALE
+    from nshot.methods.dirclip.paper import HFDirClip, check_paper
+    from nshot.nn.hfclip import load_pretrained_clip, load_recorded_clip, preprocess_image
+    from nshot.serve.bare import make_app
     from nshot.train import Scaling, fit, load_checkpoint
 
     folder, single = tiny
@@ -229,7 +247,7 @@ def test_dirclip_paper_path_trains_and_evaluates_on_a_tiny_clip(
     _image_folder(data / "val", ["zero", "one"], 3, 1)
     (data / "class_names.json").write_text(json.dumps({"zero": "digit zero"}))
     cfg = dirclip.config(
-        "paper", clip_path=str(folder), data_path=str(data), clip_arch="any", steps=1,
+        "paper", clip_path=str(folder), data_path=str(data), clip_arch="any", steps=2,
         batch_size=4, val_images=10, val_every=1, val_pgd_steps=1, pgd_steps=2, apgd_steps=2,
         apgd_images=4, warmup=0, log_every=1, checkpoint_every=1,
     )  # fmt: skip
@@ -237,18 +255,72 @@ def test_dirclip_paper_path_trains_and_evaluates_on_a_tiny_clip(
         from nshot.methods.dirclip.paper import load_backbone
 
         load_backbone(cfg.replace(clip_arch="ViT-B-32"))
-    res = fit("dirclip", cfg, scaling=Scaling(workers=0), storage=tmp_path / "runs", name="p")
+    runs = tmp_path / "runs"
+    res = fit("dirclip", cfg, scaling=Scaling(workers=0), storage=runs, name="p")
     ckpt = load_checkpoint(res.checkpoint, method="dirclip")
     weights = ckpt.weights()
-    assert ckpt.step == 1 and ckpt.extra["model"]["class_names"] == ["one", "digit zero"]
+    rec = ckpt.extra["model"]
+    assert ckpt.step == 2 and rec["class_names"] == ["one", "digit zero"]
+    assert rec["clip_path"] == str(folder) and len(rec["clip_sha256"]) == 64
     g = ("clip.vision_model.", "clip.visual_projection.")
     assert weights and all(k.removeprefix("best.").startswith(g) for k in weights)
     assert {"ce", "lam_kl", "adv_acc", "clean_acc", "val_h"} <= set(ckpt.metrics)
+    # interrupted after the step-1 checkpoint, resumed: the weights of the uninterrupted run
+    faulty = cfg.replace(fail_at_step=2)
+    with pytest.raises(Exception, match="injected fault"):
+        fit("dirclip", faulty, scaling=Scaling(workers=0), storage=runs, name="f")
+    again = fit("dirclip", faulty, scaling=Scaling(workers=0), storage=runs, name="f", resume=True)
+    resumed = load_checkpoint(again.checkpoint, method="dirclip")
+    wb = resumed.weights()
+    assert resumed.step == 2 and set(wb) == set(weights)
+    assert not torch.equal(weights["clip.visual_projection.weight"],
+                           load_pretrained_clip(folder).model.visual_projection.weight)  # fmt: skip
+    for k in weights:
+        torch.testing.assert_close(wb[k], weights[k], atol=1e-6, rtol=0, msg=k)
     metrics = dirclip.evaluate(ckpt, cfg)
     for k in ("clean", "pgd", "apgd", "h", "ece_clean", "ece_adv", "au", "pu"):
         assert k in metrics and 0.0 <= metrics[k] <= 1.0, k
-    with pytest.raises(Exception, match="nshot eval"):
-        dirclip.predictor(ckpt)
+    # the predictor: the CLIP from the recorded clip_path, g's selected weights put in
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(0, 256, (30, 44, 3), dtype=np.uint8) for _ in range(3)]
+    names = ["digit zero", "one", "a photo"]
+    body = {"images": [(a / 255.0).tolist() for a in arrays], "class_names": names}
+    with TestClient(make_app("dirclip", str(res.checkpoint))) as client:
+        got = client.post("/dirclip/predict", json=body)
+        assert got.status_code == 200, got.text
+        answer = got.json()["predictions"]
+        png = client.post("/dirclip/predict", json={"images_b64": [_b64_png(a) for a in arrays],
+                                                     "class_names": names})  # fmt: skip
+        assert png.status_code == 200 and png.json()["predictions"] == answer
+        bad = [
+            ({**body, "images": [[[[0.0, 0.5, 1.5]]]]}, "images[0]"),
+            ({**body, "images": [[[[0.0, 0.5]]]]}, "images[0]"),
+            ({**body, "class_names": ["one", "one"]}, "class_names"),
+            ({**body, "class_names": ["one", " "]}, "class_names[1]"),
+            ({"images_b64": ["bm90IGFuIGltYWdl"], "class_names": names}, "images_b64[0]"),
+            ({**body, "extra": 1}, None),
+        ]
+        for b, field in bad:
+            r = client.post("/dirclip/predict", json=b)
+            assert r.status_code == 422, (field, r.text)
+            assert field is None or field in r.text, (field, r.text)
+    model = HFDirClip(load_pretrained_clip(folder), rec["class_names"], rec["template"]).eval()
+    model.load_state_dict({**model.state_dict(), **{k.removeprefix("best."): v
+                                                    for k, v in weights.items()
+                                                    if k.startswith("best.")}})  # fmt: skip
+    x = torch.from_numpy(np.stack([preprocess_image(a, 32) for a in arrays]))
+    with torch.no_grad():
+        text = model.text_features_of(names, rec["template"])
+        probs = SCALE * torch.nn.functional.normalize(model.features(x), dim=-1) @ text.T
+        probs = probs.double().softmax(-1)
+    served = torch.tensor([[p["probs"][n] for n in names] for p in answer], dtype=torch.float64)
+    torch.testing.assert_close(served, probs, atol=1e-5, rtol=0)
+    assert all(0.0 <= p["uncertainty"]["au"] <= 1.0 for p in answer)
+    # the serving machine lacks the CLIP, or has another one at that path: errors name clip_path
+    with pytest.raises(CheckpointError, match="field 'clip_path'.*does not exist"):
+        load_recorded_clip({**ckpt.config, "clip_path": str(tmp_path / "gone")}, rec, "ck")
+    with pytest.raises(CheckpointError, match="field 'clip_path'.*not the one"):
+        load_recorded_clip(ckpt.config, {**rec, "clip_sha256": "0" * 64}, "ck")
 
 
 @pytest.mark.ray
@@ -308,6 +380,37 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     unit = table.extra["unit"]
     assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["prompt_max_abs_diff"] <= 1e-5
     assert unit["anchor_rel_error"] <= 1e-3
+    # the predictor reads the CLIP the checkpoint records and adapts on the request's support:
+    # over HTTP, the probabilities of the same episode run in this process
+    from fastapi.testclient import TestClient
+
+    from nshot.methods.atha.serve import SEED
+    from nshot.methods.atha.train import adapt
+    from nshot.nn.hfclip import preprocess_image
+    from nshot.serve.bare import make_app
+
+    assert len(ckpt.extra["clip"]["clip_sha256"]) == 64
+    rng = np.random.default_rng(9)
+    imgs = [rng.integers(0, 256, (36, 40, 3), dtype=np.uint8) for _ in range(5)]
+    body = {
+        "class_names": names[:2],
+        "support": [{"image": _b64_png(imgs[0]), "label": names[0]},
+                    {"image": imgs[1].tolist(), "label": names[1]}],
+        "queries": [_b64_png(imgs[2]), imgs[3].tolist(), _b64_png(imgs[4])],
+        "epochs": 2,
+    }  # fmt: skip
+    with TestClient(make_app("atha", str(res.checkpoint))) as client:
+        got = client.post("/atha/predict", json=body)
+        assert got.status_code == 200, got.text
+        bad = {**body, "support": [{"image": imgs[0].tolist(), "label": "bird"}]}
+        r = client.post("/atha/predict", json=bad)
+        assert r.status_code == 422 and "support[0].label" in r.text
+    x = torch.from_numpy(np.stack([preprocess_image(a, 32) for a in imgs]))
+    ref = adapt(bb, names[:2], x[:2], torch.tensor([0, 1]), x[2:], cfg, "atha", shots=1,
+                seed=SEED, epochs=2)  # fmt: skip
+    served = torch.tensor(got.json()["probs"], dtype=torch.float32)
+    torch.testing.assert_close(served, ref.probs, atol=1e-5, rtol=0)
+    assert got.json()["rates"] == ref.rates and got.json()["epochs_run"] == 2
 
 
 def test_example_runs_on_a_tiny_clip(run_example, capsys):

@@ -8,7 +8,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from nshot.errors import NshotError
 from nshot.method import Method, ResultsTable, register
 from nshot.train.limits import ModelBudget
 
@@ -59,11 +58,8 @@ class AthaMethod(Method):
         return out
 
     def predictor(self, checkpoint) -> AthaPredictor:
-        if checkpoint.config.get("backbone") == "clip":
-            raise NshotError(
-                f"{checkpoint.path}: the predictor serves the tiny CLIP's checkpoints; a "
-                "backbone 'clip' checkpoint is evaluated with `nshot eval` (README, Paper preset)"
-            )
+        """Episodes on the checkpoint's tiny CLIP, or (``backbone='clip'``) on the real CLIP
+        the checkpoint records, read from its ``clip_path``."""
         return AthaPredictor.from_checkpoint(checkpoint)
 
     def model_budget(

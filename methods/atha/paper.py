@@ -3,8 +3,11 @@
 (:func:`.train.run_episode`) and table (:func:`.experiments.summarise`).
 
 * ``train_loop``: the CLIP is pre-trained already, so nothing is pre-trained: the run reports
-  one checkpoint (no weights: it records ``clip_path``) with ATHA's and CoOp + LoRA's 1-shot
-  accuracy on ``eval_episodes`` episodes per domain (the Tune objective ``acc_1shot_avg``).
+  one checkpoint with ATHA's and CoOp + LoRA's 1-shot accuracy on ``eval_episodes`` episodes
+  per domain (the Tune objective ``acc_1shot_avg``). It holds no weights (every episode, and
+  every request to the predictor, adapts a fresh copy of the CLIP): it records the CLIP
+  (``clip_path``, tokenizer, architecture in its config; a parameter fingerprint in
+  ``extra.clip``), which :mod:`.serve` reads back from that path.
 * ``evaluate``: the same on the checkpoint's CLIP.
 * ``run_experiments``: every system on the same episodes of every domain, in this process on
   its device (a GPU), an episode's images read once for all systems; the toy's rows, metrics
@@ -83,10 +86,14 @@ def train_loop(cfg: AthaConfig) -> None:
     restored = session.restore()
     if restored is not None and restored.step >= cfg.steps:
         return
+    from nshot.nn.hfclip import clip_record
+
     t0 = time.time()
     bb = load_hf_backbone(cfg, ctx.device)
+    clip = clip_record(cfg, bb.pre)  # the CLIP the predictor must find at clip_path
     metrics = paper_accuracy(bb, cfg, ["atha", "coop_lora"])
-    extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "domains": paper_domains(cfg)}
+    extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "clip": clip,
+             "domains": paper_domains(cfg)}  # fmt: skip
     session.report(metrics, step=cfg.steps, model={}, extra=extra, checkpoint=True,
                    samples=cfg.eval_episodes)  # fmt: skip
     print(f"[nshot atha] paper backbone: {time.time() - t0:.0f}s", flush=True)

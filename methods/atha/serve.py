@@ -5,8 +5,13 @@ it on the request's support set (CoOp + LoRA, with ATHA's token update when ``us
 classifies the queries. The cost is bounded: at most ``max_epochs`` steps over at most
 ``20 × 10`` support images, and 500 queries. Answers are deterministic (a fixed seed).
 
-Images are base64 PNG strings or ``H × W × 3`` arrays of integers in [0, 255]; any size up to
-1024 × 1024 is resized (bilinear) to the model's 32 × 32.
+Images are base64 PNG strings or ``H × W × 3`` arrays of integers in [0, 255], any size up to
+1024 × 1024. The tiny CLIP's checkpoints hold its weights; images are resized (bilinear) to
+its 32 × 32. A ``paper`` checkpoint (``backbone='clip'``) holds no weights: it records the
+real CLIP (``clip_path``, tokenizer and architecture in its config, a parameter fingerprint in
+``extra.clip``), which the predictor reads from that path (the error names ``clip_path`` when
+this machine lacks it); images get CLIP's preprocessing (the shorter side resized bicubic to
+its resolution, the centre crop).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pydantic import BaseModel, Field, model_validator
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 
+from .config import AthaConfig
 from .model import Backbone, load_model
 from .train import adapt
 
@@ -154,6 +160,19 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
     Response = AthaResponse
 
     def __init__(self, checkpoint: Any) -> None:
+        self.real_clip = checkpoint.config.get("backbone") == "clip"
+        if self.real_clip:
+            from nshot.nn.hfclip import load_recorded_clip
+
+            from .clip_backbone import HFBackbone
+
+            self.cfg = AthaConfig.validated(checkpoint.config)
+            pre = load_recorded_clip(checkpoint.config, checkpoint.extra.get("clip"),
+                                     checkpoint.path)  # fmt: skip
+            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            self.backbone = HFBackbone(pre, device)
+            self.side = self.backbone.image_size
+            return
         clip, self.cfg = load_model(checkpoint)
         self.backbone = Backbone(clip)
         self.side = clip.cfg.img_size
@@ -164,7 +183,7 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return {
-            "text": self.backbone.cfg.text,
+            "text": "clip" if self.real_clip else self.backbone.cfg.text,
             "image_side": self.side,
             "epochs": self.cfg.epochs,
             "max_epochs": self.cfg.max_epochs,
@@ -203,11 +222,20 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
             "epochs": min(2, self.cfg.max_epochs),
         }
 
+    def images(self, images: list[np.ndarray]) -> torch.Tensor:
+        """Pixels in [0, 1] ``[n, 3, side, side]``: the tiny CLIP's bilinear resize, or the real
+        CLIP's preprocessing."""
+        if not self.real_clip:
+            return to_tensor(images, self.side)
+        from nshot.nn.hfclip import preprocess_image
+
+        return torch.from_numpy(np.stack([preprocess_image(im, self.side) for im in images]))
+
     def _tensors(self, request: AthaRequest):
         index = {n: i for i, n in enumerate(request.class_names)}
-        sx = to_tensor([decode_image(s.image, "support") for s in request.support], self.side)
+        sx = self.images([decode_image(s.image, "support") for s in request.support])
         sy = torch.tensor([index[s.label] for s in request.support])
-        qx = to_tensor([decode_image(q, "queries") for q in request.queries], self.side)
+        qx = self.images([decode_image(q, "queries") for q in request.queries])
         return sx, sy, qx
 
     def __call__(self, request: AthaRequest) -> AthaResponse:
@@ -248,8 +276,12 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
         from nshot.serve.conformal import OneShotEpisode
 
         sx, sy, qx = self._tensors(request)
-        clip = self.backbone.clip
-        emb = clip.encode_image(torch.cat([sx, qx]), normalize=True).numpy()
+        if self.real_clip:
+            pre = self.backbone.pre
+            x = torch.cat([sx, qx]).to(self.backbone.device)
+            emb = pre.encode_image(x, normalize=True).cpu().numpy()
+        else:
+            emb = self.backbone.clip.encode_image(torch.cat([sx, qx]), normalize=True).numpy()
         n = len(sx)
         return OneShotEpisode(
             support_emb=emb[:n],

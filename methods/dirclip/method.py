@@ -9,8 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from nshot.errors import NshotError
-from nshot.method import Method, ResultsTable, register
+from nshot.method import Method, Predictor, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .claims import CLAIMS
@@ -58,12 +57,13 @@ class DirclipMethod(Method):
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in DirclipConfig.EVAL_FIELDS})
         return evaluate_model(model, load_splits(run_cfg), run_cfg, run_cfg.seed)
 
-    def predictor(self, checkpoint: LoadedCheckpoint) -> DirclipPredictor:
+    def predictor(self, checkpoint: LoadedCheckpoint) -> Predictor:
+        """The tiny CLIP's predictor, or on a ``backbone='clip'`` checkpoint the real CLIP's
+        (read from the checkpoint's ``clip_path``, g's tuned weights put in)."""
         if checkpoint.config.get("backbone") == "clip":
-            raise NshotError(
-                f"{checkpoint.path}: the predictor serves the tiny CLIP's checkpoints; a "
-                "backbone 'clip' checkpoint is evaluated with `nshot eval` (README, Paper preset)"
-            )
+            from .paper_serve import DirclipPaperPredictor
+
+            return DirclipPaperPredictor.from_checkpoint(checkpoint)
         return DirclipPredictor.from_checkpoint(checkpoint)
 
     def model_budget(self, cfg: DirclipConfig, extra: dict[str, Any] | None = None):

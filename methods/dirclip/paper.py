@@ -17,7 +17,9 @@ safetensors file plus its tokenizer), and training images from an ImageFolder.
   ``CHUNK`` images on the worker's device and give the toy's metrics except the toy's shifted
   domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``), which have no counterpart.
 * A checkpoint holds g's current and selected (``best.*``) weights and the optimiser, and
-  records ``clip_path``; :func:`load_paper_model` rebuilds the rest from that path.
+  records the CLIP it was tuned from (``clip_path``, tokenizer, architecture and a fingerprint
+  of its parameters); :func:`load_paper_model` rebuilds the rest from that path, for
+  ``nshot eval`` and for the predictor (:mod:`.paper_serve`).
 """
 
 from __future__ import annotations
@@ -283,9 +285,11 @@ def paper_evaluate(
 # training under Ray Train, checkpoints
 
 
-def _record(cfg: DirclipConfig, model: HFDirClip) -> dict[str, Any]:
-    return {"backbone": "clip", "clip_path": str(cfg.clip_path),
-            "class_names": model.class_names, "template": model.template}  # fmt: skip
+def _record(cfg: DirclipConfig, model: HFDirClip, clip: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's model record: the CLIP it is tuned from (``clip``: path, tokenizer,
+    architecture, parameter fingerprint), the training classes and the template."""
+    return {"backbone": "clip", **clip, "class_names": model.class_names,
+            "template": model.template}  # fmt: skip
 
 
 def train_loop(cfg: DirclipConfig) -> None:
@@ -295,7 +299,10 @@ def train_loop(cfg: DirclipConfig) -> None:
     torch.set_num_threads(cfg.torch_threads)
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {ctx.world_size}")
+    from nshot.nn.hfclip import clip_record
+
     pre = load_backbone(cfg)
+    clip = clip_record(cfg, pre)  # of the CLIP as read, before any weight is tuned or restored
     splits = folder_splits(cfg, pre.image_size)
     torch.manual_seed(cfg.seed)
     model = HFDirClip(pre, splits.class_names, cfg.template).to(ctx.device)
@@ -314,7 +321,7 @@ def train_loop(cfg: DirclipConfig) -> None:
         start = restored.step
         best = {**restored.extra.get("selected", {}), "state": best_state}
     ddp = session.prepare_model(model)
-    record = {"model": _record(cfg, model), "loss": cfg.loss, "lambda": cfg.lam}
+    record = {"model": _record(cfg, model, clip), "loss": cfg.loss, "lambda": cfg.lam}
     window: list[dict[str, float]] = []
 
     def on_step(step: int, stats: dict[str, float], best: dict) -> None:
@@ -350,7 +357,13 @@ def train_loop(cfg: DirclipConfig) -> None:
 
 
 def load_paper_model(checkpoint: LoadedCheckpoint) -> tuple[HFDirClip, DirclipConfig, dict]:
-    """The selected g of a ``backbone='clip'`` checkpoint on the CLIP of its ``clip_path``."""
+    """The selected g of a ``backbone='clip'`` checkpoint on the CLIP of its ``clip_path``:
+    the frozen parts (g₀, the text tower) are read from that path, checked against the
+    recorded fingerprint, and the checkpoint's ``best.*`` weights replace g. Needs no
+    ``data_path`` (serving); a :class:`CheckpointError` names ``clip_path`` when this machine
+    lacks that CLIP."""
+    from nshot.nn.hfclip import load_recorded_clip
+
     cfg = DirclipConfig.validated(checkpoint.config)
     rec = checkpoint.extra.get("model")
     if not isinstance(rec, dict) or rec.get("backbone") != "clip":
@@ -358,7 +371,8 @@ def load_paper_model(checkpoint: LoadedCheckpoint) -> tuple[HFDirClip, DirclipCo
     names = rec.get("class_names")
     if not isinstance(names, list) or not 2 <= len(names) <= 100_000:
         raise CheckpointError(f"{checkpoint.path}: the model record's class names are invalid")
-    model = HFDirClip(load_backbone(cfg), names, str(rec.get("template", cfg.template)))
+    pre = load_recorded_clip(checkpoint.config, rec, checkpoint.path)
+    model = HFDirClip(pre, names, str(rec.get("template", cfg.template)))
     state = dict(checkpoint.weights())
     best = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
     expected = set(trainable_state(model))

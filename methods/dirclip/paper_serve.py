@@ -1,0 +1,223 @@
+"""dirclip's predictor on a ``paper`` checkpoint (``backbone='clip'``): zero-shot classification
+by the adversarially fine-tuned image tower g of a real CLIP, with UCAT's Dirichlet
+uncertainty per answer (the toy predictor's answer, :mod:`.serve`).
+
+The checkpoint holds g's selected weights and records the CLIP they were tuned from; the
+predictor reads that CLIP from the recorded ``clip_path`` (the serving machine must have it
+there; the error names ``clip_path`` otherwise), checks its parameter fingerprint and puts g's
+weights in (:func:`.paper.load_paper_model`). Nothing is downloaded; nothing is unpickled.
+
+A request gives images (base64 PNG or JPEG, RGB or grey, or ``H × W × 3`` arrays of floats in
+[0, 1]; each side 1 to 1,024), class names (2 to 1,000 unique, non-empty, any text: CLIP's
+byte-level BPE knows every word), a prompt template with ``{}`` once, and
+``return_uncertainty``. Images get CLIP's preprocessing (the shorter side resized bicubic to
+the model's resolution, the centre crop); an array is first rounded to 8 bits, as an image file
+would be, so an array and its PNG get the same answer. A request's images go through g in one
+forward pass (requests are not batched together: an answer does not depend on other requests).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from nshot.method import Predictor
+from nshot.serve.schema import StrictRequest
+from nshot.train.checkpoint import LoadedCheckpoint
+
+from .config import TEMPLATE
+from .dirichlet import uncertainty
+from .model import SCALE
+from .paper import HFDirClip, load_paper_model
+from .serve import DirclipResponse, Prediction, Uncertainty, _round
+
+MAX_IMAGES = 256
+MAX_CLASSES = 1000
+MAX_SIDE = 1024
+MAX_NAME = 200
+
+
+def decode_image_b64(data: str, field: str) -> np.ndarray:
+    """A base64 PNG or JPEG (any mode, each side 1 to ``MAX_SIDE``) → ``uint8 [H, W, 3]``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{field}: not valid base64") from None
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            if img.format not in ("PNG", "JPEG"):
+                raise ValueError(f"{field}: a {img.format} image; send PNG or JPEG")
+            if max(img.size) > MAX_SIDE:
+                raise ValueError(f"{field}: {img.size[0]}×{img.size[1]} exceeds {MAX_SIDE} a side")
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except ValueError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError):
+        raise ValueError(f"{field}: not a decodable PNG or JPEG image") from None
+
+
+def check_array(image: list[list[list[float]]], field: str) -> np.ndarray:
+    """An ``H × W × 3`` nested list of floats in [0, 1] → ``uint8 [H, W, 3]`` (rounded)."""
+    h = len(image)
+    if not 1 <= h <= MAX_SIDE:
+        raise ValueError(f"{field}: height {h} is outside [1, {MAX_SIDE}]")
+    w = len(image[0])
+    if not 1 <= w <= MAX_SIDE:
+        raise ValueError(f"{field}: width {w} is outside [1, {MAX_SIDE}]")
+    for r, row in enumerate(image):
+        if len(row) != w:
+            raise ValueError(f"{field}: row {r} has {len(row)} pixels, row 0 has {w}")
+        for px in row:
+            if len(px) != 3:
+                raise ValueError(f"{field}: a pixel has {len(px)} values; expected 3 (RGB)")
+            for v in px:
+                if not math.isfinite(v):
+                    raise ValueError(f"{field}: contains NaN or inf")
+                if not 0.0 <= v <= 1.0:
+                    raise ValueError(f"{field}: value {v} is outside [0, 1]")
+    return np.round(np.asarray(image, dtype=np.float64) * 255).astype(np.uint8)
+
+
+class DirclipPaperRequest(StrictRequest):
+    images: list[list[list[list[float]]]] | None = Field(
+        None, max_length=MAX_IMAGES, description="H × W × 3 arrays of floats in [0, 1]"
+    )
+    images_b64: list[str] | None = Field(
+        None, max_length=MAX_IMAGES, description="base64 PNG or JPEG images"
+    )
+    class_names: list[str] = Field(..., description="the label set (2 to 1,000 unique names)")
+    template: str = Field(TEMPLATE, description="prompt with {} for the class name")
+    return_uncertainty: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> DirclipPaperRequest:
+        if (self.images is None) == (self.images_b64 is None):
+            raise ValueError("images: give exactly one of images and images_b64")
+        if self.images is not None:
+            if not self.images:
+                raise ValueError("images: at least one image is needed")
+            for i, im in enumerate(self.images):
+                check_array(im, f"images[{i}]")
+        else:
+            if not self.images_b64:
+                raise ValueError("images_b64: at least one image is needed")
+            for i, s in enumerate(self.images_b64):
+                decode_image_b64(s, f"images_b64[{i}]")
+        names = self.class_names
+        if not 2 <= len(names) <= MAX_CLASSES:
+            raise ValueError(f"class_names: give 2 to {MAX_CLASSES} names, got {len(names)}")
+        for i, n in enumerate(names):
+            if not n.strip():
+                raise ValueError(f"class_names[{i}]: empty")
+            if len(n) > MAX_NAME:
+                raise ValueError(f"class_names[{i}]: longer than {MAX_NAME} characters")
+        dup = sorted(n for n, c in Counter(names).items() if c > 1)
+        if dup:
+            raise ValueError(f"class_names: names must be unique; repeated: {dup[:5]}")
+        if self.template.count("{}") != 1:
+            raise ValueError("template: must contain '{}' exactly once, for the class name")
+        return self
+
+    def arrays(self) -> list[np.ndarray]:
+        if self.images is not None:
+            return [check_array(im, f"images[{i}]") for i, im in enumerate(self.images)]
+        return [
+            decode_image_b64(s, f"images_b64[{i}]") for i, s in enumerate(self.images_b64 or [])
+        ]
+
+
+class DirclipPaperPredictor(Predictor[DirclipPaperRequest, DirclipResponse]):
+    Request = DirclipPaperRequest
+    Response = DirclipResponse
+
+    def __init__(self, model: HFDirClip, cfg, extra: dict[str, Any]) -> None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.model = model.to(device).eval()
+        self.device = device
+        self.cfg = cfg
+        self.extra = extra
+        self._text: dict[tuple[tuple[str, ...], str], torch.Tensor] = {}
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> DirclipPaperPredictor:
+        model, cfg, extra = load_paper_model(checkpoint)
+        return cls(model, cfg, extra)
+
+    @property
+    def image_size(self) -> int:
+        return int(self.model.pre.image_size)
+
+    def metadata(self) -> dict[str, Any]:
+        rec = self.extra.get("model", {})
+        return {
+            "backbone": "clip",
+            "clip_path": rec.get("clip_path"),
+            "clip_arch": rec.get("clip_arch"),
+            "loss": self.extra.get("loss"),
+            "lambda": self.extra.get("lambda"),
+            "selected": self.extra.get("selected"),
+            "image_size": self.image_size,
+            "max_images": MAX_IMAGES,
+            "template": TEMPLATE,
+        }
+
+    def example_request(self) -> dict[str, Any]:
+        """Two small arrays (a bright and a dark square) and two of the training classes."""
+        names = list(self.model.class_names[:2])
+        bright = [[[0.9, 0.8, 0.7]] * 8 for _ in range(8)]
+        dark = [[[0.1, 0.2, 0.1]] * 8 for _ in range(8)]
+        return {"images": [bright, dark], "class_names": names}
+
+    def pixels(self, request: DirclipPaperRequest) -> torch.Tensor:
+        """The request's images after CLIP's preprocessing, ``float32 [n, 3, S, S]``."""
+        from nshot.nn.hfclip import preprocess_image
+
+        return torch.from_numpy(
+            np.stack([preprocess_image(a, self.image_size) for a in request.arrays()])
+        )
+
+    def _text_features(self, names: list[str], template: str) -> torch.Tensor:
+        key = (tuple(names), template)
+        if key not in self._text:
+            if len(self._text) > 256:
+                self._text.clear()
+            self._text[key] = self.model.text_features_of(names, template)
+        return self._text[key]
+
+    @torch.no_grad()
+    def logits(self, request: DirclipPaperRequest) -> torch.Tensor:
+        """``s · cos`` of g's features against the request's prompts, float64 on the CPU."""
+        x = self.pixels(request).to(self.device)
+        img = F.normalize(self.model.features(x), dim=-1)
+        text = self._text_features(request.class_names, request.template)
+        return (SCALE * img @ text.T).double().cpu()
+
+    def __call__(self, request: DirclipPaperRequest) -> DirclipResponse:
+        names = request.class_names
+        logits = self.logits(request)
+        probs = logits.softmax(-1)
+        u = uncertainty(logits) if request.return_uncertainty else None
+        preds = []
+        for i in range(len(logits)):
+            unc = None
+            if u is not None:
+                unc = Uncertainty(**{k: _round(u[k][i]) for k in Uncertainty.model_fields})
+            preds.append(
+                Prediction(
+                    label=names[int(probs[i].argmax())],
+                    probs={n: _round(p) for n, p in zip(names, probs[i].tolist(), strict=True)},
+                    uncertainty=unc,
+                )
+            )
+        return DirclipResponse(predictions=preds)
