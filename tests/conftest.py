@@ -18,7 +18,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 def nshot_cache(tmp_path_factory: pytest.TempPathFactory):
     """Every test run gets its own cache unless NSHOT_CACHE is set by the caller."""
     if "NSHOT_CACHE" not in os.environ:
-        os.environ["NSHOT_CACHE"] = str(tmp_path_factory.mktemp("nshot-cache"))
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent  # one cache for both pytest workers (its builds take file locks)
+        cache = root / "nshot-cache"
+        cache.mkdir(exist_ok=True)
+        os.environ["NSHOT_CACHE"] = str(cache)
     yield os.environ["NSHOT_CACHE"]
 
 
@@ -82,6 +87,54 @@ def run_example(monkeypatch):
         mod.main()
 
     return run
+
+
+# --------------------------------------------------------------------------------------------
+# Two pytest workers (pytest-xdist, `-n 2 --dist loadgroup`): every test of a module that uses
+# Ray runs in ONE worker (the xdist group "ray"), so the suite still starts exactly one local Ray;
+# the other tests spread over both workers. A test that reaches Ray must say so (the `ray`
+# marker, or the `ray_session` fixture): a test of an unmarked module that calls into Ray fails
+# and names itself, serial runs included, so the grouping cannot silently start a second Ray.
+
+
+def _uses_ray(item: pytest.Item) -> bool:
+    return item.get_closest_marker("ray") is not None or "ray_session" in item.fixturenames
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ray_modules = {item.module.__name__ for item in items if _uses_ray(item)}
+    for item in items:
+        if item.module.__name__ in ray_modules:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.user_properties.append(("ray_module", True))
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_stay_off_ray(request: pytest.FixtureRequest, monkeypatch):
+    """A test outside the "ray" group that starts or calls Ray fails, naming itself."""
+    if ("ray_module", True) in request.node.user_properties:
+        yield
+        return
+    import ray
+
+    used: list[str] = []
+
+    def guard(name, real):
+        def call(*args, **kwargs):
+            used.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("init", "get"):
+        monkeypatch.setattr(ray, name, guard(name, getattr(ray, name)))
+    yield
+    if used:
+        pytest.fail(
+            f"{request.node.nodeid} calls ray.{used[0]} but its module is not marked `ray`: "
+            "add `pytestmark = pytest.mark.ray` (or the ray_session fixture) so that it runs "
+            "in the pytest worker that owns the shared Ray"
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)

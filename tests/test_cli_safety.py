@@ -38,6 +38,8 @@ class TrainingStarted(Exception):
 def no_ray(monkeypatch):
     """``ensure_ray`` raises: the checks under test must fail before Ray starts."""
 
+    import nshot.tune.run  # noqa: F401 - imported first, so it binds the real ensure_ray
+
     def refuse(**_kw):
         raise RayStarted
 
@@ -50,6 +52,8 @@ def fake_trainer(monkeypatch):
     """Ray is never started; ``TorchTrainer.fit`` records what the run directory held when
     training would have begun, then raises :class:`TrainingStarted`."""
     import ray.train.torch
+
+    import nshot.tune.run  # noqa: F401 - imported first, so it binds the real ensure_ray
 
     seen: dict = {}
 
