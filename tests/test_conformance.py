@@ -14,6 +14,7 @@ third-party package) gets these checks without writing them:
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -40,6 +41,9 @@ def test_presets_and_declared_parts(name):
     assert all(isinstance(c, Claim) for c in method.claims) and len(ids) == len(set(ids))
     if method.Config.TUNE is not None:
         assert set(method.Config.TUNE.space) <= set(method.Config.model_fields)
+    # the packages whose versions `nshot reproduce` records: distribution names
+    assert isinstance(method.packages, tuple), f"{name}: packages must be a tuple"
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in method.packages), name
 
 
 @pytest.fixture(scope="module")

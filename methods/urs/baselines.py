@@ -202,19 +202,18 @@ def solve_ortools(inst: Instances, i: int, seconds: float) -> dict:
 
 
 def reference(inst: Instances, i: int, seconds: float, seed: int = 0) -> dict:
-    """PyVRP where it expresses the variant, OR-Tools otherwise (savings when OR-Tools is not
-    installed: the ``solver`` field says which)."""
+    """PyVRP where it expresses the variant, OR-Tools otherwise. Without OR-Tools this fails
+    (``NshotError``) rather than measure gaps against a weaker reference: a rerun would read
+    URS's gap on those variants as smaller than it is."""
     if supports_pyvrp(inst, i):
         return solve_pyvrp(inst, i, seconds, seed)
     try:
         import ortools.constraint_solver.pywrapcp  # noqa: F401
-    except ImportError:
-        from .heuristics import savings
+    except ImportError as err:
+        from nshot.errors import NshotError
 
-        t0 = time.time()
-        sol = savings(inst, i)
-        if sol is None:
-            raise
-        return {**sol, "solver_feasible": True, "time_s": time.time() - t0,
-                "solver": "savings (ortools not installed)"}  # fmt: skip
+        raise NshotError(
+            f"urs: the reference for {inst.variants[i]} (classic backhauls) is OR-Tools, which is "
+            "not installed here; it is one of nshot's dependencies: pip install 'ortools==9.15.*'"
+        ) from err
     return solve_ortools(inst, i, seconds)

@@ -28,6 +28,7 @@ class URSMethod(Method):
     version = "1"
     Config = URSConfig
     claims = CLAIMS
+    packages = ("pyvrp", "ortools")  # the reference solvers the gaps are measured against
 
     def data(self, cfg: URSConfig) -> dict[str, pa.Table]:
         """Test splits: ``seen`` (training variants) and ``unseen`` (zero-shot), all sizes.

@@ -260,6 +260,11 @@ class Method(ABC):
     # the paper's claims as data (nshot.claims.Claim), evaluated over the results of
     # ``experiments()`` by ``nshot reproduce`` and ``nshot claims``; a claim that fails stays
     claims: ClassVar[tuple[Claim, ...]] = ()
+    # distributions (PyPI names) beyond the platform's own whose versions can change this
+    # method's results, e.g. a reference solver; `nshot reproduce` records their versions in
+    # results.json (``run.versions``, next to torch, numpy, ray, ...) and warns when they differ
+    # from the versions of the committed results
+    packages: ClassVar[tuple[str, ...]] = ()
 
     def config(self, preset: str = "small", **overrides: Any) -> MethodConfig:
         return self.Config.from_preset(preset, **overrides)

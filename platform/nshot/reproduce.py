@@ -9,7 +9,14 @@ results.json has the same schema for every method::
      "samples": {system: {metric: [float | null, ...]}},      # when the method keeps them
      "claims": [{"id", "statement", "source", "expr", "holds": bool | null,
                  "lhs", "rhs", "p"}],
-     "run": {"date", "commit", "nshot_version"}}
+     "run": {"date", "commit", "nshot_version",
+             "versions": {"python": str, distribution: str | null}}}
+
+``run.versions`` holds the versions of the packages that produced the numbers: the platform's
+own (:data:`BASE_PACKAGES`) and the method's ``packages`` (``null``: not installed). Before it
+runs, ``nshot reproduce`` compares them with the committed results of the same method and
+preset (``methods/<name>/results/<preset>.json``) and warns about every difference, so that a
+rerun that reads differently says why it may.
 
 ``null`` marks a system that cannot be evaluated on a metric (for example a fixed-slot
 model asked for more classes than it has slots).
@@ -18,17 +25,23 @@ model asked for more classes than it has slots).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from nshot.method import MethodConfig, ResultsTable, get
 
+# the platform's packages whose versions can move any method's numbers
+BASE_PACKAGES = ("nshot", "torch", "numpy", "scipy", "scikit-learn", "ray", "transformers")
+
 
 def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
     method = get(method_name)
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
+    for line in version_drift(method_name, cfg.preset):
+        print(f"[nshot reproduce] warning: {line}", file=sys.stderr, flush=True)
     t0 = time.time()
     table = method.experiments(cfg, out)
     if not table.runtime_s:
@@ -38,16 +51,63 @@ def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
 
 def write(table: ResultsTable, out: Path) -> dict[str, Any]:
     data = with_claims(table.to_json())
-    data["run"] = run_info()
+    data["run"] = run_info(data["method"])
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(to_markdown(data))
     plot(data, out / "results.png")
     return data
 
 
-def run_info() -> dict[str, Any]:
-    """When and from what code a reproduction ran: UTC date, nshot's version, and the git
-    commit of the source tree when nshot runs from a checkout (``+dirty`` with local edits)."""
+def package_versions(method_name: str | None = None) -> dict[str, str | None]:
+    """Python's version and those of :data:`BASE_PACKAGES` and the method's ``packages``
+    (``None`` for a distribution that is not installed)."""
+    import platform as _platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = list(BASE_PACKAGES)
+    if method_name is not None:
+        names += [p for p in get(method_name).packages if p not in names]
+    out: dict[str, str | None] = {"python": _platform.python_version()}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def method_results_dir(name: str) -> Path:
+    """The ``results`` folder inside a registered method's package (the committed results)."""
+    import inspect
+
+    return Path(inspect.getfile(type(get(name)))).parent / "results"
+
+
+def version_drift(method_name: str, preset: str) -> list[str]:
+    """One line per package whose version here differs from the committed results of
+    ``method_name`` at ``preset`` (none when nothing is committed or it records no versions)."""
+    try:
+        committed_file = method_results_dir(method_name) / f"{preset}.json"
+        committed = json.loads(committed_file.read_text())["run"]["versions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    here = package_versions(method_name)
+    lines = []
+    for name in sorted(set(committed) | set(here)):
+        if name not in committed or committed.get(name) == here.get(name):
+            continue
+        then, now = committed[name], here.get(name)
+        lines.append(
+            f"{name} {now or 'not installed'} here, {then or 'not installed'} in the committed "
+            f"results ({committed_file}): the numbers may differ for that reason"
+        )
+    return lines
+
+
+def run_info(method_name: str | None = None) -> dict[str, Any]:
+    """When and from what code a reproduction ran: UTC date, nshot's version, the git commit of
+    the source tree when nshot runs from a checkout (``+dirty`` with local edits), and the
+    versions of the packages that produced the numbers (:func:`package_versions`)."""
     import datetime
     import subprocess
 
@@ -74,6 +134,7 @@ def run_info() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "commit": commit,
         "nshot_version": __version__,
+        "versions": package_versions(method_name),
     }
 
 
