@@ -128,7 +128,7 @@ def test_searcher_save_restore_continues_without_repeats(smoke_checkpoint, tmp_p
     assert s2.summary()["context"] == 4 + 3
 
 
-def test_searcher_refuses_a_mismatched_surrogate(smoke_checkpoint):
+def test_searcher_refuses_a_mismatched_surrogate(smoke_checkpoint, tmp_path, monkeypatch):
     from nshot.methods.auxbo.searcher import AuxBOSearcher, SurrogateMismatchError
 
     two = SearchSpace({"a": Float(0, 1), "b": Float(0, 1)})
@@ -136,6 +136,11 @@ def test_searcher_refuses_a_mismatched_surrogate(smoke_checkpoint):
         AuxBOSearcher(two, checkpoint=smoke_checkpoint)
     s = AuxBOSearcher(two, checkpoint=smoke_checkpoint, fallback="gp", n_init=1, seed=0)
     assert s.summary()["backend"] == "gp"
+    # no surrogate for the space and none named: a GP by default, as `nshot tune` does
+    monkeypatch.setenv("NSHOT_CACHE", str(tmp_path))
+    assert AuxBOSearcher(two, n_init=1).summary()["backend"] == "gp"
+    with pytest.raises(SurrogateMismatchError, match="no surrogate meta-trained"):
+        AuxBOSearcher(two, fallback=None)
     for i in range(3):
         cfg = s.suggest(f"t{i}")
         s.on_trial_complete(f"t{i}", {"f": -((cfg["a"] - 0.3) ** 2), "h": [0.0]})

@@ -8,9 +8,11 @@ or ``optimize_acqf_discrete`` over a given candidate set).
 
 * The first ``n_init`` suggestions are warm starts: the best configs of earlier sweeps of the
   same space in the history (most recent first), then uniform random configs.
-* Without a surrogate checkpoint that fits the space (same encoded width, h frames of the same
-  width) it refuses with a message naming the mismatch, unless ``fallback="gp"``: a BoTorch
-  ``SingleTaskGP`` + log-EI on the same context.
+* Without a surrogate meta-trained for the space it uses a BoTorch ``SingleTaskGP`` + log-EI on
+  the same context (the default ``fallback="auto"``, as ``nshot tune --search auxbo``). A
+  surrogate named by ``checkpoint`` that does not fit the space (another encoded width, h frames
+  of another width) is refused with a message naming the mismatch unless ``fallback="gp"``;
+  ``fallback=None`` refuses to run without a fitting surrogate.
 * ``save``/``restore`` write JSON (context, pending trials, RNG state): a restored sweep
   continues without repeating a trial and nothing is unpickled.
 """
@@ -68,7 +70,9 @@ class AuxBOSearcher(Searcher):
         metric, mode: the reported objective (nshot sweeps report ``f``).
         checkpoint: a surrogate folder (``nshot train auxbo`` checkpoint); ``None`` looks in
             :func:`default_surrogate_dir`.
-        fallback: ``"gp"`` to use a GP when no compatible surrogate exists; ``None`` refuses.
+        fallback: ``"auto"`` (default): a GP when no surrogate for the space exists, unless
+            ``checkpoint`` names one (then a mismatch is an error); ``"gp"``: a GP whenever no
+            compatible surrogate exists; ``None``: refuse without one.
         n_init: warm-start/random suggestions before the model is used.
         xi: PI margin (in the surrogate's z-scored units).
         candidates: optional discrete candidate configs (``optimize_acqf_discrete``).
@@ -84,7 +88,7 @@ class AuxBOSearcher(Searcher):
         mode: str | None = "max",
         *,
         checkpoint: str | os.PathLike | None = None,
-        fallback: str | None = None,
+        fallback: str | None = "auto",
         n_init: int = 1,
         xi: float = 0.01,
         candidates: list[dict[str, Any]] | None = None,
@@ -95,8 +99,10 @@ class AuxBOSearcher(Searcher):
         h_key: str = "h",
     ) -> None:
         super().__init__(metric=metric, mode=mode)
+        if fallback == "auto":  # a GP unless a surrogate was named explicitly
+            fallback = None if checkpoint else "gp"
         if fallback not in (None, "gp"):
-            raise ConfigError(f"auxbo: fallback must be 'gp' or None, got {fallback!r}")
+            raise ConfigError(f"auxbo: fallback must be 'auto', 'gp' or None, got {fallback!r}")
         if n_init < 1:
             raise ConfigError("auxbo: n_init must be >= 1")
         if not (0.0 <= xi < 10.0):
@@ -339,11 +345,9 @@ def searcher_factory(ctx: Any) -> AuxBOSearcher:
             f"--search auxbo: unknown options {sorted(unknown)}; known: {sorted(known)}"
         )
     checkpoint = opts.get("checkpoint")
-    fallback = opts.get("fallback", "__default__")
-    if fallback == "__default__":
-        # the CLI default: use a surrogate when one was meta-trained for this space, else a GP
-        fallback = None if checkpoint else "gp"
-    elif fallback in ("none", "", None):
+    fallback = opts.get("fallback", "auto")
+    # "auto", as in Python: a surrogate meta-trained for this space when there is one, else a GP
+    if fallback in ("none", "", None):
         fallback = None
     warm = []
     if opts.get("warm", True):
