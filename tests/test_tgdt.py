@@ -106,6 +106,13 @@ def test_every_system_builds_trains_a_step_and_keeps_its_heads():
     for system in ("naive_text_dt", "agnostic_dt", "oracle_dt", "prompt_dt"):
         assert heads[system][3] == {"dt", "loss"}, system
     assert heads["agnostic_dt"][2] is False and heads["naive_text_dt"][2] is True
+    # the frozen MiniLM text encoder: only its projection is trained and checkpointed
+    minilm = fit(base.replace(text_encoder="minilm"), data)
+    keys = [k for k in minilm.state_dict() if k.startswith("text.")]
+    assert keys and all(k.startswith("text.proj.") for k in keys)
+    text = minilm.encode_text([data.test_description(0), data.test_description(1)],
+                              torch.tensor([0, 1, 1]))  # fmt: skip
+    assert text.tokens.shape == (2, 1, base.d_model) and text.valid.all()
 
 
 def test_rollout_window_metrics_and_the_expert_reference():

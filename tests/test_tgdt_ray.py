@@ -115,6 +115,7 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_p
     assert table.rows["tgdt_no_tbm"]["tbm_auc"] is not None  # the TBC cosine
     assert table.rows["tgdt_no_tbc"]["retrieval_top1"] is None
     assert table.rows["agnostic_dt"]["leak_delta"] is None
+    assert "tgdt_minilm" not in table.rows  # minilm_row is off in smoke
     assert (tmp_path / "tgdt.png").is_file()
     claims = {c["id"]: c for c in evaluate(tg.claims, table.to_json())}
     assert set(claims) == {c.id for c in tg.claims}

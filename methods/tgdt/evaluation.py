@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import TGDTConfig
-from .data import MAX_ACTION, QUALITIES, PointData, describe, env_step, tokenize
+from .data import MAX_ACTION, QUALITIES, PointData, describe, env_step
 from .model import Text, TGDTModel, Window
 from .train import Sampler, dt_loss
 
@@ -40,9 +40,8 @@ class Rollouts:
 
 def encode(model: TGDTModel, texts: list[str]) -> Text:
     uniq = list(dict.fromkeys(texts))
-    ids = torch.as_tensor(tokenize(uniq))
     index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long)
-    return model.encode_text(ids, index)
+    return model.encode_text(uniq, index)
 
 
 def history_window(
@@ -226,7 +225,7 @@ def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: 
             texts = [describe(data.goals[task], QUALITIES[q], data.tier_return(int(r), int(q)),
                               data.horizon) for r, q in zip(rows, quality, strict=True)]  # fmt: skip
             b = sampler.dt_batch(rng, rows, quality, texts=texts)
-            text = tuned.encode_text(b.ids, b.text_index)
+            text = tuned.encode_text(b.texts, b.text_index)
             loss = dt_loss(tuned.act(b.window, text), b.target, b.window.valid)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -241,10 +240,13 @@ def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: 
 
 
 def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int,
-                   share: bool = False, shuffled: bool = False) -> dict[str, dict]:  # fmt: skip
-    """Metrics of one trained system: {row: {metric: value}}; with ``share`` also the
-    data-sharing row, with ``shuffled`` the negative control (descriptions permuted among the
-    held-out goals: each goal gets the next goal's description)."""
+                   share: bool = False, shuffled: bool = False,
+                   name: str | None = None) -> dict[str, dict]:  # fmt: skip
+    """Metrics of one trained system: {row: {metric: value}} (row ``name``, default the
+    system); with ``share`` also the data-sharing row, with ``shuffled`` the negative control
+    (descriptions permuted among the held-out goals: each goal gets the next goal's
+    description)."""
+    name = name or model.system
     model.eval()
     torch.manual_seed(seed)
     tasks = data.test_tasks
@@ -261,17 +263,17 @@ def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int
         deltas = [abs(zero_shot(model, cfg, data, seed, return_scale=f).returns.mean() - ref)
                   / abs(ref) for f in cfg.leak_factors]  # fmt: skip
         row["leak_delta"] = float(np.mean(deltas))
-    out = {model.system: row}
+    out = {name: row}
     if shuffled and model.text is not None and len(tasks) > 1:
         texts = [data.test_description(int(t)) for t in np.roll(tasks, -1)]
         sh = zero_shot(model, cfg, data, seed, texts=texts)
-        out[f"{model.system}_shuffled_text"] = {
+        out[f"{name}_shuffled_text"] = {
             "norm_score": float(norm_scores(data, tasks, sh.returns).mean()),
             "return": float(sh.returns.mean()),
         }
     if share and model.text is not None:
         sr = share_and_rollout(model, cfg, data, seed)
-        out[f"{model.system}_share_k{cfg.share_k}"] = {
+        out[f"{name}_share_k{cfg.share_k}"] = {
             "norm_score": float(norm_scores(data, tasks, sr.returns).mean()),
             "return": float(sr.returns.mean()),
         }

@@ -26,7 +26,7 @@ from .evaluation import evaluate_model, norm_scores, rollout
 from .model import Window
 from .train import Sampler, build_model, dt_loss, fit
 
-TRAINED = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt", "oracle_dt",
+SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt", "oracle_dt",
            "prompt_dt")  # fmt: skip
 METRICS = {
     "norm_score": True,
@@ -37,22 +37,31 @@ METRICS = {
 }
 
 
+def trained_rows(cfg: TGDTConfig) -> dict[str, dict[str, str]]:
+    """Each trained row and the config fields that make it."""
+    rows = {s: {"system": s} for s in SYSTEMS}
+    if cfg.minilm_row:
+        rows["tgdt_minilm"] = {"system": "tgdt", "text_encoder": "minilm"}
+    return rows
+
+
 def rows_order(cfg: TGDTConfig) -> list[str]:
-    return ["tgdt", f"tgdt_share_k{cfg.share_k}", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt",
-            "agnostic_dt", "oracle_dt", "prompt_dt", "tgdt_shuffled_text"]  # fmt: skip
+    return ["tgdt", f"tgdt_share_k{cfg.share_k}", "tgdt_no_tbc", "tgdt_no_tbm",
+            *(["tgdt_minilm"] if cfg.minilm_row else []), "naive_text_dt", "agnostic_dt",
+            "oracle_dt", "prompt_dt", "tgdt_shuffled_text"]  # fmt: skip
 
 
-def _job(cfg_dict: dict, system: str, seed: int) -> dict[str, Any]:
+def _job(cfg_dict: dict, row: str, overrides: dict, seed: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     t0, c0 = time.time(), time.process_time()
-    cfg = TGDTConfig.validated({**cfg_dict, "system": system, "seed": seed})
+    cfg = TGDTConfig.validated({**cfg_dict, **overrides, "seed": seed})
     data = load_data(cfg)
     curve: list[float] = []
     model = fit(cfg, data, on_step=lambda s, m: curve.append(round(m["loss"], 4))
                 if s % max(1, cfg.log_every) == 0 else None)  # fmt: skip
     t1 = time.time()
-    rows = evaluate_model(model, cfg, data, seed, share=system == "tgdt",
-                          shuffled=system == "tgdt")  # fmt: skip
+    main = row == "tgdt"
+    rows = evaluate_model(model, cfg, data, seed, share=main, shuffled=main, name=row)
     return {"rows": rows, "curve": curve, "train_seconds": t1 - t0,
             "seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0}  # fmt: skip
 
@@ -63,7 +72,8 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
     base = cfg.model_dump()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     data = load_data(cfg)  # build the cached table once, before the tasks read it
-    jobs = [Job((system, seed), _job, (base, system, seed)) for system in TRAINED for seed in seeds]
+    jobs = [Job((row, seed), _job, (base, row, fields, seed))
+            for row, fields in trained_rows(cfg).items() for seed in seeds]  # fmt: skip
     done = run_jobs(jobs, description=f"tgdt {cfg.preset}")
     per: dict[tuple[str, int], dict[str, float | None]] = {}
     order = rows_order(cfg)
@@ -108,7 +118,14 @@ def _notes(cfg: TGDTConfig) -> list[str]:
         "retrieval_top1 and tbm_auc are null for rows without the heads; tbm_auc of "
         "tgdt_no_tbm is the TBC cosine; leak_delta is measured for the text-conditioned rows.",
         "prompt_dt sees an expert segment of the held-out task (few-shot), it is not zero-shot.",
-    ]
+    ] + (
+        [
+            "tgdt_minilm: TG-DT with frozen all-MiniLM-L6-v2 sentence embeddings as its text "
+            "encoder (one projected memory token per description)."
+        ]
+        if cfg.minilm_row
+        else []
+    )
 
 
 def reference_scores(cfg: TGDTConfig, data) -> dict[str, float]:  # noqa: ANN001
@@ -174,7 +191,7 @@ def unit_checks(seed: int = 0) -> dict[str, float]:
     gen = torch.Generator().manual_seed(seed)
     # left padding: the rows' first steps
     w.valid[:, :2] = False
-    text = model.encode_text(b.ids, b.text_index)
+    text = model.encode_text(b.texts, b.text_index)
     with torch.no_grad():
         a0 = model.act(w, text)
         l0 = dt_loss(a0, b.target, w.valid)
@@ -200,7 +217,7 @@ def unit_checks(seed: int = 0) -> dict[str, float]:
         for step in range(5):
             r = np.random.default_rng([seed, step, 0, 3])
             dt, al = sampler.step_batch(r, align=True)
-            enc = model.encode_text(dt.ids, dt.text_index)
+            enc = model.encode_text(dt.texts, dt.text_index)
             fractions.append(float(align_terms(model, al, enc, gen)["tbm_positive_fraction"]))
         moved = rollout(model, cfg, data.goals[:2], texts=[data.test_description(0)] * 2)
     return {

@@ -27,7 +27,7 @@ from nshot.errors import NshotError
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import TGDTConfig
-from .data import ACT_DIM, MAX_ACTION, MAX_DESC_LEN, STATE_DIM, VOCAB
+from .data import ACT_DIM, MAX_ACTION, MAX_DESC_LEN, STATE_DIM, VOCAB, tokenize
 
 
 class Attention(nn.Module):
@@ -117,6 +117,30 @@ class TextEncoder(nn.Module):
         return self.ln(x), valid
 
 
+class MiniLMEncoder(nn.Module):
+    """Frozen all-MiniLM-L6-v2 sentence embeddings (the pretrained text encoder of paper §3,
+    in place of BLIP's) and a trained projection: one memory token per description. The
+    encoder is not a submodule (only the projection is in the state dict); embeddings are
+    memoised per text in this process."""
+
+    def __init__(self, cfg: TGDTConfig) -> None:
+        super().__init__()
+        from nshot.data.sources import MINILM_DIM
+
+        d = cfg.d_model
+        self.proj = nn.Sequential(nn.Linear(MINILM_DIM, d), nn.GELU(), nn.Linear(d, d))
+        self._memo: dict[str, torch.Tensor] = {}
+
+    def forward(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        missing = sorted({t for t in texts if t not in self._memo})
+        if missing:
+            from nshot.data.sources import embed_texts
+
+            self._memo.update(zip(missing, torch.from_numpy(embed_texts(missing)), strict=True))
+        emb = torch.stack([self._memo[t] for t in texts])
+        return self.proj(emb)[:, None], torch.ones(len(texts), 1, dtype=torch.bool)
+
+
 @dataclass
 class Text:
     """Encoded unique descriptions and, per sequence, which one it reads."""
@@ -153,7 +177,9 @@ class TGDTModel(nn.Module):
         )
         self.ln_out = nn.LayerNorm(d)
         self.action_head = nn.Linear(d, ACT_DIM)
-        self.text = TextEncoder(cfg) if cfg.uses_text else None
+        self.text: TextEncoder | MiniLMEncoder | None = None
+        if cfg.uses_text:
+            self.text = TextEncoder(cfg) if cfg.text_encoder == "char" else MiniLMEncoder(cfg)
         if cfg.system == "naive_text_dt":
             self.cond = nn.Linear(2 * d, d)
         elif cfg.system == "oracle_dt":
@@ -179,9 +205,13 @@ class TGDTModel(nn.Module):
         return hasattr(self, "tbm_head")
 
     # ------------------------------------------------------------------ pieces
-    def encode_text(self, ids: torch.Tensor, index: torch.Tensor) -> Text:
+    def encode_text(self, texts: list[str], index: torch.Tensor) -> Text:
+        """The unique descriptions ``texts`` encoded; sequence i reads ``texts[index[i]]``."""
         assert self.text is not None
-        tokens, valid = self.text(ids)
+        if isinstance(self.text, MiniLMEncoder):
+            tokens, valid = self.text(texts)
+        else:
+            tokens, valid = self.text(torch.as_tensor(tokenize(texts)))
         return Text(tokens, valid, index)
 
     def tokens(self, w: Window) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from nshot.train import session
 
 from .config import TGDTConfig
-from .data import MAX_ACTION, PointData, load_data, tokenize
+from .data import MAX_ACTION, PointData, load_data
 from .model import Text, TGDTModel, Window
 
 
@@ -32,7 +32,7 @@ from .model import Text, TGDTModel, Window
 class DTBatch:
     window: Window
     target: torch.Tensor  # (B, K, 2) actions / MAX_ACTION
-    ids: torch.Tensor | None  # unique descriptions' characters
+    texts: list[str] | None  # the unique descriptions
     text_index: torch.Tensor | None
     goal: torch.Tensor | None
     prompt: Window | None
@@ -72,12 +72,11 @@ class Sampler:
                       torch.as_tensor(actions, dtype=torch.float32),
                       torch.as_tensor(st, dtype=torch.long), torch.as_tensor(valid))  # fmt: skip
 
-    def texts(self, keys: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids of the unique descriptions, index of each key's description)."""
+    def texts(self, keys: list[tuple[int, int]]) -> tuple[list[str], torch.Tensor]:
+        """(the unique descriptions, index of each key's description)."""
         uniq = list(dict.fromkeys(keys))
-        ids = torch.as_tensor(tokenize([self.desc[u] for u in uniq]))
         pos = {u: i for i, u in enumerate(uniq)}
-        return ids, torch.as_tensor([pos[k] for k in keys], dtype=torch.long)
+        return [self.desc[u] for u in uniq], torch.as_tensor([pos[k] for k in keys])
 
     def prompt(self, tasks: np.ndarray, rng: np.random.Generator) -> Window:
         """Prompt-DT's prompt: the last ``prompt_len`` steps of an expert episode of each task."""
@@ -94,24 +93,23 @@ class Sampler:
         episode = rng.integers(d.states.shape[2], size=b)
         end = rng.integers(1, d.horizon + 1, size=b)
         w = self.window(tasks, quality, episode, end, cfg.context)
-        ids = index = goal = prompt = None
+        uniq = index = goal = prompt = None
         if cfg.uses_text and texts is not None:
             uniq = list(dict.fromkeys(texts))
-            ids = torch.as_tensor(tokenize(uniq))
             index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long)
         elif cfg.uses_text:
-            ids, index = self.texts(list(zip(tasks.tolist(), quality.tolist(), strict=True)))
+            uniq, index = self.texts(list(zip(tasks.tolist(), quality.tolist(), strict=True)))
         if cfg.system == "oracle_dt":
             goal = torch.as_tensor(d.goals[tasks], dtype=torch.float32)
         if cfg.system == "prompt_dt":
             prompt = self.prompt(tasks, rng)
-        return DTBatch(w, w.actions / MAX_ACTION, ids, index, goal, prompt)
+        return DTBatch(w, w.actions / MAX_ACTION, uniq, index, goal, prompt)
 
     def step_batch(
         self, rng: np.random.Generator, align: bool
     ) -> tuple[DTBatch, AlignBatch | None]:
         """One training step's batches: the alignment batch takes the DT batch's tasks, and the
-        step's descriptions are encoded once (the DT batch's ``ids`` hold them all)."""
+        step's descriptions are encoded once (the DT batch's ``texts`` hold them all)."""
         cfg, d = self.cfg, self.data
         tasks = rng.choice(d.n_train, cfg.tasks_per_step, replace=False)
         tier = rng.integers(3, size=len(tasks))  # a step's windows of one task share its tier
@@ -128,8 +126,8 @@ class Sampler:
                           rng.integers(cfg.context, d.horizon + 1, size=a), cfg.context)  # fmt: skip
         keys = [(int(t), int(q)) for t, q in zip(rows, quality, strict=True)]
         keys += [(int(t), 0) for t in tasks]
-        ids, index = self.texts(keys)
-        dt.ids, dt.text_index = ids, index[: len(rows)]
+        uniq, index = self.texts(keys)
+        dt.texts, dt.text_index = uniq, index[: len(rows)]
         return dt, AlignBatch(expert, neg, index[len(rows) :], tasks)
 
 
@@ -194,7 +192,7 @@ class LossModule(torch.nn.Module):
 
     def forward(self, dt: DTBatch, align: AlignBatch | None, gen: torch.Generator):  # noqa: ANN201
         m, cfg = self.model, self.cfg
-        text = m.encode_text(dt.ids, dt.text_index) if dt.ids is not None else None
+        text = m.encode_text(dt.texts, dt.text_index) if dt.texts is not None else None
         pred = m.act(dt.window, text, dt.goal, dt.prompt)
         terms = {"dt": dt_loss(pred, dt.target, dt.window.valid)}
         total = cfg.w_dt * terms["dt"]
