@@ -107,6 +107,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.module.__name__ in ray_modules:
             item.add_marker(pytest.mark.xdist_group("ray"))
             item.user_properties.append(("ray_module", True))
+    # the tests off Ray that need the tiny LM go first: the worker without Ray trains it (about
+    # a minute, once, in the shared cache) while the other starts on the Ray tests, which then
+    # find it built (the order of everything else is kept)
+    items.sort(
+        key=lambda it: (
+            ("ray_module", True) in it.user_properties or "tiny_smoke_lm" not in it.fixturenames
+        )
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -98,16 +98,16 @@ def test_tiny_smoke_lm_knows_its_facts(tiny_smoke_lm):
     assert torch.equal(a, b)
 
 
-def test_tampered_cache_is_rebuilt_not_loaded(tiny_smoke_lm):
+def test_tampered_cache_is_rebuilt_not_loaded(tiny_smoke_lm, tmp_path):
+    import shutil
+
     assert lm.verify_manifest(tiny_smoke_lm)
-    cfg = tiny_smoke_lm / "config.json"
-    original = cfg.read_bytes()
-    try:
-        cfg.write_bytes(original + b" ")
-        assert not lm.verify_manifest(tiny_smoke_lm)
-    finally:
-        cfg.write_bytes(original)
-    assert lm.verify_manifest(tiny_smoke_lm)
+    copy = tmp_path / tiny_smoke_lm.name  # a copy: the other pytest worker may be reading it
+    shutil.copytree(tiny_smoke_lm, copy)
+    assert lm.verify_manifest(copy)
+    cfg = copy / "config.json"
+    cfg.write_bytes(cfg.read_bytes() + b" ")
+    assert not lm.verify_manifest(copy)
 
 
 def test_resolve_device_without_cuda(monkeypatch):
