@@ -1,5 +1,5 @@
 """dirclip (UCAT): the guards (Dirichlet KL, α, attacks, ECE, frozen parts), config
-errors naming the field, train → resume → evaluate, two Ray Train workers, the predictor's
+errors naming the field, train → evaluate, two Ray Train workers, the predictor's
 422s over HTTP, conformal sets, experiments on smoke and the example."""
 
 from __future__ import annotations
@@ -220,18 +220,16 @@ def trained(ray_session, nshot_cache, tmp_path_factory):
     return storage, cfg, res
 
 
-def test_train_resume_evaluate(trained):
-    from nshot.train import Scaling, fit, load_checkpoint
+def test_trains_and_evaluates(trained):
+    from nshot.train import load_checkpoint
 
     storage, cfg, res = trained
     ckpt = load_checkpoint(res.checkpoint, method="dirclip")
     assert ckpt.step == cfg.steps and any(k.startswith("best.") for k in ckpt.weights())
     assert {"ce", "lam_kl", "adv_acc", "clean_acc", "val_h"} <= set(ckpt.metrics)
     assert ckpt.extra["selected"]["step"] in range(0, cfg.steps + 1, cfg.val_every)
-    longer = cfg.replace(steps=cfg.steps + 10)
-    again = fit("dirclip", longer, scaling=Scaling(workers=0), storage=storage, name="one",
-                resume=True)  # fmt: skip
-    assert load_checkpoint(again.checkpoint, method="dirclip").step == cfg.steps + 10
+    # (resume: the conformance test's fault and resume on smoke; an interrupted paper-path run
+    # resumed to the uninterrupted run's weights: tests/test_hfclip.py)
     metrics = get("dirclip").evaluate(ckpt, cfg)
     for k in ("clean", "pgd", "apgd", "h", "ece_clean", "ece_adv", "clean_rolled",
               "pgd_rolled", "clean_mnist8", "au", "eu", "eu_code", "pu"):  # fmt: skip
