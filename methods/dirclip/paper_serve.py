@@ -35,10 +35,9 @@ from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import TEMPLATE
-from .dirichlet import uncertainty
 from .model import SCALE
 from .paper import HFDirClip, load_paper_model
-from .serve import DirclipResponse, Prediction, Uncertainty, _round
+from .serve import DirclipResponse, response_from_logits
 
 MAX_IMAGES = 256
 MAX_CLASSES = 1000
@@ -205,19 +204,4 @@ class DirclipPaperPredictor(Predictor[DirclipPaperRequest, DirclipResponse]):
 
     def __call__(self, request: DirclipPaperRequest) -> DirclipResponse:
         names = request.class_names
-        logits = self.logits(request)
-        probs = logits.softmax(-1)
-        u = uncertainty(logits) if request.return_uncertainty else None
-        preds = []
-        for i in range(len(logits)):
-            unc = None
-            if u is not None:
-                unc = Uncertainty(**{k: _round(u[k][i]) for k in Uncertainty.model_fields})
-            preds.append(
-                Prediction(
-                    label=names[int(probs[i].argmax())],
-                    probs={n: _round(p) for n, p in zip(names, probs[i].tolist(), strict=True)},
-                    uncertainty=unc,
-                )
-            )
-        return DirclipResponse(predictions=preds)
+        return response_from_logits(names, self.logits(request), request.return_uncertainty)

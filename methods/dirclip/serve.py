@@ -225,21 +225,7 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
     def _answer(self, request: DirclipRequest, feats: torch.Tensor) -> DirclipResponse:
         names = request.class_names
         logits = SCALE * feats @ self._text_features(names, request.template).double().T
-        probs = logits.softmax(-1)
-        u = uncertainty(logits) if request.return_uncertainty else None
-        preds = []
-        for i in range(len(feats)):
-            unc = None
-            if u is not None:
-                unc = Uncertainty(**{k: _round(u[k][i]) for k in Uncertainty.model_fields})
-            preds.append(
-                Prediction(
-                    label=names[int(probs[i].argmax())],
-                    probs={n: _round(p) for n, p in zip(names, probs[i].tolist(), strict=True)},
-                    uncertainty=unc,
-                )
-            )
-        return DirclipResponse(predictions=preds)
+        return response_from_logits(names, logits, request.return_uncertainty)
 
     def __call__(self, request: DirclipRequest) -> DirclipResponse:
         return self.batch([request])[0]
@@ -269,3 +255,25 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
             query_emb=f[n:],
             classes=list(names),
         )
+
+
+def response_from_logits(
+    names: list[str], logits: torch.Tensor, with_uncertainty: bool
+) -> DirclipResponse:
+    """One answer per row of ``logits`` (images × classes): the label, the probabilities and,
+    when asked, the Dirichlet uncertainty (AU/EU) of the concentrations the logits define."""
+    probs = logits.softmax(-1)
+    u = uncertainty(logits) if with_uncertainty else None
+    preds = []
+    for i in range(len(logits)):
+        unc = None
+        if u is not None:
+            unc = Uncertainty(**{k: _round(u[k][i]) for k in Uncertainty.model_fields})
+        preds.append(
+            Prediction(
+                label=names[int(probs[i].argmax())],
+                probs={n: _round(p) for n, p in zip(names, probs[i].tolist(), strict=True)},
+                uncertainty=unc,
+            )
+        )
+    return DirclipResponse(predictions=preds)
