@@ -534,3 +534,281 @@ def test_an_answer_that_is_not_json_is_a_clean_500(untrained_tail_checkpoint, mo
         assert r.status_code == 500, r.text
         body = json.loads(r.content.decode("utf-8"))
         assert body["detail"].startswith("internal error") and body["request_id"]
+
+
+# --------------------------------------------------------------- under load (issue 26), no Ray
+
+
+class _Scripted:
+    """A real HTTP server on 127.0.0.1 (``http.server`` in a thread) that answers each POST with
+    the next ``(status, headers)`` of its script (then 200), recording when each came."""
+
+    def __init__(self, script):
+        import http.server
+        import threading
+        import time
+
+        self.script, self.times = list(script), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                outer.times.append(time.monotonic())
+                status, headers = outer.script.pop(0) if outer.script else (200, {})
+                body = b'{"ok": true}' if status == 200 else b'{"detail": "busy"}'
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_client_retries_503_with_retry_after_and_gives_up_after_its_bound():
+    busy = (503, {"Retry-After": "0"})
+    srv = _Scripted([busy, busy])
+    try:
+        client = Client(srv.url, retries=3)
+        assert client.predict({"x": 1}) == {"ok": True} and client.attempts == 3
+        srv.script = [busy] * 5
+        client = Client(srv.url, retries=2)
+        with pytest.raises(ServeError) as err:
+            client.predict({"x": 1})
+        assert err.value.status == 503 and err.value.retry_after_s == 0 and client.attempts == 3
+        # a 503 without Retry-After (a replica that failed to load) is not retried
+        srv.script = [(503, {})]
+        client = Client(srv.url, retries=3)
+        with pytest.raises(ServeError):
+            client.predict({"x": 1})
+        assert client.attempts == 1
+        # the delay asked for is honoured (Retry-After: 1, whole seconds as Serve sends it)
+        srv.script, srv.times = [(503, {"Retry-After": "1"})], []
+        assert Client(srv.url).predict({"x": 1}) == {"ok": True}
+        assert len(srv.times) == 2 and srv.times[1] - srv.times[0] >= 0.95
+    finally:
+        srv.close()
+
+
+def test_retry_after_accepts_seconds_and_http_dates():
+    from nshot.serve.client import retry_after_seconds
+
+    assert retry_after_seconds("3") == 3.0 and retry_after_seconds(None) is None
+    assert retry_after_seconds("soon") is None
+    now = 1_700_000_000.0
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:25 GMT", now=now) == pytest.approx(5.0)
+
+
+def test_bench_load_counts_statuses_and_keeps_connections():
+    from nshot.bench import _load
+
+    srv = _Scripted([(503, {"Retry-After": "1"})] * 3)
+    try:
+        r = _load(srv.url + "/p", b"{}", clients=4, requests=20)
+    finally:
+        srv.close()
+    # 4 warm-up requests (untimed) took 3 of the 503s; 20 timed requests, 19 or 20 answered
+    assert r["requests"] == 20 and r["statuses"].get("200", 0) + r["statuses"].get("503", 0) == 20
+    assert r["ok"] == r["statuses"]["200"] >= 19 and r["requests_per_s"] > 0
+
+
+def test_ingress_modes_are_refused_before_anything_starts(monkeypatch, tmp_path, capsys):
+    from nshot import cli
+    from nshot.errors import NshotError
+    from nshot.serve import ingress
+
+    with pytest.raises(NshotError, match="token"):
+        ingress.check("haproxy", None)
+    with pytest.raises(NshotError, match="choose one of"):
+        ingress.check("nginx", "t")
+    # the binary is looked for, and its absence said clearly
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(tmp_path / "no-haproxy"))
+    with pytest.raises(NshotError, match="HAProxy binary"):
+        ingress.check("haproxy", "t")
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH")
+    # a Ray that already runs keeps the mode it was started with
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    for k in ingress._ALL:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(NshotError, match="already running"):
+        ingress.prepare("direct", None)
+    assert ingress.prepare("proxy", None) == {}
+    assert ingress.mode_of({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}) == "throughput"
+    assert ingress.mode_of({"RAY_SERVE_ENABLE_HA_PROXY": "1"}) == "haproxy"
+
+    started = []
+    monkeypatch.setattr("nshot.serve.start", lambda *a, **k: started.append(k))
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.delenv("NSHOT_SERVE_TOKEN", raising=False)
+    argv = ["serve", "tail", "--checkpoint", str(tmp_path), "--ingress", "haproxy"]
+    assert cli.main([*argv, "--port", str(_free_port())]) == 2 and not started
+    assert "--ingress haproxy binds" in capsys.readouterr().err
+
+
+def test_past_capacity_is_a_prompt_503_with_retry_after_and_the_client_retries(
+    served, untrained_tail_checkpoint
+):
+    """A replica that takes 2 requests at once (max_batch_size 1) and a proxy that queues 1
+    more: of 8 requests held 1.5 s each, those past capacity are answered 503 with
+    `Retry-After: 1` at once (not after a back-off), the admitted ones are answered; the client
+    then gets its answer by retrying."""
+    import time
+
+    from ray import serve
+
+    from nshot.serve.app import ServeOptions, build_app
+
+    url, predictor = served
+    opts = ServeOptions(
+        token=TOKEN,
+        max_batch_size=1,
+        max_ongoing_requests=1,
+        max_queued_requests=1,
+        allow_fault_injection=True,
+    )
+    serve.run(
+        build_app("tail", untrained_tail_checkpoint, opts),
+        name="tail-capacity",
+        route_prefix="/tail-capacity",
+    )
+    base = url.rsplit("/", 1)[0] + "/tail-capacity"
+    ep = _episode(3)
+
+    def held(_):
+        req = urllib.request.Request(base + "/predict", data=json.dumps(ep).encode())
+        req.add_header("authorization", f"Bearer {TOKEN}")
+        req.add_header("content-type", "application/json")
+        req.add_header("x-nshot-inject-delay-ms", "1500")
+        t = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, None, time.perf_counter() - t
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers.get("retry-after"), time.perf_counter() - t
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            out = list(pool.map(held, range(8)))
+        busy = [o for o in out if o[0] == 503]
+        # 3 fit (Serve's router may refuse one more while a queued request is being assigned)
+        assert {o[0] for o in out} == {200, 503} and 1 <= len(out) - len(busy) <= 3, out
+        assert all(o[1] == "1" and o[2] < 1.0 for o in busy), busy
+        expected = predictor(predictor.Request(**ep)).model_dump(mode="json")
+        clients = [Client(base, token=TOKEN, retries=10) for _ in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda c: c.predict(ep), clients))
+        assert answers == [expected] * 4
+    finally:
+        serve.delete("tail-capacity")
+
+
+@pytest.mark.ray
+def test_direct_ingress_serves_from_the_replica_on_the_port_asked_for(untrained_tail_checkpoint):
+    """`nshot serve --ingress direct` sets Serve's switch before its own Ray starts: the replica
+    answers on --port itself (its pid is the one /healthz reports, no proxy actor in between),
+    with the in-process answer; SIGTERM shuts it down."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["NSHOT_SERVE_TOKEN"] = TOKEN
+    argv = ["serve", "tail", "--checkpoint", str(untrained_tail_checkpoint), "--ingress", "direct"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nshot.cli", *argv, "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = ""
+        deadline = time.time() + 240
+        while "serving tail at" not in line and time.time() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/tail/predict" in line and "ingress direct" in line, line
+        client = Client(f"http://127.0.0.1:{port}/tail", token=TOKEN)
+        pid = client.healthz()["pid"]
+        import psutil
+
+        listening = {
+            c.laddr.port
+            for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert port in listening, listening  # the replica process holds the port
+        predictor = get("tail").predictor(load_checkpoint(untrained_tail_checkpoint))
+        ep = _episode(5)
+        assert client.predict(ep) == predictor(predictor.Request(**ep)).model_dump(mode="json")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+    assert rc == 0
+
+
+def test_sustained_load_small_version(served):
+    """The small version of `nshot bench serve-sustained` (10,000 requests at 64 clients, 5 %
+    malformed: README, "Serve under load"): 400 requests at 64 clients, no 5xx, every valid
+    answer the in-process one (8 distinct requests, so a swap would show), every malformed
+    body a 422; the replica's memory is read (its 10 % bound is the full run's)."""
+    from nshot.bench import malformed_bodies, sustained_load, sustained_requests
+
+    url, predictor = served
+    pid = Client(url, token=TOKEN).healthz()["pid"]
+    example = predictor.example_request()
+    reqs = sustained_requests(example)
+    assert len({len(r["query_x"]) for r in reqs}) == len(reqs) == 8
+    expected = [
+        predictor(predictor.Request.model_validate(r)).model_dump(mode="json") for r in reqs
+    ]
+    res = sustained_load(
+        url + "/predict",
+        TOKEN,
+        [json.dumps(r).encode() for r in reqs],
+        expected,
+        malformed_bodies(example),
+        requests=400,
+        clients=64,
+        rss_pid=pid,
+        rss_at=100,
+    )
+    assert res["statuses"] == {"200": 380, "422": 20}, res
+    assert res["wrong_answers"] == 0 and res["malformed_not_422"] == 0
+    assert res["rss_after_first_bytes"] > 0 and res["rss_end_bytes"] > 0
+
+
+def test_autoscale_and_admission_reach_the_deployment(untrained_tail_checkpoint, capsys):
+    """`--autoscale MIN:MAX` becomes Serve's autoscaling config on ongoing requests (a full
+    batch per replica by default); admission limits and the 503's Retry-After are set too."""
+    from nshot import cli
+    from nshot.serve.app import ServeOptions, build_app, parse_autoscale
+
+    app = build_app("tail", untrained_tail_checkpoint, ServeOptions(autoscale="1:3"))
+    cfg = app._bound_deployment._deployment_config
+    auto = cfg.autoscaling_config
+    assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (1, 3, 16)
+    assert (cfg.max_ongoing_requests, cfg.max_queued_requests) == (128, 128)
+    assert cfg.backpressure_config.status_code == 503
+    assert cfg.backpressure_config.retry_after_s == 1.0
+    for bad in ("3:1", "0:2", "2", "a:b"):
+        with pytest.raises(ValueError, match="MIN:MAX"):
+            parse_autoscale(bad)
+    argv = ["serve", "tail", "--checkpoint", str(untrained_tail_checkpoint)]
+    assert cli.main([*argv, "--port", str(_free_port()), "--autoscale", "2:1"]) == 2
+    assert cli.main([*argv, "--port", str(_free_port()), "--autoscale", "1:2", "--replicas", "2"])
+    err = capsys.readouterr().err
+    assert "--autoscale '2:1'" in err and "replaces --replicas" in err

@@ -124,32 +124,86 @@ def train(
 
 # --------------------------------------------------------------------------- serve
 
+SERVE_LEVELS = (1, 8, 32, 128)
 
-def _load(url: str, payload: bytes, clients: int, requests: int, timeout_s: float = 60.0):
-    """``requests`` POSTs from ``clients`` threads (bounded, loopback); latencies in seconds."""
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
 
-    def one(_: int) -> float:
-        t = time.perf_counter()
-        req = urllib.request.Request(url, data=payload, method="POST")
-        req.add_header("content-type", "application/json")
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            resp.read()
-        return time.perf_counter() - t
+def _load(
+    url: str,
+    payload: bytes,
+    clients: int,
+    requests: int,
+    token: str | None = None,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """``clients`` closed-loop clients on 127.0.0.1, each with its own keep-alive connection,
+    each sending ``ceil(requests / clients)`` POSTs one after the other (after one warm-up
+    request that is not timed). Throughput counts 200 answers only; any other status (a 503
+    past capacity) or a failed connection is counted in ``statuses``, never retried."""
+    import http.client
+    import math
+    import threading
+    import urllib.parse
+    from collections import Counter
 
-    for _ in range(min(clients, 4)):  # warm-up
-        one(0)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        lat = list(pool.map(one, range(requests)))
-    wall = time.perf_counter() - t0
     import numpy as np
 
-    arr = np.asarray(lat)
+    u = urllib.parse.urlsplit(url)
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    per = max(1, math.ceil(requests / clients))
+    lat: list[float] = []
+    statuses: Counter[str] = Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def send(conn: http.client.HTTPConnection) -> str:
+        for attempt in (0, 1):  # a keep-alive connection the server closed is reopened once
+            try:
+                conn.request("POST", u.path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                return str(resp.status)
+            except (http.client.HTTPException, ConnectionError) as err:
+                conn.close()
+                if attempt:
+                    return type(err).__name__
+            except OSError as err:  # a timeout
+                conn.close()
+                return type(err).__name__
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+        send(conn)  # warm-up: the connection is open before the clock starts
+        mine, codes = [], []
+        start.wait()
+        for _ in range(per):
+            t = time.perf_counter()
+            code = send(conn)
+            mine.append(time.perf_counter() - t)
+            codes.append(code)
+        conn.close()
+        with lock:
+            lat.extend(x for x, c in zip(mine, codes) if c == "200")
+            statuses.update(codes)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    arr = np.asarray(lat) if lat else np.asarray([np.nan])
     return {
-        "requests": requests,
-        "requests_per_s": requests / wall,
+        "clients": clients,
+        "requests": per * clients,
+        "ok": statuses.get("200", 0),
+        "statuses": dict(statuses),
+        "wall_s": wall,
+        "requests_per_s": statuses.get("200", 0) / wall,
         "p50_ms": float(np.percentile(arr, 50) * 1000),
         "p99_ms": float(np.percentile(arr, 99) * 1000),
     }
@@ -169,81 +223,489 @@ def _wait_http(url: str, timeout_s: float = 120.0) -> None:
             time.sleep(0.5)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and spread (min, max) of the repeats of one system at one level."""
+    import numpy as np
+
+    out: dict[str, Any] = {"repeats": len(runs)}
+    for k in ("requests_per_s", "p50_ms", "p99_ms"):
+        v = np.asarray([r[k] for r in runs], dtype=float)
+        out[k] = float(np.median(v))
+        out[f"{k}_min"] = float(np.min(v))
+        out[f"{k}_max"] = float(np.max(v))
+    out["not_200"] = sum(r["requests"] - r["ok"] for r in runs)
+    return out
+
+
+class _ServeServer:
+    """One Serve instance in its own process (its own Ray, started after the ingress switches
+    are set): ``python -m nshot.bench serve-server``. The apps' base URLs come back on the
+    child's first stdout line; closing its stdin shuts Serve and Ray down."""
+
+    def __init__(self, mode: str, checkpoint: str, method: str, apps: dict[str, int], token: str):
+        import subprocess
+        import sys
+        import threading
+
+        self.log = tempfile.NamedTemporaryFile(prefix=f"nshot-bench-{mode}-", suffix=".log")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k != "RAY_ADDRESS" and not k.startswith("RAY_SERVE_")
+        }
+        env["NSHOT_SERVE_TOKEN"] = token
+        spec = ",".join(f"{name}:{batch}" for name, batch in apps.items())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nshot.bench", "serve-server", mode, method, checkpoint,
+             str(_free_port()), spec],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, text=True,
+        )  # fmt: skip
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
+        reader.start()
+        reader.join(timeout=300)
+        if not line or not line[0].strip():
+            self.close()
+            raise RuntimeError(f"the {mode} Serve process did not start: {self.tail()}")
+        reply = json.loads(line[0])
+        if "error" in reply:
+            self.close()
+            raise RuntimeError(reply["error"])
+        self.urls: dict[str, str] = reply["urls"]
+
+    def tail(self, n: int = 600) -> str:
+        self.log.flush()
+        text = Path(self.log.name).read_text(errors="replace")
+        return " ".join(text[-n:].split())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=120)
+            except Exception:  # noqa: BLE001 - a hung shutdown is killed
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec: str) -> None:
+    """The child of :class:`_ServeServer`: Serve with ``mode``'s switches set before Ray
+    starts, one application per ``name:max_batch_size`` of ``spec`` at ``/<name>``."""
+    import sys
+
+    from nshot.errors import NshotError
+    from nshot.serve import ingress
+    from nshot.serve.app import ServeOptions, build_app
+
+    token = os.environ.get("NSHOT_SERVE_TOKEN")
+    try:
+        ingress.prepare(mode, token, port=None)
+        from ray import serve
+
+        from nshot.train import ensure_ray
+
+        ensure_ray()
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": int(port)},
+            logging_config={"log_level": "WARNING"},
+        )
+        urls = {}
+        for item in spec.split(","):
+            name, batch = item.split(":")
+            opts = ServeOptions(max_batch_size=int(batch), token=token)
+            serve.run(build_app(method_name, checkpoint, opts), name=name, route_prefix=f"/{name}")
+            urls[name] = ingress.verify(mode, name, "127.0.0.1", int(port))[0] + "/predict"
+    except (NshotError, RuntimeError) as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
+        return
+    print(json.dumps({"urls": urls}), flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+    serve.shutdown()
+    import ray
+
+    ray.shutdown()
+
+
 def serve(
     method_name: str = "tail",
     *,
     checkpoint: str | None = None,
-    requests: int = 300,
-    concurrency: tuple[int, ...] = (1, 8, 32),
+    requests: int = 200,
+    concurrency: tuple[int, ...] = SERVE_LEVELS,
+    repeats: int = 3,
+    ingress: tuple[str, ...] = ("proxy", "direct", "throughput", "haproxy"),
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """(a) Serve with batching, (b) Serve without batching, (c) bare FastAPI/uvicorn, no Ray.
+    """Serve with batching (``max_batch_size`` 16), without (1), and the same predictor in a bare
+    FastAPI app under uvicorn (no Ray, one torch thread like a one-CPU replica).
 
-    Same predictor and checkpoint; each is driven with 1, 8 and 32 concurrent clients for a
-    fixed number of requests on 127.0.0.1. Without ``checkpoint`` a `smoke` model is trained
-    first (in-process)."""
-    import socket
+    One block per ingress mode (:mod:`nshot.serve.ingress`), each its own Serve process and Ray,
+    one after the other; the bare app runs throughout and is measured in every block, so each
+    mode is compared with the bare app measured alongside it. In a block every level (1, 8, 32
+    and 128 clients) runs ``repeats`` times, the systems interleaved (their order rotated each
+    repeat); medians and the spread are reported, the JSON keeps every run. The ``proxy`` block
+    also carries the unbatched app. A mode that cannot run here is a row marked unavailable, with
+    the reason. Without ``checkpoint`` a ``smoke`` model is trained first (in-process Ray, shut
+    down before the blocks)."""
+    import secrets
     import subprocess
     import sys
 
-    from ray import serve as ray_serve
+    import ray
 
-    from nshot.serve.app import ServeOptions, build_app
+    from nshot.errors import NshotError
+    from nshot.serve import ingress as ing
     from nshot.train import ensure_ray, fit
 
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    ensure_ray()
+    if repeats < 1 or requests < 1:
+        raise NshotError("--repeats and --requests must be >= 1")
+    for mode in ingress:
+        if mode not in ing.MODES:
+            raise NshotError(f"--ingress {mode}: choose among {', '.join(ing.MODES)}")
     tmp = tempfile.TemporaryDirectory(prefix="nshot-bench-serve-")
     if checkpoint is None:
+        started = not ray.is_initialized()
+        ensure_ray()
         cfg = get(method_name).config("smoke")
         checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
+        if started:
+            ray.shutdown()  # the blocks start their own Ray; an idle one would share the CPUs
     payload = _bench_payload(method_name, checkpoint)
-    port = free_port()
-    ray_serve.start(http_options={"host": "127.0.0.1", "port": port})
-    systems: dict[str, str] = {}
-    for name, batch in (("serve_batched", 16), ("serve_unbatched", 1)):
-        ray_serve.run(
-            build_app(method_name, checkpoint, ServeOptions(max_batch_size=batch)),
-            name=name,
-            route_prefix=f"/{name}",
-        )
-        systems[name] = f"http://127.0.0.1:{port}/{name}/predict"
-    bare_port = free_port()
-    proc = subprocess.Popen(
+    token = secrets.token_urlsafe(16)
+    bare_port = _free_port()
+    bare = subprocess.Popen(
         [sys.executable, "-m", "nshot.serve.bare", "--method", method_name,
          "--checkpoint", checkpoint, "--port", str(bare_port)],
     )  # fmt: skip
+    blocks: dict[str, Any] = {}
+    order: list[str] = []
     try:
         _wait_http(f"http://127.0.0.1:{bare_port}/{method_name}/healthz")
-        systems["fastapi_bare"] = f"http://127.0.0.1:{bare_port}/{method_name}/predict"
-        results: dict[str, dict[str, Any]] = {s: {} for s in systems}
-        for c in concurrency:
-            for s, url in systems.items():
-                results[s][f"clients_{c}"] = _load(url, payload, c, requests)
+        bare_url = f"http://127.0.0.1:{bare_port}/{method_name}/predict"
+        for mode in ingress:
+            apps = (
+                {"serve_batched": 16, "serve_unbatched": 1}
+                if mode == "proxy"
+                else {"serve_batched": 16}
+            )
+            try:
+                ing.check(mode, token)
+                server = _ServeServer(mode, checkpoint, method_name, apps, token)
+            except (NshotError, RuntimeError) as err:
+                blocks[mode] = {"available": False, "reason": str(err)}
+                print(f"bench serve: {mode}: unavailable: {err}", file=sys.stderr)
+                continue
+            try:
+                systems = {**server.urls, "fastapi_bare": bare_url}
+                runs: dict[str, dict[str, list]] = {s: {} for s in systems}
+                names = list(systems)
+                for c in concurrency:
+                    n = max(requests, 3 * c)
+                    for rep in range(repeats):
+                        k = rep % len(names)
+                        for s in names[k:] + names[:k]:
+                            tok = None if s == "fastapi_bare" else token
+                            r = _load(systems[s], payload, c, n, token=tok)
+                            r["order"] = len(order)
+                            order.append(f"{mode}/{s}/{c}/{rep}")
+                            runs[s].setdefault(f"clients_{c}", []).append(r)
+                blocks[mode] = {
+                    "available": True,
+                    "urls": server.urls,
+                    "load_before": os.getloadavg()[0],
+                    "runs": runs,
+                    "summary": {
+                        s: {lvl: _summary(rs) for lvl, rs in by.items()} for s, by in runs.items()
+                    },
+                }
+            finally:
+                server.close()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        ray_serve.shutdown()
+        bare.terminate()
+        bare.wait(timeout=30)
         tmp.cleanup()
-    top, one = f"clients_{max(concurrency)}", f"clients_{min(concurrency)}"
-    a, b, c_ = results["serve_batched"], results["serve_unbatched"], results["fastapi_bare"]
     data: dict[str, Any] = {
         "benchmark": "serve",
         "method": method_name,
         "requests_per_level": requests,
-        "results": results,
-        "throughput_a_over_b_top": a[top]["requests_per_s"] / b[top]["requests_per_s"],
-        "throughput_a_over_c_top": a[top]["requests_per_s"] / c_[top]["requests_per_s"],
-        "p50_b_over_c_one_client": b[one]["p50_ms"] / c_[one]["p50_ms"],
-        "targets": {"throughput_a_over_b_top": ">= 3", "p50_b_over_c_one_client": "<= 1.5"},
+        "requests_rule": "max(requests, 3 * clients) per run, split evenly over the clients",
+        "levels": list(concurrency),
+        "repeats": repeats,
+        "client": "closed-loop clients, one keep-alive HTTP/1.1 connection each, 127.0.0.1",
+        "blocks": blocks,
+        "run_order": order,
         "environment": _environment(),
     }
-    keys = ["throughput_a_over_b_top", "throughput_a_over_c_top", "p50_b_over_c_one_client"]
+    data.update(_serve_ratios(blocks, concurrency))
+    keys = [k for k in data if k.startswith("ratio_")]
     return write_result(f"bench-results/serve-{method_name}.json", out, data, keys)
+
+
+def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, Any]:
+    """The ratios of issue 26, each from runs of one block (measured interleaved): medians, and
+    the spread of the same ratio over paired repeats (repeat i of one system against repeat i
+    of the other)."""
+    import numpy as np
+
+    out: dict[str, Any] = {"targets": {}}
+
+    def paired(block, a, b, level, key):
+        ra = block["runs"][a][f"clients_{level}"]
+        rb = block["runs"][b][f"clients_{level}"]
+        med = float(np.median([r[key] for r in ra]) / np.median([r[key] for r in rb]))
+        each = [x[key] / y[key] for x, y in zip(ra, rb)]
+        return {"median_ratio": med, "min": float(min(each)), "max": float(max(each))}
+
+    top, one = 32 if 32 in levels else max(levels), min(levels)
+    proxy = blocks.get("proxy", {})
+    if proxy.get("available"):
+        out["ratio_batched_over_unbatched_throughput_32"] = paired(
+            proxy, "serve_batched", "serve_unbatched", top, "requests_per_s"
+        )
+        out["ratio_p50_unbatched_over_bare_1"] = paired(
+            proxy, "serve_unbatched", "fastapi_bare", one, "p50_ms"
+        )
+        for s in ("serve_unbatched", "serve_batched"):
+            for lvl in (32, 128):
+                if lvl in levels and 8 in levels:
+                    runs = proxy["runs"][s]
+                    hi = [r["requests_per_s"] for r in runs[f"clients_{lvl}"]]
+                    lo = [r["requests_per_s"] for r in runs["clients_8"]]
+                    out[f"ratio_{s}_throughput_{lvl}_over_8"] = {
+                        "median_ratio": float(np.median(hi) / np.median(lo)),
+                        "min": float(min(hi) / max(lo)),
+                        "max": float(max(hi) / min(lo)),
+                    }
+    for mode, block in blocks.items():
+        if not block.get("available"):
+            continue
+        out[f"ratio_{mode}_batched_over_bare_throughput_32"] = paired(
+            block, "serve_batched", "fastapi_bare", top, "requests_per_s"
+        )
+        out[f"ratio_{mode}_p50_batched_over_bare_1"] = paired(
+            block, "serve_batched", "fastapi_bare", one, "p50_ms"
+        )
+    out["targets"] = {
+        "ratio_batched_over_unbatched_throughput_32": ">= 3",
+        "ratio_p50_unbatched_over_bare_1": "<= 1.5",
+        "ratio_<mode>_p50_batched_over_bare_1": "<= 1.5",
+        "ratio_<mode>_batched_over_bare_throughput_32": ">= 1",
+        "ratio_serve_unbatched_throughput_{32,128}_over_8": ">= 0.8",
+    }
+    loopback = [
+        m
+        for m in ("proxy", "direct", "throughput")
+        if f"ratio_{m}_batched_over_bare_throughput_32" in out
+    ]
+    if loopback:
+        out["fastest_loopback_mode"] = max(
+            loopback,
+            key=lambda m: out[f"ratio_{m}_batched_over_bare_throughput_32"]["median_ratio"],
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- sustained load
+
+
+def sustained_requests(example: dict[str, Any], n: int = 8) -> list[dict[str, Any]]:
+    """Distinct valid requests from a predictor's example request: when it is a few-shot episode
+    in nshot's format (``query_x``, see :mod:`nshot.data`), the first 1..n queries, so that two
+    answers swapped between requests cannot go unnoticed; otherwise the example alone."""
+    q = example.get("query_x")
+    if not isinstance(q, list) or len(q) < 2:
+        return [example]
+    return [{**example, "query_x": q[: 1 + k * (len(q) - 1) // max(n - 1, 1)]} for k in range(n)]
+
+
+def malformed_bodies(example: dict[str, Any]) -> list[bytes]:
+    """Bodies every strict request model refuses with a 422: not JSON, truncated JSON, a JSON
+    array, an unknown field, NaN."""
+    body = json.dumps(example)
+    return [
+        b"{not json",
+        body[:-1].encode(),
+        b"[]",
+        json.dumps({**example, "nshot_unknown_field": 1}).encode(),
+        json.dumps({**example, "nshot_nan": float("nan")}).encode(),
+    ]
+
+
+def sustained_load(
+    url: str,
+    token: str | None,
+    valid: list[bytes],
+    expected: list[Any],
+    malformed: list[bytes],
+    *,
+    requests: int,
+    clients: int,
+    malformed_every: int = 20,
+    rss_pid: int | None = None,
+    rss_at: int = 1000,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """``requests`` POSTs to ``url`` from ``clients`` closed-loop keep-alive clients; request
+    ``i`` is malformed when ``i % malformed_every == 0`` (5 % at 20), else ``valid[i % n]``,
+    whose decoded answer must equal ``expected[i % n]``. Counts statuses, wrong answers and
+    malformed bodies not refused with a 422; with ``rss_pid``, the resident memory of that
+    process (the replica) once ``rss_at`` requests are answered and at the end."""
+    import http.client
+    import threading
+    import urllib.parse
+    from collections import Counter
+
+    u = urllib.parse.urlsplit(url)
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    lock = threading.Lock()
+    state = {"next": 0, "done": 0, "wrong": 0, "bad_not_422": 0, "rss_first": None}
+    statuses: Counter[str] = Counter()
+
+    def rss() -> int | None:
+        if rss_pid is None:
+            return None
+        import psutil
+
+        return psutil.Process(rss_pid).memory_info().rss
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+        while True:
+            with lock:
+                i = state["next"]
+                state["next"] += 1
+            if i >= requests:
+                break
+            bad = i % malformed_every == 0
+            body = malformed[i % len(malformed)] if bad else valid[i % len(valid)]
+            for attempt in (0, 1):
+                try:
+                    conn.request("POST", u.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    status, data = resp.status, resp.read()
+                    break
+                except (http.client.HTTPException, ConnectionError) as err:
+                    conn.close()
+                    status, data = type(err).__name__, b""
+                    if attempt:
+                        break
+            wrong = not bad and (status != 200 or json.loads(data) != expected[i % len(expected)])
+            with lock:
+                statuses[str(status)] += 1
+                state["wrong"] += int(wrong)
+                state["bad_not_422"] += int(bad and status != 422)
+                state["done"] += 1
+                first = state["done"] == rss_at
+            if first:
+                state["rss_first"] = rss()
+        conn.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    end = rss()
+    first = state["rss_first"]
+    return {
+        "requests": requests,
+        "clients": clients,
+        "malformed": sum(1 for i in range(requests) if i % malformed_every == 0),
+        "statuses": dict(statuses),
+        "server_errors_5xx": sum(v for k, v in statuses.items() if k.startswith("5")),
+        "wrong_answers": state["wrong"],
+        "malformed_not_422": state["bad_not_422"],
+        "wall_s": wall,
+        "requests_per_s": requests / wall,
+        "rss_after_first_bytes": first,
+        "rss_at": rss_at,
+        "rss_end_bytes": end,
+        "rss_end_over_first": (end / first) if first and end else None,
+    }
+
+
+def sustained(
+    method_name: str = "tail",
+    *,
+    checkpoint: str | None = None,
+    requests: int = 10_000,
+    clients: int = 64,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Issue 26, point 7: ``requests`` requests (5 % malformed) at ``clients`` concurrent clients
+    against ``nshot serve``'s defaults (batching, proxy ingress, a token): no 5xx, every valid
+    answer equal to the in-process answer, every malformed body a 422, and the replica's
+    resident memory at the end within 10 % of its value after the first 1,000 requests."""
+    import secrets
+
+    from ray import serve as ray_serve
+
+    from nshot.serve import Client, start
+    from nshot.serve.app import ServeOptions
+    from nshot.train import ensure_ray, fit, load_checkpoint
+
+    tmp = tempfile.TemporaryDirectory(prefix="nshot-bench-sustained-")
+    ensure_ray()
+    if checkpoint is None:
+        cfg = get(method_name).config("smoke")
+        checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
+    predictor = get(method_name).predictor(load_checkpoint(checkpoint, method=method_name))
+    example = predictor.example_request()
+    if example is None:
+        raise ValueError(f"{method_name}: its predictor publishes no example_request()")
+    reqs = sustained_requests(example)
+    expected = [
+        predictor(predictor.Request.model_validate(r)).model_dump(mode="json") for r in reqs
+    ]
+    token = secrets.token_urlsafe(16)
+    url = start(method_name, checkpoint, port=_free_port(), options=ServeOptions(token=token))
+    try:
+        pid = Client(url, token=token).healthz()["pid"]
+        res = sustained_load(
+            url + "/predict",
+            token,
+            [json.dumps(r).encode() for r in reqs],
+            expected,
+            malformed_bodies(example),
+            requests=requests,
+            clients=clients,
+            rss_pid=pid,
+            rss_at=min(1000, requests),
+        )
+    finally:
+        ray_serve.shutdown()
+        tmp.cleanup()
+    ratio = res["rss_end_over_first"]
+    data: dict[str, Any] = {
+        "benchmark": "serve-sustained",
+        "method": method_name,
+        **res,
+        "distinct_valid_requests": len(reqs),
+        "holds": {
+            "no_5xx": res["server_errors_5xx"] == 0,
+            "valid_answers_equal_in_process": res["wrong_answers"] == 0,
+            "malformed_all_422": res["malformed_not_422"] == 0,
+            "rss_within_10_percent": ratio is not None and abs(ratio - 1) <= 0.10,
+        },
+        "load_after": os.getloadavg()[0],
+        "environment": _environment(),
+    }
+    return write_result(
+        f"bench-results/serve-sustained-{method_name}.json", out, data, ["rss_end_over_first"]
+    )
 
 
 def _bench_payload(method_name: str, checkpoint: str) -> bytes:
@@ -273,7 +735,9 @@ def method(name: str, *, preset: str = "small", out: str | os.PathLike | None = 
     from nshot.errors import NshotError, UnknownMethodError
 
     def choices() -> str:
-        return ", ".join(["train", "serve", "deepspeed", *methods_with_benchmarks()])
+        return ", ".join(
+            ["train", "serve", "deepspeed", "serve-sustained", *methods_with_benchmarks()]
+        )
 
     try:
         data = get(name).benchmark(preset=preset, out=None if out is None else str(out))
@@ -402,3 +866,45 @@ def deepspeed(
         data,
         ["ratio_zero3_over_zero0_fp32", "ratio_zero3_over_zero0_bf16"],
     )
+
+
+def serve_table(data: dict[str, Any]) -> str:
+    """``nshot bench serve``'s table (requests/s, p50 ms, p99 ms: medians of the repeats, with
+    the throughput's min-max) and its ratios against their targets, as Markdown."""
+    levels = data["levels"]
+    head = "| block | system | " + " | ".join(f"{c} clients" for c in levels) + " |"
+    lines = [head, "|" + "---|" * (len(levels) + 2)]
+    for mode, block in data["blocks"].items():
+        if not block.get("available"):
+            lines.append(f"| {mode} | unavailable: {block['reason']} |" + " |" * len(levels))
+            continue
+        for system, by in block["summary"].items():
+            cells = []
+            for c in levels:
+                m = by[f"clients_{c}"]
+                bad = f", {m['not_200']} not 200" if m["not_200"] else ""
+                cells.append(
+                    f"{m['requests_per_s']:.0f} ({m['requests_per_s_min']:.0f}-"
+                    f"{m['requests_per_s_max']:.0f}) / {m['p50_ms']:.0f} / {m['p99_ms']:.0f}{bad}"
+                )
+            lines.append(f"| {mode} | {system} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for k, v in data.items():
+        if k.startswith("ratio_"):
+            lines.append(
+                f"{k}: {v['median_ratio']:.2f} (paired repeats {v['min']:.2f}-{v['max']:.2f})"
+            )
+    if "fastest_loopback_mode" in data:
+        lines.append(f"fastest mode with loopback binding: {data['fastest_loopback_mode']}")
+    lines.append(f"targets: {json.dumps(data['targets'])}")
+    lines.append(f"written to {data['written_to']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the Serve process of `nshot bench serve` (see _ServeServer)
+    import sys
+
+    if len(sys.argv) == 7 and sys.argv[1] == "serve-server":
+        _serve_server(*sys.argv[2:])
+    else:
+        raise SystemExit("usage: python -m nshot.bench serve-server MODE METHOD CKPT PORT APPS")

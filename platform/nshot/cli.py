@@ -301,7 +301,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         data = bench.deepspeed(workers=args.workers, shape=args.shape, out=args.out)
     elif args.what == "serve":
         data = bench.serve(
-            args.method, checkpoint=args.checkpoint, requests=args.requests, out=args.out
+            args.method,
+            checkpoint=args.checkpoint,
+            requests=args.requests or 200,
+            repeats=args.repeats,
+            concurrency=tuple(int(c) for c in args.levels.split(",")),
+            ingress=tuple(args.ingress.split(",")),
+            out=args.out,
+        )
+        if not args.json:  # the table and the ratios; every run is in the JSON file
+            print(bench.serve_table(data))
+            return 0
+    elif args.what == "serve-sustained":
+        data = bench.sustained(
+            args.method,
+            checkpoint=args.checkpoint,
+            requests=args.requests or 10_000,
+            clients=args.clients,
+            out=args.out,
         )
     else:  # a method's own benchmark (nshot bench tail), or one error line naming the choices
         data = bench.method(args.what, preset=args.preset, out=args.out)
@@ -432,10 +449,22 @@ def check_serve_address(host: str, port: int) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from nshot.method import get
+    from nshot.serve import ingress
     from nshot.train.checkpoint import load_checkpoint, resolve_checkpoint
 
     method = get(args.method)  # an unknown method is named before anything is read
     check_serve_address(args.host, args.port)
+    token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
+    ingress.check(args.ingress, token)  # HAProxy without a token or its binary: before Ray
+    if args.autoscale is not None:
+        from nshot.serve.app import parse_autoscale
+
+        if args.replicas != 1:
+            raise NshotError("--autoscale MIN:MAX replaces --replicas: give one of them")
+        try:
+            parse_autoscale(args.autoscale)
+        except ValueError as err:
+            raise NshotError(f"--{err}") from None
     # the checkpoint is resolved (and verified) here, before Ray starts; the app gets its path
     checkpoint = resolve_checkpoint(args.checkpoint, **_earlier(args))
     load_checkpoint(checkpoint, method=method.name)
@@ -446,19 +475,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
-        token=args.token,
+        token=token,
         num_replicas=args.replicas,
+        autoscale=args.autoscale,
+        max_ongoing_requests=args.max_ongoing,
+        max_queued_requests=args.max_queued,
         conformal=args.conformal,
         alpha=args.alpha,
         conformal_k=args.conformal_k,
     )
-    url = start(method.name, str(checkpoint), host=args.host, port=args.port, options=opts)
+    url = start(
+        method.name,
+        str(checkpoint),
+        host=args.host,
+        port=args.port,
+        options=opts,
+        ingress=args.ingress,
+    )
+    more = ""
+    if args.ingress in ("direct", "throughput"):
+        others = [u for u in ingress.targets(method.name, args.host) if u != url]
+        more = f"; other replicas: {', '.join(others)}" if others else ""
     _console().print(
         f"serving {args.method} at {url}/predict (metadata: {url}/metadata, health: "
-        f"{url}/healthz); Ctrl-C stops"
+        f"{url}/healthz; ingress {args.ingress}{more}); Ctrl-C stops"
     )
+    import signal
     import time
 
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)  # `kill` shuts Serve down as Ctrl-C does
     try:
         while True:
             time.sleep(3600)
@@ -655,7 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "what",
         metavar="WHAT",
-        help="train, serve, deepspeed, or a method with its own benchmark (e.g. tail)",
+        help="train, serve, serve-sustained, deepspeed, or a method with its own benchmark "
+        "(e.g. tail)",
     )
     s.add_argument("--method", default="tail")
     s.add_argument("--preset", default="small")
@@ -664,7 +713,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--shape", default="smollm2", choices=["smollm2", "tiny"], help="deepspeed: model shape"
     )
-    s.add_argument("--requests", type=int, default=300, help="serve: requests per level")
+    s.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="serve: requests per run (default 200, at least 3 per client); "
+        "serve-sustained: requests in all (default 10000)",
+    )
+    s.add_argument("--clients", type=int, default=64, help="serve-sustained: concurrent clients")
+    s.add_argument("--repeats", type=int, default=3, help="serve: runs per level and system")
+    s.add_argument("--levels", default="1,8,32,128", help="serve: concurrent clients per level")
+    s.add_argument(
+        "--ingress",
+        default="proxy,direct,throughput,haproxy",
+        help="serve: ingress modes, one block each (proxy also runs the unbatched app)",
+    )
     s.add_argument("--checkpoint", default=None, help="serve: checkpoint (default: train smoke)")
     s.add_argument("--out", default=None, help="JSON file to write")
     s.add_argument("--json", action="store_true")
@@ -677,6 +740,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--replicas", type=int, default=1)
+    s.add_argument(
+        "--autoscale",
+        default=None,
+        metavar="MIN:MAX",
+        help="Serve autoscaling between MIN and MAX replicas on ongoing requests "
+        "(instead of --replicas)",
+    )
+    s.add_argument(
+        "--ingress",
+        choices=["proxy", "direct", "throughput", "haproxy"],
+        default="proxy",
+        help="how requests reach the replica: Serve's proxy actor (default), the replica's own "
+        "HTTP server (direct; throughput: Serve's throughput-optimised mode), or HAProxy (binds "
+        "every interface: needs --token); set before Ray starts (README: Serve under load)",
+    )
+    s.add_argument(
+        "--max-ongoing",
+        type=int,
+        default=128,
+        help="requests a replica takes at once (they queue inside it for the batcher)",
+    )
+    s.add_argument(
+        "--max-queued",
+        type=int,
+        default=128,
+        help="requests the proxy holds beyond that; past it: 503 with Retry-After",
+    )
     s.add_argument("--max-batch-size", type=int, default=16)
     s.add_argument("--batch-wait-ms", type=float, default=5.0)
     s.add_argument(

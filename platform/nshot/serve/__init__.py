@@ -7,7 +7,7 @@ from typing import Any
 
 from nshot.serve.client import Client, ServeError
 
-__all__ = ["Client", "ServeError", "ServeOptions", "build_app", "start"]
+__all__ = ["Client", "ServeError", "ServeOptions", "build_app", "start", "start_urls"]
 
 
 def __getattr__(name: str) -> Any:  # keep `import nshot.serve` light (no Ray Serve import)
@@ -26,19 +26,62 @@ def start(
     port: int = 8000,
     options: Any = None,
     blocking: bool = False,
+    ingress: str = "proxy",
 ) -> str:
-    """Start Serve's HTTP proxy on ``host:port`` (loopback by default) and deploy ``method`` at
+    """Start Serve on ``host:port`` (loopback by default) and deploy ``method`` at
     ``/<method>``; returns the application's base URL.
+
+    ``ingress`` (:mod:`nshot.serve.ingress`): ``proxy`` (Serve's HTTP proxy on ``port``),
+    ``direct``/``throughput`` (the replicas' own HTTP servers, the first on ``port``; Serve's
+    proxy moves to a free port) or ``haproxy`` (HAProxy on ``port``, needs a token). The mode is
+    set before Ray starts; on a Ray that is already running a mode it was not started with is
+    refused.
 
     The checkpoint is loaded and verified first: a bad one raises its one-line ``NshotError``
     before Ray or Serve is started."""
+    return start_urls(
+        method,
+        checkpoint,
+        host=host,
+        port=port,
+        options=options,
+        blocking=blocking,
+        ingress=ingress,
+    )[0]
+
+
+def start_urls(
+    method: str,
+    checkpoint: str | os.PathLike,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: Any = None,
+    blocking: bool = False,
+    ingress: str = "proxy",
+) -> list[str]:
+    """:func:`start`, returning every base URL of the application (one per replica under
+    direct ingress), the one on ``port`` first."""
     from ray import serve
 
-    from nshot.serve.app import build_app
+    from nshot.serve import ingress as ing
+    from nshot.serve.app import ServeOptions, build_app
     from nshot.train import ensure_ray
 
-    app = build_app(method, checkpoint, options)
+    opts = options or ServeOptions()
+    if opts.token is None:
+        opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
+    ing.check(ingress, opts.token)
+    app = build_app(method, checkpoint, opts)
+    direct = ingress in ("direct", "throughput")
+    most = opts.num_replicas
+    if opts.autoscale:
+        from nshot.serve.app import parse_autoscale
+
+        most = parse_autoscale(opts.autoscale)[1]
+    ing.prepare(ingress, opts.token, port=port if direct else None, replicas=most)
     ensure_ray()
+    proxy_port = ing._free_port() if direct else port
     # Serve's controller, proxy and replicas log every start-up step and request at INFO: those
     # lines go to Ray's session logs, the terminal keeps warnings and errors (NSHOT_VERBOSE=1
     # shows them all)
@@ -48,7 +91,7 @@ def start(
         import logging
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
+    serve.start(http_options={"host": host, "port": proxy_port}, logging_config=logging_config)
     serve.run(
         app,
         name=method,
@@ -56,4 +99,6 @@ def start(
         blocking=blocking,
         logging_config=logging_config,
     )
-    return f"http://{host}:{port}/{method}"
+    urls = ing.verify(ingress, method, host, proxy_port)
+    first = f"http://{host}:{port}/{method}"
+    return sorted(urls, key=lambda u: u != first)

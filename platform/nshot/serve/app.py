@@ -20,6 +20,7 @@ No ``from __future__ import annotations`` here: FastAPI must see the real ``Requ
 of the route parameters on Serve's ingress class.
 """
 
+import asyncio
 import hmac
 import json
 import logging
@@ -47,7 +48,20 @@ class ServeOptions:
     max_items: int = 100_000  # cap on the number of list items in a request body
     token: str | None = None
     num_replicas: int = 1
-    # tests only: a request with header `x-nshot-inject-fault: 1` fails inside the handler
+    # Admission (see the README's "Serve under load"): a replica takes up to
+    # `max_ongoing_requests` at once (they wait for the batcher inside the replica, in order);
+    # each proxy holds up to `max_queued_requests` more; past that a request is answered at once
+    # with 503 and `Retry-After: retry_after_s` (rounded up to whole seconds by Serve).
+    max_ongoing_requests: int = 128
+    max_queued_requests: int = 128
+    retry_after_s: float = 1.0
+    # Serve autoscaling on ongoing requests, "MIN:MAX" replicas (instead of num_replicas): a
+    # replica is added while each holds more than `target_ongoing_requests` (default: a full
+    # batch, at least 2) and removed below it
+    autoscale: str | None = None
+    target_ongoing_requests: float | None = None
+    # tests only: a request with header `x-nshot-inject-fault: 1` fails inside the handler, one
+    # with `x-nshot-inject-delay-ms: N` holds its slot for N ms (at most 10 s) before it is run
     allow_fault_injection: bool = False
     # prediction sets around a few-shot classifier (nshot.serve.conformal): "caos" or None
     conformal: str | None = None
@@ -371,8 +385,11 @@ class MethodServer:
         if isinstance(req, JSONResponse):
             return req
         try:
-            if self.opts.allow_fault_injection and request.headers.get("x-nshot-inject-fault"):
-                raise RuntimeError("injected fault (allow_fault_injection)")
+            if self.opts.allow_fault_injection:
+                if request.headers.get("x-nshot-inject-fault"):
+                    raise RuntimeError("injected fault (allow_fault_injection)")
+                if delay := request.headers.get("x-nshot-inject-delay-ms"):
+                    await asyncio.sleep(min(float(delay), 10_000.0) / 1000.0)
             answer = await self.predict_batch(req)
             if isinstance(answer, ValueError):
                 msg = _key(answer)
@@ -443,6 +460,18 @@ class MethodServer:
         return get_redoc_html(openapi_url=f"{root}/openapi.json", title="nshot - ReDoc")
 
 
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` replicas, 1 <= MIN <= MAX (a ``ValueError`` saying what is wrong)."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        a, b = int(lo), int(hi)
+    except ValueError:
+        a = b = 0
+    if not sep or not 1 <= a <= b:
+        raise ValueError(f"autoscale {text!r}: give MIN:MAX replicas with 1 <= MIN <= MAX")
+    return a, b
+
+
 def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions | None = None):
     """The Serve application for one method (bind it with ``serve.run(app, route_prefix=...)``).
 
@@ -455,10 +484,30 @@ def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions 
         opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
     _, ckpt, predictor = load_predictor(method, checkpoint, opts)
     del predictor  # the replica builds its own
+    from ray.serve.config import BackpressureConfig
+
+    scaling: dict[str, Any] = {"num_replicas": opts.num_replicas}
+    if opts.autoscale:
+        lo, hi = parse_autoscale(opts.autoscale)
+        target = opts.target_ongoing_requests or max(2, opts.max_batch_size)
+        scaling = {
+            "autoscaling_config": {
+                "min_replicas": lo,
+                "initial_replicas": lo,
+                "max_replicas": hi,
+                "target_ongoing_requests": target,
+            }
+        }
     return MethodServer.options(
-        num_replicas=opts.num_replicas,
-        # room for a full batch while the previous one runs
-        max_ongoing_requests=max(2 * opts.max_batch_size, 8),
+        **scaling,
+        # At least room for a full batch while the previous one runs. A request that finds the
+        # replica full waits in the proxy's router, which polls the replica with an exponential
+        # back-off (25 ms doubling to 500 ms per attempt, two routing tasks per replica): with the
+        # old limit of max(2 * max_batch_size, 8), i.e. 8 without batching, 32 clients collapsed
+        # to 10 requests/s (README, "Serve under load"). Requests now wait inside the replica.
+        max_ongoing_requests=max(opts.max_ongoing_requests, 2 * opts.max_batch_size),
+        max_queued_requests=opts.max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=opts.retry_after_s),
     ).bind(method, str(ckpt.path), asdict(opts))
 
 

@@ -63,7 +63,13 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument(
+        "--torch-threads", type=int, default=1, help="as a Serve replica with num_cpus=1 has"
+    )
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
     uvicorn.run(
         make_app(args.method, args.checkpoint), host=args.host, port=args.port, log_level="warning"
     )
