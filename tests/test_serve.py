@@ -812,3 +812,55 @@ def test_autoscale_and_admission_reach_the_deployment(untrained_tail_checkpoint,
     assert cli.main([*argv, "--port", str(_free_port()), "--autoscale", "1:2", "--replicas", "2"])
     err = capsys.readouterr().err
     assert "--autoscale '2:1'" in err and "replaces --replicas" in err
+
+
+def test_bench_serve_ratios_are_medians_with_paired_spread():
+    """`nshot bench serve`'s ratios: medians over the repeats of one block, the spread of the
+    same ratio over paired repeats; a block that could not run is a row that says why."""
+    from nshot.bench import _serve_ratios, _summary, serve_table
+
+    def run(rps, p50):
+        return {"requests_per_s": rps, "p50_ms": p50, "p99_ms": 2 * p50, "requests": 9, "ok": 9}
+
+    def block(**systems):  # system -> {level: [(rps, p50), ...]}
+        runs = {
+            s: {f"clients_{c}": [run(*x) for x in xs] for c, xs in by.items()}
+            for s, by in systems.items()
+        }
+        summ = {s: {lvl: _summary(rs) for lvl, rs in by.items()} for s, by in runs.items()}
+        return {"available": True, "runs": runs, "summary": summ}
+
+    levels = (1, 8, 32)
+    blocks = {
+        "proxy": block(
+            serve_batched={
+                1: [(50, 20)] * 3,
+                8: [(100, 50)] * 3,
+                32: [(300, 90), (200, 90), (240, 90)],
+            },
+            serve_unbatched={
+                1: [(60, 15)] * 3,
+                8: [(100, 60)] * 3,
+                32: [(100, 300), (80, 300), (90, 300)],
+            },
+            fastapi_bare={
+                1: [(100, 10), (100, 12), (100, 11)],
+                8: [(120, 60)] * 3,
+                32: [(200, 160)] * 3,
+            },
+        ),
+        "haproxy": {"available": False, "reason": "no binary"},
+    }
+    r = _serve_ratios(blocks, levels)
+    b = r["ratio_batched_over_unbatched_throughput_32"]
+    assert b["median_ratio"] == pytest.approx(240 / 90)
+    assert (b["min"], b["max"]) == (pytest.approx(200 / 80), pytest.approx(3.0))
+    assert r["ratio_p50_unbatched_over_bare_1"]["median_ratio"] == pytest.approx(15 / 11)
+    assert r["ratio_serve_unbatched_throughput_32_over_8"]["median_ratio"] == pytest.approx(0.9)
+    assert r["ratio_proxy_batched_over_bare_throughput_32"]["median_ratio"] == pytest.approx(1.2)
+    assert (
+        r["fastest_loopback_mode"] == "proxy" and "ratio_haproxy_p50_batched_over_bare_1" not in r
+    )
+    data = {"levels": list(levels), "blocks": blocks, **r, "written_to": "x.json"}
+    table = serve_table(data)
+    assert "| haproxy | unavailable: no binary |" in table and "240 (200-300)" in table

@@ -250,7 +250,7 @@ class _ServeServer:
     are set): ``python -m nshot.bench serve-server``. The apps' base URLs come back on the
     child's first stdout line; closing its stdin shuts Serve and Ray down."""
 
-    def __init__(self, mode: str, checkpoint: str, method: str, apps: dict[str, int], token: str):
+    def __init__(self, mode: str, checkpoint: str, method: str, apps: dict[str, str], token: str):
         import subprocess
         import sys
         import threading
@@ -262,7 +262,7 @@ class _ServeServer:
             if k != "RAY_ADDRESS" and not k.startswith("RAY_SERVE_")
         }
         env["NSHOT_SERVE_TOKEN"] = token
-        spec = ",".join(f"{name}:{batch}" for name, batch in apps.items())
+        spec = ",".join(f"{name}:{how}" for name, how in apps.items())  # name:batch:replicas
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nshot.bench", "serve-server", mode, method, checkpoint,
              str(_free_port()), spec],
@@ -320,8 +320,8 @@ def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec:
         )
         urls = {}
         for item in spec.split(","):
-            name, batch = item.split(":")
-            opts = ServeOptions(max_batch_size=int(batch), token=token)
+            name, batch, replicas = item.split(":")
+            opts = ServeOptions(max_batch_size=int(batch), token=token, num_replicas=int(replicas))
             serve.run(build_app(method_name, checkpoint, opts), name=name, route_prefix=f"/{name}")
             urls[name] = ingress.verify(mode, name, "127.0.0.1", int(port))[0] + "/predict"
     except (NshotError, RuntimeError) as err:
@@ -343,6 +343,7 @@ def serve(
     concurrency: tuple[int, ...] = SERVE_LEVELS,
     repeats: int = 3,
     ingress: tuple[str, ...] = ("proxy", "direct", "throughput", "haproxy"),
+    replicas: tuple[int, ...] = (1,),
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Serve with batching (``max_batch_size`` 16), without (1), and the same predictor in a bare
@@ -353,7 +354,8 @@ def serve(
     mode is compared with the bare app measured alongside it. In a block every level (1, 8, 32
     and 128 clients) runs ``repeats`` times, the systems interleaved (their order rotated each
     repeat); medians and the spread are reported, the JSON keeps every run. The ``proxy`` block
-    also carries the unbatched app. A mode that cannot run here is a row marked unavailable, with
+    also carries the unbatched app; ``replicas`` above 1 add a block ``proxy_x<N>`` (the
+    batched app on N replicas, proxy ingress). A mode that cannot run here is a row marked unavailable, with
     the reason. Without ``checkpoint`` a ``smoke`` model is trained first (in-process Ray, shut
     down before the blocks)."""
     import secrets
@@ -391,18 +393,23 @@ def serve(
     try:
         _wait_http(f"http://127.0.0.1:{bare_port}/{method_name}/healthz")
         bare_url = f"http://127.0.0.1:{bare_port}/{method_name}/predict"
-        for mode in ingress:
-            apps = (
-                {"serve_batched": 16, "serve_unbatched": 1}
-                if mode == "proxy"
-                else {"serve_batched": 16}
+        plan = [
+            (
+                m,
+                m,
+                {"serve_batched": "16:1", "serve_unbatched": "1:1"}
+                if m == "proxy"
+                else {"serve_batched": "16:1"},
             )
+            for m in ingress
+        ] + [(f"proxy_x{n}", "proxy", {"serve_batched": f"16:{n}"}) for n in replicas if n > 1]
+        for block, mode, apps in plan:
             try:
                 ing.check(mode, token)
                 server = _ServeServer(mode, checkpoint, method_name, apps, token)
             except (NshotError, RuntimeError) as err:
-                blocks[mode] = {"available": False, "reason": str(err)}
-                print(f"bench serve: {mode}: unavailable: {err}", file=sys.stderr)
+                blocks[block] = {"available": False, "reason": str(err)}
+                print(f"bench serve: {block}: unavailable: {err}", file=sys.stderr)
                 continue
             try:
                 systems = {**server.urls, "fastapi_bare": bare_url}
@@ -416,10 +423,12 @@ def serve(
                             tok = None if s == "fastapi_bare" else token
                             r = _load(systems[s], payload, c, n, token=tok)
                             r["order"] = len(order)
-                            order.append(f"{mode}/{s}/{c}/{rep}")
+                            order.append(f"{block}/{s}/{c}/{rep}")
                             runs[s].setdefault(f"clients_{c}", []).append(r)
-                blocks[mode] = {
+                blocks[block] = {
                     "available": True,
+                    "ingress": mode,
+                    "apps": apps,
                     "urls": server.urls,
                     "load_before": os.getloadavg()[0],
                     "runs": runs,
@@ -458,11 +467,14 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
 
     out: dict[str, Any] = {"targets": {}}
 
+    def div(a: float, b: float) -> float:
+        return float(a / b) if b else float("nan")  # NaN: nothing answered (see statuses)
+
     def paired(block, a, b, level, key):
         ra = block["runs"][a][f"clients_{level}"]
         rb = block["runs"][b][f"clients_{level}"]
-        med = float(np.median([r[key] for r in ra]) / np.median([r[key] for r in rb]))
-        each = [x[key] / y[key] for x, y in zip(ra, rb)]
+        med = div(np.median([r[key] for r in ra]), np.median([r[key] for r in rb]))
+        each = [div(x[key], y[key]) for x, y in zip(ra, rb)]
         return {"median_ratio": med, "min": float(min(each)), "max": float(max(each))}
 
     top, one = 32 if 32 in levels else max(levels), min(levels)
@@ -481,9 +493,9 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
                     hi = [r["requests_per_s"] for r in runs[f"clients_{lvl}"]]
                     lo = [r["requests_per_s"] for r in runs["clients_8"]]
                     out[f"ratio_{s}_throughput_{lvl}_over_8"] = {
-                        "median_ratio": float(np.median(hi) / np.median(lo)),
-                        "min": float(min(hi) / max(lo)),
-                        "max": float(max(hi) / min(lo)),
+                        "median_ratio": div(np.median(hi), np.median(lo)),
+                        "min": div(min(hi), max(lo)),
+                        "max": div(max(hi), min(lo)),
                     }
     for mode, block in blocks.items():
         if not block.get("available"):
@@ -501,6 +513,16 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
         "ratio_<mode>_batched_over_bare_throughput_32": ">= 1",
         "ratio_serve_unbatched_throughput_{32,128}_over_8": ">= 0.8",
     }
+    for block in blocks:
+        if block.startswith("proxy_x") and "ratio_proxy_batched_over_bare_throughput_32" in out:
+            key = f"ratio_{block}_batched_over_bare_throughput_32"
+            if key in out:  # N replicas over 1, each against the bare app of its own block
+                one_r = out["ratio_proxy_batched_over_bare_throughput_32"]["median_ratio"]
+                out[f"ratio_{block}_over_1_replica_throughput_32"] = {
+                    "median_ratio": out[key]["median_ratio"] / one_r,
+                    "min": out[key]["min"] / one_r,
+                    "max": out[key]["max"] / one_r,
+                }
     loopback = [
         m
         for m in ("proxy", "direct", "throughput")

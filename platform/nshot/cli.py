@@ -307,6 +307,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             concurrency=tuple(int(c) for c in args.levels.split(",")),
             ingress=tuple(args.ingress.split(",")),
+            replicas=tuple(int(r) for r in args.replicas.split(",")),
             out=args.out,
         )
         if not args.json:  # the table and the ratios; every run is in the JSON file
@@ -721,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serve-sustained: requests in all (default 10000)",
     )
     s.add_argument("--clients", type=int, default=64, help="serve-sustained: concurrent clients")
+    s.add_argument(
+        "--replicas", default="1,2", help="serve: also a block with the batched app on N replicas"
+    )
     s.add_argument("--repeats", type=int, default=3, help="serve: runs per level and system")
     s.add_argument("--levels", default="1,8,32,128", help="serve: concurrent clients per level")
     s.add_argument(
