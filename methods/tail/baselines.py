@@ -14,7 +14,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["protohead_logits", "linear_probe_predict", "per_episode_accuracy", "episode_accuracy"]
+__all__ = [
+    "protohead_logits",
+    "linear_probe_predict",
+    "nearest_centroid_predict",
+    "per_episode_accuracy",
+    "episode_accuracy",
+]
 
 
 def _np(a: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -88,3 +94,22 @@ def episode_accuracy(
     if len(acc) == 0:
         raise ValueError("no episodes to score")
     return float(acc.mean()), float(1.96 * acc.std() / math.sqrt(len(acc)))
+
+
+def nearest_centroid_predict(
+    support_x: np.ndarray, support_y: np.ndarray, query_x: np.ndarray, K: int
+) -> np.ndarray:
+    """Nearest centroid for one episode of raw features: every feature standardised by the
+    support's mean and standard deviation (:func:`episodes.standardise`, the rule TAIL's
+    predictor applies), then the class mean nearest in Euclidean distance.
+
+    ``support_x [n, d]``, ``support_y [n]`` in ``0..K-1``, ``query_x [q, d]`` -> labels ``[q]``.
+    """
+    from .episodes import standardise
+
+    s, q = standardise(support_x, query_x)
+    y = np.asarray(support_y)
+    centroids = np.stack([s[y == k].mean(axis=0) for k in range(K)])
+    # ‖q - c‖² = ‖q‖² - 2 q·c + ‖c‖²; the first term is the same for every class
+    scores = 2.0 * q @ centroids.T - (centroids**2).sum(axis=1)
+    return scores.argmax(axis=1)

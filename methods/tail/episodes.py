@@ -51,6 +51,10 @@ __all__ = [
     "mnist_modality",
     "preprocess",
     "preprocess_episode",
+    "standardise",
+    "normalise_rows",
+    "span_embedding",
+    "MixedGaussianModality",
     "dictionary_slots",
     "active_dictionary_size",
     "check_ways",
@@ -219,6 +223,50 @@ class ArrayModality:
         )
 
 
+class MixedGaussianModality:
+    """Generated tabular tasks of any width ``dim``, unscaled: every episode is a new task.
+
+    Per episode: class means ``μ_c ~ N(0, separation²·I_latent)``, latent samples
+    ``z = μ_c + ε`` (``ε ~ N(0, I_latent)``), a fresh random linear mixing
+    ``A ~ N(0, 1/latent)`` of shape ``latent × dim`` plus independent feature noise
+    ``feature_noise·η``, and then unscaled features: feature ``j`` is multiplied by
+    ``10^u_j`` (``u_j ~ U(-scale_decades, scale_decades)``) and shifted by ``10^u_j·10·o_j``
+    (``o_j ~ N(0, 1)``). The class information is spread over every feature (the mixing), so a
+    classifier that reads only some coordinates loses accuracy, and the feature scales span
+    ``2·scale_decades`` orders of magnitude, so one that does not standardise the features is
+    led by the largest ones. Nothing is learned from these tasks: they measure the input path
+    (``methods/tail/widths.py``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        latent: int = LATENT_DIM,
+        separation: float = 1.0,
+        feature_noise: float = 1.5,
+        scale_decades: float = 3.0,
+    ) -> None:
+        self.name, self.dim = f"mixed-gaussian-{dim}", dim
+        self.latent, self.separation = latent, separation
+        self.feature_noise, self.scale_decades = feature_noise, scale_decades
+
+    def sample(self, K: int, shots: int, queries: int, rng: np.random.Generator) -> Episode:
+        per = shots + queries
+        mixing = rng.standard_normal((self.latent, self.dim)) / math.sqrt(self.latent)
+        mu = self.separation * rng.standard_normal((K, 1, self.latent))
+        z = mu + rng.standard_normal((K, per, self.latent))
+        f = z @ mixing + self.feature_noise * rng.standard_normal((K, per, self.dim))
+        scale = 10.0 ** rng.uniform(-self.scale_decades, self.scale_decades, self.dim)
+        f = f * scale + 10.0 * scale * rng.standard_normal(self.dim)
+        labels = np.repeat(np.arange(K), per).reshape(K, per)
+        return (
+            f[:, :shots].reshape(K * shots, self.dim),
+            labels[:, :shots].ravel(),
+            f[:, shots:].reshape(K * queries, self.dim),
+            labels[:, shots:].ravel(),
+        )
+
+
 @cache
 def modality_a() -> MLPModality:
     """Training modality: random tanh MLP 16 → 48, noise 0.6 (fixed seed)."""
@@ -282,6 +330,106 @@ def preprocess_episode(
     """
     c = np.mean(support_f, axis=-2, keepdims=True) if center else None
     return preprocess(support_f, c), preprocess(query_f, c)
+
+
+def standardise(support: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature standardisation from the **support** set: ``(x - mean) / std`` (float64).
+
+    ``mean`` and ``std`` (population) are taken over the support rows only, so no query
+    information is used. A feature whose support std is at most ``1e-12`` times its largest
+    support magnitude (constant on the support, up to float64 rounding) carries no scale to
+    learn from and is set to 0 in every row. Computed in float64: no input within float32 range
+    overflows, and a small spread on a large offset (a timestamp) keeps its digits.
+    """
+    s = np.asarray(support, dtype=np.float64)
+    q = np.asarray(query, dtype=np.float64)
+    mean = s.mean(axis=-2, keepdims=True)
+    std = s.std(axis=-2, keepdims=True)
+    eps = 1e-12 * np.abs(s).max(axis=-2, keepdims=True)
+    varies = std > eps
+    scale = np.where(varies, std, 1.0)
+    return (
+        np.where(varies, (s - mean) / scale, 0.0),
+        np.where(varies, (q - mean) / scale, 0.0),
+    )
+
+
+def normalise_rows(f: np.ndarray) -> np.ndarray:
+    """:func:`preprocess`'s row scaling ``sqrt(d)·f/‖f‖`` computed in float64 (for features
+    whose magnitudes a float32 sum could overflow), returned as float32."""
+    f = np.asarray(f, dtype=np.float64)
+    top = np.abs(f).max(axis=-1, keepdims=True)
+    g = f / np.maximum(top, 1e-300)  # the norm of g cannot overflow
+    norm = np.linalg.norm(g, axis=-1, keepdims=True)
+    return (math.sqrt(f.shape[-1]) * g / np.maximum(norm, 1e-8)).astype(np.float32)
+
+
+def _principal_directions(s: np.ndarray, k: int) -> np.ndarray:
+    """An orthonormal basis ``[d, r]`` of the span of the top ``r <= k`` principal directions
+    of the rows of ``s [n, d]`` (uncentred; directions of numerically zero variance are
+    dropped). From the eigenvectors of the smaller Gram matrix (``s sᵀ`` or ``sᵀ s``): a
+    ``[25, 4096]`` support costs a few milliseconds, where a multithreaded SVD competes with
+    the model for the CPU."""
+    n, d = s.shape
+    if n <= d:
+        lam, u = np.linalg.eigh(s @ s.T)
+    else:
+        lam, u = np.linalg.eigh(s.T @ s)
+    order = np.argsort(lam)[::-1]
+    lam, u = lam[order], u[:, order]
+    top = lam[0] if lam.size else 0.0
+    r = min(k, int((lam > top * 1e-10).sum())) if top > 0 else 0
+    if r == 0:
+        return np.zeros((d, 0))
+    v = s.T @ u[:, :r] if n <= d else u[:, :r]
+    q, _ = np.linalg.qr(v)  # orthonormal to rounding; same span
+    return q
+
+
+def span_embedding(
+    support_f: np.ndarray, query_f: np.ndarray, width: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features wider than the model (``d_T > d_data``) in ``w = min(n, width)`` coordinates.
+
+    (Reconstruction; replaces the spec's "keep a random subset of d_data coordinates", which
+    drops the other coordinates.) The ``n`` support rows span at most ``n`` dimensions, so every
+    support row is written in a basis of the support span ``S`` (when ``n > width``: of its top
+    ``width - 1`` principal directions), and every row gets one more coordinate, the norm of its
+    residual ``‖x - P_S x‖`` (0 for the support rows when ``n <= width``). For ``n <= width`` this
+    is an exact isometry of the support and any one query: inner products and distances among
+    the support rows and between each query and the support rows are those of the full feature
+    space, which is all a query's token sees under TAIL's inline mask (the support and itself).
+    Every coordinate of the input influences the result. The basis is drawn from ``rng`` (a
+    Gaussian matrix projected onto ``S`` and orthonormalised, then a random rotation of all
+    ``w`` coordinates): one draw per (π, ρ) draw, independent of the support order. Rows keep
+    :func:`preprocess`'s scale convention: norm ``sqrt(d_T)`` in, ``sqrt(w)`` out.
+
+    ``support_f [n, d_T]``, ``query_f [q, d_T]`` (preprocessed) -> ``[n, w]``, ``[q, w]``.
+    """
+    s = np.asarray(support_f, dtype=np.float64)
+    q = np.asarray(query_f, dtype=np.float64)
+    n, d_t = s.shape
+    w = min(n, width)  # the last coordinate holds the residual norm
+    v = _principal_directions(s, w - 1)  # [d_T, kept], orthonormal, the top ones first
+    kept = v.shape[1]
+    basis = np.zeros((d_t, w - 1))
+    if kept:
+        c = v.T @ rng.standard_normal((d_t, kept))  # V^T G turns with V, so V·Q_c does not
+        qc, rc = np.linalg.qr(c)
+        basis[:, :kept] = v @ (qc * np.sign(np.diag(rc)))
+
+    def embed(x: np.ndarray) -> np.ndarray:
+        coords = x @ basis
+        resid = np.linalg.norm(x - coords @ basis.T, axis=-1, keepdims=True)
+        return np.concatenate([coords, resid], axis=-1)
+
+    h, r = np.linalg.qr(rng.standard_normal((w, w)))
+    rot = h * np.sign(np.diag(r))  # Haar-random rotation of the w coordinates
+    scale = math.sqrt(w / d_t)
+    return (
+        (scale * embed(s) @ rot).astype(np.float32),
+        (scale * embed(q) @ rot).astype(np.float32),
+    )
 
 
 # --------------------------------------------------------------------------- label dictionary
