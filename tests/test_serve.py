@@ -736,11 +736,13 @@ def test_direct_ingress_serves_from_the_replica_on_the_port_asked_for(untrained_
         text=True,
     )
     try:
-        line = ""
+        text = ""
         deadline = time.time() + 240
-        while "serving tail at" not in line and time.time() < deadline and proc.poll() is None:
-            line = proc.stdout.readline()
-        assert f"http://127.0.0.1:{port}/tail/predict" in line and "ingress direct" in line, line
+        while "Ctrl-C stops" not in text and time.time() < deadline and proc.poll() is None:
+            text += proc.stdout.readline()
+        said = " ".join(text.split())  # (the console wraps long lines)
+        assert f"serving tail at http://127.0.0.1:{port}/tail/predict" in said, text
+        assert "ingress direct" in said, text
         client = Client(f"http://127.0.0.1:{port}/tail", token=TOKEN)
         pid = client.healthz()["pid"]
         import psutil

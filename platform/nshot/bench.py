@@ -3,8 +3,11 @@
 ``nshot bench train --method tail`` trains the same config with 1 and with 2 Ray Train
 workers (one CPU and one torch thread each; the per-worker batch is fixed, so 2 workers
 process twice the samples per step) and reports the group's samples/s and their ratio.
-``nshot bench serve`` drives the Serve app with and without batching and a bare FastAPI app with
-the predictor's own example request; ``nshot bench deepspeed`` measures ZeRO's memory per rank.
+``nshot bench serve`` drives the Serve app with and without batching, under each ingress mode and
+on 1 and 2 replicas, and a bare FastAPI app, with the predictor's own example request (levels
+repeated and interleaved, medians and spread); ``nshot bench serve-sustained`` sends 10,000
+requests (5 % malformed) at 64 clients and checks the answers, the status codes and the
+replica's memory; ``nshot bench deepspeed`` measures ZeRO's memory per rank.
 ``nshot bench <method>`` runs the method's own benchmark
 (:meth:`~nshot.method.Method.benchmark`, e.g. TAIL's inline against per-query inference), which
 writes through :func:`write_result` like the others.
@@ -245,6 +248,9 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_MARK = "nshot-bench-serve-server: "
+
+
 class _ServeServer:
     """One Serve instance in its own process (its own Ray, started after the ingress switches
     are set): ``python -m nshot.bench serve-server``. The apps' base URLs come back on the
@@ -268,14 +274,22 @@ class _ServeServer:
              str(_free_port()), spec],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, text=True,
         )  # fmt: skip
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
-        reader.start()
-        reader.join(timeout=300)
-        if not line or not line[0].strip():
+        found: list[str] = []
+        ready = threading.Event()
+
+        def drain() -> None:  # read every line (a full pipe would block the child)
+            for text in self.proc.stdout:
+                if text.startswith(_MARK) and not found:
+                    found.append(text[len(_MARK) :])
+                    ready.set()
+            ready.set()  # the child ended
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(timeout=300)
+        if not found:
             self.close()
             raise RuntimeError(f"the {mode} Serve process did not start: {self.tail()}")
-        reply = json.loads(line[0])
+        reply = json.loads(found[0])
         if "error" in reply:
             self.close()
             raise RuntimeError(reply["error"])
@@ -299,7 +313,7 @@ class _ServeServer:
 
 def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec: str) -> None:
     """The child of :class:`_ServeServer`: Serve with ``mode``'s switches set before Ray
-    starts, one application per ``name:max_batch_size`` of ``spec`` at ``/<name>``."""
+    starts, one application per ``name:max_batch_size:replicas`` of ``spec`` at ``/<name>``."""
     import sys
 
     from nshot.errors import NshotError
@@ -313,7 +327,7 @@ def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec:
 
         from nshot.train import ensure_ray
 
-        ensure_ray()
+        ensure_ray(log_to_driver=False)
         serve.start(
             http_options={"host": "127.0.0.1", "port": int(port)},
             logging_config={"log_level": "WARNING"},
@@ -325,9 +339,9 @@ def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec:
             serve.run(build_app(method_name, checkpoint, opts), name=name, route_prefix=f"/{name}")
             urls[name] = ingress.verify(mode, name, "127.0.0.1", int(port))[0] + "/predict"
     except (NshotError, RuntimeError) as err:
-        print(json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
+        print(_MARK + json.dumps({"error": f"{type(err).__name__}: {err}"}), flush=True)
         return
-    print(json.dumps({"urls": urls}), flush=True)
+    print(_MARK + json.dumps({"urls": urls}), flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     serve.shutdown()
     import ray

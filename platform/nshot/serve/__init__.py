@@ -79,9 +79,11 @@ def start_urls(
         from nshot.serve.app import parse_autoscale
 
         most = parse_autoscale(opts.autoscale)[1]
-    ing.prepare(ingress, opts.token, port=port if direct else None, replicas=most)
+    pinned = ing.prepare(ingress, opts.token, port=port if direct else None, replicas=most)
     ensure_ray()
-    proxy_port = ing._free_port() if direct else port
+    # our own Ray under direct ingress: the first replica takes `port`, Serve's proxy a free one
+    # (a running Ray keeps its own replica port range: the proxy stays on `port`)
+    proxy_port = ing._free_port() if direct and pinned else port
     # Serve's controller, proxy and replicas log every start-up step and request at INFO: those
     # lines go to Ray's session logs, the terminal keeps warnings and errors (NSHOT_VERBOSE=1
     # shows them all)
