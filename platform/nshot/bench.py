@@ -66,6 +66,8 @@ def _compare(out: Path, data: dict[str, Any], keys: list[str]) -> dict[str, Any]
     cmp = {}
     for k in keys:
         a, b = data.get(k), old.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):  # a ratio with its spread
+            a, b = a.get("median_ratio"), b.get("median_ratio")
         if isinstance(a, int | float) and isinstance(b, int | float) and b:
             cmp[k] = {"previous": b, "now": a, "now_over_previous": a / b}
     return cmp
@@ -367,11 +369,11 @@ def serve(
     one after the other; the bare app runs throughout and is measured in every block, so each
     mode is compared with the bare app measured alongside it. In a block every level (1, 8, 32
     and 128 clients) runs ``repeats`` times, the systems interleaved (their order rotated each
-    repeat); medians and the spread are reported, the JSON keeps every run. The ``proxy`` block
-    also carries the unbatched app; ``replicas`` above 1 add a block ``proxy_x<N>`` (the
-    batched app on N replicas, proxy ingress). A mode that cannot run here is a row marked unavailable, with
-    the reason. Without ``checkpoint`` a ``smoke`` model is trained first (in-process Ray, shut
-    down before the blocks)."""
+    repeat); medians and the spread are reported, the JSON keeps every run (with the load
+    average when it ended). The ``proxy`` block also carries the unbatched app; ``replicas``
+    above 1 add a block ``proxy_x<N>`` (the batched app on N replicas, proxy ingress). A mode
+    that cannot run here is a row marked unavailable, with the reason. Without ``checkpoint``
+    a ``smoke`` model is trained first (in-process Ray, shut down before the blocks)."""
     import secrets
     import subprocess
     import sys
@@ -436,7 +438,7 @@ def serve(
                         for s in names[k:] + names[:k]:
                             tok = None if s == "fastapi_bare" else token
                             r = _load(systems[s], payload, c, n, token=tok)
-                            r["order"] = len(order)
+                            r["order"], r["load1"] = len(order), os.getloadavg()[0]
                             order.append(f"{block}/{s}/{c}/{rep}")
                             runs[s].setdefault(f"clients_{c}", []).append(r)
                 blocks[block] = {
@@ -444,7 +446,6 @@ def serve(
                     "ingress": mode,
                     "apps": apps,
                     "urls": server.urls,
-                    "load_before": os.getloadavg()[0],
                     "runs": runs,
                     "summary": {
                         s: {lvl: _summary(rs) for lvl, rs in by.items()} for s, by in runs.items()
