@@ -7,8 +7,10 @@ retriever, paper §3.3). A step is one epoch of stage 1 or of stage 3, so
 the others, and 1 for the memory-bank-only baselines (PatchCore, BTF); it is set from them.
 
 ``smoke`` (height fields) and ``small`` (meshes ray-cast from above) run on generated RGB +
-organised-xyz images with frozen random feature extractors; ``paper`` names the paper's scale (DINO ViT-B/8 and Point-MAE features from local
-weight files, 224² grids).
+organised-xyz images with frozen random feature extractors; ``paper`` is the paper's scale
+(§4.1): MVTec 3D-AD read from ``data_path`` (:mod:`.mvtec3d`), DINO ViT-B/8 and Point-MAE
+features from local weight files (``dino_path``, ``pointmae_path``; :mod:`.paper_features`),
+224² grids, k ∈ {1, 2, 4}, θ = 0.4.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ VERSION = "1"  # of the checkpoint format
 CLASSES = ("bump", "cylinder", "saddle", "ring")  # the height-field objects
 MESH_CLASSES = ("box", "cylinder", "sphere", "capsule")
 GENERATOR_CLASSES = {"heightfield": CLASSES, "mesh": MESH_CLASSES}
+MVTEC3D_CLASSES = (
+    "bagel", "cable_gland", "carrot", "cookie", "dowel", "foam", "peach", "potato", "rope",
+    "tire",
+)  # fmt: skip
 
 System = Literal[
     "cfr",
@@ -52,11 +58,20 @@ class CfrConfig(MethodConfig):
         "cfr_random_replace (negative control: as many pixels as cfr, chosen at random)",
     )
     # data
-    generator: Literal["heightfield", "mesh"] = Field(
+    generator: Literal["heightfield", "mesh", "mvtec3d"] = Field(
         "heightfield",
         description="generated objects: heightfield (height fields seen from above; classes "
         "bump, cylinder, saddle, ring) or mesh (trimesh primitives ray-cast from above; classes "
-        "box, cylinder, sphere, capsule)",
+        "box, cylinder, sphere, capsule); or mvtec3d: real images read from data_path (MVTec "
+        "3D-AD's layout; the classes are its folders)",
+    )
+    data_path: str | None = Field(
+        None, description="generator mvtec3d: the dataset root (<class>/{train,validation,test})"
+    )
+    preprocess: Literal["cfm", "none"] = Field(
+        "cfm",
+        description="generator mvtec3d: cfm (CFM's background-plane removal and largest-cluster "
+        "cleaning of each point cloud, as the paper) or none (files already pre-processed)",
     )
     grid: int = Field(64, ge=16, le=256, description="image side in pixels (H = W)")
     classes: list[str] = Field(list(CLASSES), min_length=1, description="object classes")
@@ -67,10 +82,27 @@ class CfrConfig(MethodConfig):
     n_val_good: int = Field(4, ge=1, le=500, description="normal validation images per class")
     n_val_bad: int = Field(6, ge=3, le=500, description="anomalous validation images per class")
     data_seed: int = Field(0, ge=0, description="seed of the generated images")
-    # features (frozen random extractors, never trained)
-    rgb_dim: int = Field(96, ge=3, le=3072, description="C2: RGB feature channels (3 layers)")
+    # features (frozen, never trained)
+    features: Literal["random", "paper"] = Field(
+        "random",
+        description="random (seeded random CNN and geometric-descriptor MLP) or paper (DINO "
+        "ViT-B/8 patch tokens from dino_path, Point-MAE group features from pointmae_path)",
+    )
+    rgb_dim: int = Field(96, ge=3, le=3072, description="C2: RGB feature channels")
     xyz_dim: int = Field(64, ge=2, le=4096, description="C3: 3D feature channels")
     feature_seed: int = Field(0, ge=0, description="seed of the frozen random extractors")
+    dino_path: str | None = Field(
+        None, description="features paper: a Hugging Face ViT folder or a timm / DINO "
+        ".safetensors file (DINO ViT-B/8)",
+    )  # fmt: skip
+    pointmae_path: str | None = Field(
+        None, description="features paper: Point-MAE's pretrain weights as .safetensors"
+    )
+    pointmae_groups: int = Field(1024, ge=1, le=65_536, description="Point-MAE groups (FPS)")
+    pointmae_group_size: int = Field(128, ge=1, le=4096, description="points per group (kNN)")
+    job_gpus: float = Field(
+        0.0, ge=0.0, le=8.0, description="GPUs each reproduction task reserves (Ray)"
+    )
     # stage 1: crossmodal mappings
     shot: int = Field(4, ge=1, le=64, description="k: few-shot training images of the run")
     shots: list[int] = Field([1, 4], min_length=1, description="k values the reproduction runs")
@@ -144,14 +176,16 @@ class CfrConfig(MethodConfig):
             "grid": 224, "rgb_dim": 768, "xyz_dim": 1152, "map_epochs": 100, "ret_epochs": 100,
             "ret_lr": 1e-4, "coreset_proj": 128, "d_model": 128, "bank_subsample": 20_000,
             "max_queries": 20_000, "shots": [1, 2, 4], "theta_mode": "fixed", "theta": 0.4,
-            "log_every": 10, "checkpoint_every": 50,
+            "log_every": 10, "checkpoint_every": 50, "generator": "mvtec3d",
+            "features": "paper", "classes": list(MVTEC3D_CLASSES), "class_name": "bagel",
+            "job_gpus": 1.0,
         },
     }  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> CfrConfig:
-        known = GENERATOR_CLASSES[self.generator]
-        unknown = [c for c in self.classes if c not in known]
+        known = GENERATOR_CLASSES.get(self.generator)
+        unknown = [c for c in self.classes if known is not None and c not in known]
         if unknown:
             raise ValueError(
                 f"field 'classes': unknown {unknown} for the {self.generator} generator; "
@@ -159,11 +193,14 @@ class CfrConfig(MethodConfig):
             )
         if self.class_name not in self.classes:
             raise ValueError(f"field 'class_name': {self.class_name!r} is not in {self.classes}")
-        if self.rgb_dim % 3:
+        if self.features == "random" and self.rgb_dim % 3:
             raise ValueError("field 'rgb_dim': must be a multiple of 3 (three CNN layers)")
+        if any(not c or "/" in c or c.startswith(".") for c in self.classes):
+            raise ValueError("field 'classes': a class is a folder name (no '/', not hidden)")
         if self.smooth % 2 == 0:
             raise ValueError("field 'smooth': the box filter side must be odd")
-        if any(k < 1 or k > self.n_train for k in [self.shot, *self.shots]):
+        pool = self.n_train if self.generator != "mvtec3d" else 10_000  # real: checked on load
+        if any(k < 1 or k > pool for k in [self.shot, *self.shots]):
             raise ValueError(f"field 'shots': each k must lie in [1, n_train={self.n_train}]")
         if any(not 0.0 < t <= 2.0 for t in self.theta_sweep):
             raise ValueError("field 'theta_sweep': each theta must lie in (0, 2]")

@@ -283,7 +283,7 @@ def table_key(cfg: CfrConfig, cls: str) -> str:
 
 def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
     """The images of one class, built once and read from the verified Parquet cache."""
-    if cls not in GENERATOR_CLASSES[cfg.generator]:
+    if cls not in GENERATOR_CLASSES.get(cfg.generator, ()):
         raise ValueError(f"unknown {cfg.generator} class {cls!r}; choose from "
                          f"{list(GENERATOR_CLASSES[cfg.generator])}")  # fmt: skip
     return cached_table(
@@ -310,28 +310,56 @@ class Split:
                      [self.defect[i] for i in idx])  # fmt: skip
 
 
+def _split_of(tab: pa.Table, g: int) -> Split:
+    def arr(name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        flat = tab.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        return flat.astype(dtype).reshape(len(tab), *shape)
+
+    return Split(
+        rgb=arr("rgb", np.uint8, (g, g, 3)), xyz=arr("xyz", np.float32, (g, g, 3)),
+        mask=arr("mask", np.uint8, (g, g)).astype(bool),
+        label=np.asarray(tab.column("label").to_pylist(), dtype=int),
+        defect=tab.column("defect").to_pylist(),
+    )  # fmt: skip
+
+
+def _real(cfg: CfrConfig, cls: str, split: str, indices: list[int] | None = None) -> pa.Table:
+    from .mvtec3d import split_table
+    from .paper_features import check_paper
+
+    check_paper(cfg)
+    return split_table(cfg.data_path or "", cls, split, cfg.grid, cfg.preprocess, indices)
+
+
 def load_class(cfg: CfrConfig, cls: str) -> dict[str, Split]:
     """``{"train": normal pool, "test": normal + anomalous, "val": normal + anomalous}`` of
-    class ``cls`` as arrays (the validation images are for tuning; never in the results)."""
+    class ``cls`` as arrays (the validation images are for tuning; never in the results).
+    For real data (``generator="mvtec3d"``): ``test`` and ``val`` (MVTec 3D-AD's validation
+    images are all normal); the k training images come from :func:`shot_split`."""
+    if cfg.generator == "mvtec3d":
+        return {s: _split_of(_real(cfg, cls, s), cfg.grid) for s in ("test", "val")}
     tab = class_table(cfg, cls)
-    g = cfg.grid
-    out = {}
     split_col = np.asarray(tab.column("split").to_pylist())
-    for split in ("train", "test", "val"):
-        sel = np.nonzero(split_col == split)[0]
-        sub = tab.take(pa.array(sel))
+    return {split: _split_of(tab.take(pa.array(np.nonzero(split_col == split)[0])), cfg.grid)
+            for split in ("train", "test", "val")}  # fmt: skip
 
-        def arr(name: str, dtype: type, shape: tuple[int, ...], sub: pa.Table = sub) -> np.ndarray:
-            flat = sub.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            return flat.astype(dtype).reshape(len(sub), *shape)
 
-        out[split] = Split(
-            rgb=arr("rgb", np.uint8, (g, g, 3)), xyz=arr("xyz", np.float32, (g, g, 3)),
-            mask=arr("mask", np.uint8, (g, g)).astype(bool),
-            label=np.asarray(sub.column("label").to_pylist(), dtype=int),
-            defect=sub.column("defect").to_pylist(),
-        )  # fmt: skip
-    return out
+def shot_split(cfg: CfrConfig, cls: str, k: int) -> Split:
+    """The k normal training images: ``fewshot_indices`` over the sorted pool."""
+    if cfg.generator != "mvtec3d":
+        pool = load_class(cfg, cls)["train"]
+        return pool.take(fewshot_indices(len(pool), k, cfg.fewshot_seed))
+    from nshot.errors import ConfigError
+
+    from .mvtec3d import list_items
+    from .paper_features import check_paper
+
+    check_paper(cfg)
+    n = len(list_items(cfg.data_path or "", cls, "train"))
+    if k > n:
+        raise ConfigError(f"field 'shots': k = {k}, but {cls}/train/good holds {n} images")
+    idx = [int(i) for i in fewshot_indices(n, k, cfg.fewshot_seed)]
+    return _split_of(_real(cfg, cls, "train", idx), cfg.grid)
 
 
 def fewshot_indices(n_pool: int, k: int, seed: int = 42) -> np.ndarray:
@@ -340,5 +368,8 @@ def fewshot_indices(n_pool: int, k: int, seed: int = 42) -> np.ndarray:
 
 
 def data_tables(cfg: CfrConfig) -> dict[str, pa.Table]:
-    """Every class's table (normal training pool and test images with masks)."""
+    """Every class's table (normal training pool and test images with masks; for real data
+    the test images)."""
+    if cfg.generator == "mvtec3d":
+        return {cls: _real(cfg, cls, "test") for cls in cfg.classes}
     return {cls: class_table(cfg, cls) for cls in cfg.classes}

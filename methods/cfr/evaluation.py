@@ -9,7 +9,7 @@ import torch
 
 from .config import CfrConfig
 from .data import Split, load_class
-from .features import Extractors, valid_mask
+from .features import make_extractors
 from .metrics import aupro, image_auroc, pixel_auroc
 from .model import CfrModel
 
@@ -24,8 +24,9 @@ class TestFeatures:
 
 def class_test_features(cfg: CfrConfig, cls: str, split: str = "test") -> TestFeatures:
     test = load_class(cfg, cls)[split]
-    f2, f3 = Extractors(cfg)(test.rgb, test.xyz)
-    return TestFeatures(test, f2, f3, torch.from_numpy(valid_mask(test.xyz)))
+    ext = make_extractors(cfg)
+    f2, f3 = ext(test.rgb, test.xyz)
+    return TestFeatures(test, f2, f3, ext.valid(test.xyz, f3))
 
 
 def score_images(
@@ -69,7 +70,10 @@ def validation_metrics(
     model: CfrModel, cfg: CfrConfig, feats: TestFeatures, banks_built: bool
 ) -> dict[str, float]:
     """AUPRO@30 % and I-AUROC of ``cfg.system`` on the class's validation images; before the
-    banks exist (during stage 1) those of the mappings alone (no replacement)."""
+    banks exist (during stage 1) those of the mappings alone (no replacement). None when the
+    validation images are all normal (MVTec 3D-AD's)."""
+    if len(set(feats.split.label.tolist())) < 2:
+        return {}
     system = cfg.system
     if not banks_built:
         system = "cfm" if system == "cfm" else "cfr_cyclic_only"

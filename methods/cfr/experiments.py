@@ -62,7 +62,7 @@ def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any
         scores = score_images(model, feats, system, theta, base.infer_seed)
         out["rows"][system] = metrics(scores, split, base.pro_thresholds)
         out["types"][system] = {}
-        for kind in TYPES:
+        for kind in _kinds(split.defect):
             keep = np.array([d in ("good", kind) for d in split.defect])
             sub = {key: v[keep] for key, v in scores.items()}
             m = metrics(sub, split.take(np.nonzero(keep)[0]), base.pro_thresholds)
@@ -77,6 +77,13 @@ def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any
     return out
 
 
+def _kinds(defects: list[str]) -> list[str]:
+    """The anomaly types of a test set: the generator's three, or the defect folders of real
+    data (MVTec 3D-AD: e.g. crack, contamination)."""
+    present = sorted(set(defects) - {"good"})
+    return [t for t in TYPES if t in present] + [t for t in present if t not in TYPES]
+
+
 def _mean(vals: list[float]) -> float:
     return float(np.mean(vals))
 
@@ -86,7 +93,7 @@ def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     workdir.mkdir(parents=True, exist_ok=True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     shots = sorted(set(cfg.shots), reverse=True)  # the larger k first (the longer jobs)
-    jobs = [Job((cls, k, seed), _job, (cfg.model_dump(), cls, k, seed))
+    jobs = [Job((cls, k, seed), _job, (cfg.model_dump(), cls, k, seed), num_gpus=cfg.job_gpus)
             for k in shots for cls in cfg.classes for seed in seeds]  # fmt: skip
     done = run_jobs(jobs, description=f"cfr {cfg.preset}")
     main_k = 4 if 4 in shots else max(shots)
@@ -125,9 +132,14 @@ def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
             f"k{k}": {
                 s: {
                     t: _avg_seeds(
-                        [done[(c, k, sd)]["types"][s][t] for c in cfg.classes for sd in seeds]
+                        [
+                            done[(c, k, sd)]["types"][s][t]
+                            for c in cfg.classes
+                            for sd in seeds
+                            if t in done[(c, k, sd)]["types"][s]
+                        ]
                     )
-                    for t in TYPES
+                    for t in sorted({t for r in done.values() for t in r["types"][s]})
                 }
                 for s in SYSTEMS
             }
@@ -192,11 +204,17 @@ def _avg_seeds(dicts: list[dict[str, float]]) -> dict[str, float]:
 def _notes(cfg: CfrConfig, shots: list[int], main_k: int) -> list[str]:
     theta = (f"θ = the {cfg.theta_quantile:g} quantile of d on the k shots"
              if cfg.theta_mode == "quantile" else f"θ = {cfg.theta:g}")  # fmt: skip
+    data = (f"MVTec 3D-AD from {cfg.data_path} (pre-processing {cfg.preprocess})"
+            if cfg.generator == "mvtec3d" else f"generated {cfg.generator} objects")  # fmt: skip
+    per_class = ("every test image of each class" if cfg.generator == "mvtec3d" else
+                 f"{cfg.n_test_good} normal + {cfg.n_test_bad} anomalous test images")  # fmt: skip
+    feats = ("DINO ViT-B/8 + Point-MAE extractors" if cfg.features == "paper"
+             else "frozen random extractors")  # fmt: skip
     return [
-        f"generated {cfg.generator} objects, {cfg.grid}² grid, classes {', '.join(cfg.classes)}; "
-        f"per class {cfg.n_test_good} normal + {cfg.n_test_bad} anomalous test images; "
+        f"{data}, {cfg.grid}² grid, classes {', '.join(cfg.classes)}; "
+        f"per class {per_class}; "
         f"rows: mean over the classes (± std over {cfg.seeds} seed(s)).",
-        f"frozen random extractors (RGB {cfg.rgb_dim}, 3-D {cfg.xyz_dim} channels), stage 1 "
+        f"{feats} (RGB {cfg.rgb_dim}, 3-D {cfg.xyz_dim} channels), stage 1 "
         f"{cfg.map_epochs} epochs, retriever {cfg.ret_epochs} epochs, k ∈ {sorted(shots)}; "
         f"{theta}; AUPRO with {cfg.pro_thresholds} thresholds; replaced_frac_normal at "
         f"k = {main_k}.",

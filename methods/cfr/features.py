@@ -11,6 +11,8 @@ seed, never trained:
   tanh MLP; zero on invalid pixels.
 
 The valid mask comes from the point cloud (a point is valid unless it is exactly (0, 0, 0)).
+With ``features="paper"``, :func:`make_extractors` returns the paper's DINO ViT-B/8 and
+Point-MAE extractors instead (:mod:`.paper_features`), which read their mask off F3 as CFM does.
 """
 
 from __future__ import annotations
@@ -63,8 +65,30 @@ class Extractors:
         out = torch.tanh(h @ self.w2 + self.b2)
         return out * torch.from_numpy(valid_mask(xyz))[..., None]
 
+    def valid(self, xyz: np.ndarray, f3: torch.Tensor) -> torch.Tensor:
+        """n × H × W bool: the pixels with a point."""
+        return torch.from_numpy(valid_mask(xyz))
+
     def __call__(self, rgb: np.ndarray, xyz: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rgb(rgb), self.xyz(xyz)
+
+
+_PAPER: dict[tuple, object] = {}
+
+
+def make_extractors(cfg: CfrConfig):  # -> Extractors | PaperExtractors
+    """The config's frozen extractors: the seeded random ones, or the paper's (loaded once per
+    process and weight-file pair)."""
+    if cfg.features != "paper":
+        return Extractors(cfg)
+    from .paper_features import PaperExtractors
+
+    key = (cfg.dino_path, cfg.pointmae_path, cfg.pointmae_groups, cfg.pointmae_group_size,
+           cfg.rgb_dim, cfg.xyz_dim, cfg.grid)  # fmt: skip
+    if key not in _PAPER:
+        _PAPER.clear()  # one pair of networks at a time
+        _PAPER[key] = PaperExtractors(cfg)
+    return _PAPER[key]
 
 
 def valid_mask(xyz: np.ndarray) -> np.ndarray:

@@ -23,8 +23,8 @@ from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .data import class_table, load_class
-from .features import Extractors, valid_mask
+from .data import load_class
+from .features import make_extractors
 from .model import load_model
 
 MAX_SIDE = 256
@@ -128,7 +128,7 @@ class CfrPredictor(Predictor[CfrRequest, CfrResponse]):
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
         self.model, self.cfg, self.run = load_model(checkpoint)
-        self.extractors = Extractors(self.cfg)
+        self.extractors = make_extractors(self.cfg)
         self.class_name = str(self.run.get("class_name", self.cfg.class_name))
         self.banks_built = bool(self.run.get("banks_built", False))
         self.step = checkpoint.step
@@ -146,9 +146,9 @@ class CfrPredictor(Predictor[CfrRequest, CfrResponse]):
                 "bank_sizes": self.model.bank_sizes()}  # fmt: skip
 
     def example_request(self) -> dict[str, Any]:
-        """The first anomalous test image of the checkpoint's class (generated data)."""
+        """The first anomalous test image of the checkpoint's class (generated data, or the
+        checkpoint's ``data_path``)."""
         cfg = self.cfg.replace(classes=[self.class_name], class_name=self.class_name)
-        class_table(cfg, self.class_name)
         test = load_class(cfg, self.class_name)["test"]
         i = int(np.argmax(test.label))
         return {"class_name": self.class_name, "rgb": test.rgb[i].tolist(),
@@ -170,7 +170,7 @@ class CfrPredictor(Predictor[CfrRequest, CfrResponse]):
         if rgb.shape[:2] != (g, g):
             raise ValueError(f"rgb: {rgb.shape[0]}×{rgb.shape[1]}, this model takes {g}×{g}")
         f2, f3 = self.extractors(rgb[None], xyz[None])
-        valid = torch.from_numpy(valid_mask(xyz))
+        valid = self.extractors.valid(xyz[None], f3)[0]
         theta = None if self.cfg.theta_mode == "quantile" else self.cfg.theta
         gen = torch.Generator().manual_seed(self.cfg.infer_seed)
         sc = self.model.score(f2[0], f3[0], valid, self.cfg.system, theta, gen)

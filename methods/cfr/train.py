@@ -21,9 +21,9 @@ import torch
 from nshot.train import session
 
 from .config import MAPPING_SYSTEMS, RETRIEVER_SYSTEMS, CfrConfig
-from .data import fewshot_indices, load_class
+from .data import shot_split
 from .evaluation import class_test_features, validation_metrics
-from .features import Extractors, valid_mask
+from .features import make_extractors
 from .model import CfrModel, build_model
 
 
@@ -47,11 +47,10 @@ class Shots:
 def shot_features(cfg: CfrConfig, cls: str | None = None, k: int | None = None) -> Shots:
     cls = cls or cfg.class_name
     k = k or cfg.shot
-    pool = load_class(cfg, cls)["train"]
-    shots = pool.take(fewshot_indices(len(pool), k, cfg.fewshot_seed))
-    ext = Extractors(cfg)
+    shots = shot_split(cfg, cls, k)
+    ext = make_extractors(cfg)
     g2, g3 = ext(shots.rgb, shots.xyz)
-    valid = torch.from_numpy(valid_mask(shots.xyz))
+    valid = ext.valid(shots.xyz, g3)
     f2 = [g2[i][valid[i]] for i in range(k)]
     f3 = [g3[i][valid[i]] for i in range(k)]
     return Shots(f2, f3, (g2, g3, valid))
