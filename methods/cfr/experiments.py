@@ -45,7 +45,8 @@ def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any
     torch.set_num_threads(1)
     t0 = time.time()
     base = CfrConfig.validated({**cfg_dict, "class_name": cls, "shot": k, "seed": seed})
-    shots = shot_features(base)
+    use_gpu = base.job_gpus > 0 and torch.cuda.is_available()
+    shots = shot_features(base, device="cuda" if use_gpu else "cpu")
     feats = class_test_features(base, cls)
     losses: dict[str, list[float]] = {}
     models = {}

@@ -88,7 +88,7 @@ def greedy_coreset(x: torch.Tensor, frac: float, proj: int, seed: int) -> torch.
     m = coreset_size(n, frac)
     g = torch.Generator().manual_seed(seed)
     if proj < x.shape[1]:
-        x = x @ (torch.randn(x.shape[1], proj, generator=g) / proj**0.5)
+        x = x @ (torch.randn(x.shape[1], proj, generator=g) / proj**0.5).to(x.device)
     first = int(torch.randint(n, (1,), generator=g))
     chosen = [first]
     dist = torch.cdist(x, x[first : first + 1]).squeeze(1)
@@ -96,7 +96,7 @@ def greedy_coreset(x: torch.Tensor, frac: float, proj: int, seed: int) -> torch.
         nxt = int(dist.argmax())
         chosen.append(nxt)
         dist = torch.minimum(dist, torch.cdist(x, x[nxt : nxt + 1]).squeeze(1))
-    return torch.tensor(chosen, dtype=torch.long)
+    return torch.tensor(chosen, dtype=torch.long, device=x.device)
 
 
 @dataclass
@@ -172,7 +172,7 @@ class CfrModel(nn.Module):
                  gen: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
         keys, values = self.kv_keys, self.kv_values
         if subsample is not None and subsample < len(keys):
-            idx = torch.randperm(len(keys), generator=gen)[:subsample]
+            idx = torch.randperm(len(keys), generator=gen)[:subsample].to(keys.device)
             keys, values = keys[idx], values[idx]
         out = [self.retriever(c, keys, values) for c in q.split(self.cfg.query_chunk)]
         return torch.cat(out) if out else q.new_zeros(0, self.cfg.rgb_dim)
@@ -200,7 +200,10 @@ class CfrModel(nn.Module):
         theta: float | None = None,
         gen: torch.Generator | None = None,
     ) -> Scored:
-        """Score one image (f2: H × W × C2, f3: H × W × C3, valid: H × W bool)."""
+        """Score one image (f2: H × W × C2, f3: H × W × C3, valid: H × W bool) on the
+        model's device; the map comes back on the CPU."""
+        dev = self.theta_q.device
+        f2, f3, valid = f2.to(dev), f3.to(dev), valid.to(dev)
         h, w = valid.shape
         v = valid.reshape(-1)
         x2, x3 = f2.reshape(h * w, -1)[v], f3.reshape(h * w, -1)[v]
@@ -221,7 +224,7 @@ class CfrModel(nn.Module):
                 sel = d >= t
                 replaced = int(sel.sum())
                 if mode == "random" and replaced:
-                    perm = torch.randperm(len(sel), generator=gen)[:replaced]
+                    perm = torch.randperm(len(sel), generator=gen)[:replaced].to(sel.device)
                     sel = torch.zeros_like(sel)
                     sel[perm] = True
                 if replaced:
@@ -239,13 +242,13 @@ class CfrModel(nn.Module):
             s2 = (F.normalize(p2, dim=-1) - F.normalize(x2, dim=-1)).norm(dim=-1)
             s3 = (F.normalize(p3, dim=-1) - F.normalize(x3, dim=-1)).norm(dim=-1)
             s = s2 * s3
-        full = torch.zeros(h * w, dtype=s.dtype)
+        full = torch.zeros(h * w, dtype=s.dtype, device=s.device)
         full[v] = s
         k = self.cfg.smooth
         sm = F.avg_pool2d(full.reshape(1, 1, h, w), k, stride=1, padding=k // 2,
                           count_include_pad=True).reshape(h, w)  # fmt: skip
         sm = torch.where(valid, sm, torch.zeros_like(sm))
-        return Scored(raw=sm, replaced=replaced, valid=int(v.sum()))
+        return Scored(raw=sm.cpu(), replaced=replaced, valid=int(v.sum()))
 
 
 def build_model(cfg: CfrConfig, bank_sizes: dict[str, int] | None = None) -> CfrModel:

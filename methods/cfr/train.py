@@ -44,15 +44,19 @@ class Shots:
         return torch.cat(self.f3)
 
 
-def shot_features(cfg: CfrConfig, cls: str | None = None, k: int | None = None) -> Shots:
+def shot_features(
+    cfg: CfrConfig, cls: str | None = None, k: int | None = None,
+    device: torch.device | str = "cpu",
+) -> Shots:  # fmt: skip
+    """The k shots' features; their valid rows on ``device`` (the grids stay on the CPU)."""
     cls = cls or cfg.class_name
     k = k or cfg.shot
     shots = shot_split(cfg, cls, k)
     ext = make_extractors(cfg)
     g2, g3 = ext(shots.rgb, shots.xyz)
     valid = ext.valid(shots.xyz, g3)
-    f2 = [g2[i][valid[i]] for i in range(k)]
-    f3 = [g3[i][valid[i]] for i in range(k)]
+    f2 = [g2[i][valid[i]].to(device) for i in range(k)]
+    f3 = [g3[i][valid[i]].to(device) for i in range(k)]
     return Shots(f2, f3, (g2, g3, valid))
 
 
@@ -64,8 +68,9 @@ def bank_sizes(cfg: CfrConfig, shots: Shots) -> dict[str, int]:
 
 
 def new_model(cfg: CfrConfig, shots: Shots) -> CfrModel:
+    """A fresh model on the device of the shots' features."""
     torch.manual_seed(cfg.seed + 115)  # the paper's training seed 115 at seed 0; equal on ranks
-    return build_model(cfg, bank_sizes(cfg, shots))
+    return build_model(cfg, bank_sizes(cfg, shots)).to(shots.f2[0].device)
 
 
 def new_optimizer(cfg: CfrConfig, model: CfrModel) -> torch.optim.Optimizer:
@@ -114,7 +119,7 @@ def epoch(
                                             .integers(2**31)))  # fmt: skip
     for f2, f3 in zip(shots.f2, shots.f3, strict=True):
         n = min(len(f3), cfg.max_queries)
-        idx = torch.randperm(len(f3), generator=gen)[:n]
+        idx = torch.randperm(len(f3), generator=gen)[:n].to(f3.device)
         loss = _call(fwd, "retrieval_loss", f3[idx], f2[idx], cfg.bank_subsample, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -194,7 +199,7 @@ def train_loop(cfg: CfrConfig) -> None:
     """
     ctx = session.context()
     torch.set_num_threads(cfg.torch_threads)
-    shots = shot_features(cfg)
+    shots = shot_features(cfg, device=ctx.device)
     model = new_model(cfg, shots)
     opt = new_optimizer(cfg, model)
     restored = session.restore(model, opt)
