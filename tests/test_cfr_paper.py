@@ -271,7 +271,8 @@ def test_pointmae_loads_the_official_layout_and_refuses_a_mismatched_file(tmp_pa
 # the whole paper path
 
 
-def test_paper_preset_names_the_fields_it_needs():
+def test_paper_preset_names_the_fields_it_needs(tmp_path):
+    from nshot.method import get
     from nshot.methods.cfr.train import shot_features
 
     cfg = CfrConfig.from_preset("paper")
@@ -280,6 +281,8 @@ def test_paper_preset_names_the_fields_it_needs():
         shot_features(cfg)
     for field in ("dino_path", "pointmae_path", "data_path"):
         assert f"field '{field}' is not set" in str(err.value)
+    with pytest.raises(ConfigError, match="field 'dino_path' is not set"):
+        get("cfr").experiments(cfg, tmp_path)  # before any Ray task starts
 
 
 def test_paper_path_trains_evaluates_serves_and_reproduces_one_job(paper_files, tmp_path):

@@ -285,7 +285,7 @@ def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
     """The images of one class, built once and read from the verified Parquet cache."""
     if cls not in GENERATOR_CLASSES.get(cfg.generator, ()):
         raise ValueError(f"unknown {cfg.generator} class {cls!r}; choose from "
-                         f"{list(GENERATOR_CLASSES[cfg.generator])}")  # fmt: skip
+                         f"{list(GENERATOR_CLASSES.get(cfg.generator, ()))}")  # fmt: skip
     return cached_table(
         table_key(cfg, cls),
         lambda: pa.Table.from_pylist(_rows(cfg, cls), schema=SCHEMA),

@@ -91,6 +91,15 @@ def _mean(vals: list[float]) -> float:
 
 def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
+    if cfg.features == "paper" or cfg.generator == "mvtec3d":  # fail here, not in a Ray task
+        from .mvtec3d import list_items
+        from .paper_features import check_paper
+
+        check_paper(cfg)
+        if cfg.generator == "mvtec3d":
+            for cls in cfg.classes:
+                for split in ("train", "test"):
+                    list_items(cfg.data_path or "", cls, split)
     workdir.mkdir(parents=True, exist_ok=True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     shots = sorted(set(cfg.shots), reverse=True)  # the larger k first (the longer jobs)
