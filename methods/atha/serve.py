@@ -17,7 +17,6 @@ its resolution, the centre crop).
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.images import check_rgb_array, decode_base64_image
 from nshot.serve.schema import StrictRequest
 
 from .config import AthaConfig
@@ -43,45 +43,11 @@ Image = str | list[list[list[int]]]
 
 
 def decode_image(image: Image, where: str) -> np.ndarray:
-    """``uint8 [H, W, 3]`` of a base64 PNG or a nested array (``ValueError`` naming ``where``)."""
+    """``uint8 [H, W, 3]`` of a base64 PNG (RGB) or a nested array of 0–255 (``ValueError``
+    naming ``where``)."""
     if isinstance(image, str):
-        from PIL import Image as PILImage
-
-        try:
-            raw = base64.b64decode(image, validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(f"{where}: not valid base64") from None
-        try:
-            with PILImage.open(io.BytesIO(raw)) as im:
-                if im.format != "PNG":
-                    raise ValueError(f"{where}: not a PNG image")
-                if max(im.size) > MAX_SIDE:
-                    raise ValueError(f"{where}: larger than {MAX_SIDE} × {MAX_SIDE}")
-                if im.mode != "RGB":
-                    raise ValueError(
-                        f"{where}: {len(im.getbands())} channel(s) ({im.mode}); expected RGB"
-                    )
-                arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
-        except ValueError:
-            raise
-        except Exception as e:  # noqa: BLE001 - PIL raises many kinds for broken files
-            raise ValueError(f"{where}: undecodable PNG ({type(e).__name__})") from None
-        return arr
-    h = len(image)
-    if not 1 <= h <= MAX_SIDE:
-        raise ValueError(f"{where}: height {h} is outside [1, {MAX_SIDE}]")
-    w = len(image[0])
-    if not 1 <= w <= MAX_SIDE:
-        raise ValueError(f"{where}: width {w} is outside [1, {MAX_SIDE}]")
-    for r, row in enumerate(image):
-        if len(row) != w:
-            raise ValueError(f"{where}: row {r} has {len(row)} pixels, row 0 has {w}")
-        for px in row:
-            if len(px) != 3:
-                raise ValueError(f"{where}: a pixel has {len(px)} channels; expected 3 (RGB)")
-            if any(v < 0 or v > 255 for v in px):
-                raise ValueError(f"{where}: pixel values must lie in [0, 255]")
-    return np.asarray(image, dtype=np.uint8)
+        return decode_base64_image(image, where, formats=("PNG",), rgb_only=True, max_side=MAX_SIDE)
+    return check_rgb_array(image, where, scale=255, max_side=MAX_SIDE)
 
 
 def to_tensor(images: list[np.ndarray], side: int) -> torch.Tensor:

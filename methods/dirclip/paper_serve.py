@@ -18,10 +18,6 @@ forward pass (requests are not batched together: an answer does not depend on ot
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import math
 from collections import Counter
 from typing import Any
 
@@ -31,6 +27,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.images import check_rgb_array, decode_base64_image
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
@@ -47,45 +44,12 @@ MAX_NAME = 200
 
 def decode_image_b64(data: str, field: str) -> np.ndarray:
     """A base64 PNG or JPEG (any mode, each side 1 to ``MAX_SIDE``) → ``uint8 [H, W, 3]``."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"{field}: not valid base64") from None
-    try:
-        with Image.open(io.BytesIO(raw)) as img:
-            if img.format not in ("PNG", "JPEG"):
-                raise ValueError(f"{field}: a {img.format} image; send PNG or JPEG")
-            if max(img.size) > MAX_SIDE:
-                raise ValueError(f"{field}: {img.size[0]}×{img.size[1]} exceeds {MAX_SIDE} a side")
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except ValueError:
-        raise
-    except (UnidentifiedImageError, OSError, SyntaxError):
-        raise ValueError(f"{field}: not a decodable PNG or JPEG image") from None
+    return decode_base64_image(data, field, formats=("PNG", "JPEG"), max_side=MAX_SIDE)
 
 
 def check_array(image: list[list[list[float]]], field: str) -> np.ndarray:
     """An ``H × W × 3`` nested list of floats in [0, 1] → ``uint8 [H, W, 3]`` (rounded)."""
-    h = len(image)
-    if not 1 <= h <= MAX_SIDE:
-        raise ValueError(f"{field}: height {h} is outside [1, {MAX_SIDE}]")
-    w = len(image[0])
-    if not 1 <= w <= MAX_SIDE:
-        raise ValueError(f"{field}: width {w} is outside [1, {MAX_SIDE}]")
-    for r, row in enumerate(image):
-        if len(row) != w:
-            raise ValueError(f"{field}: row {r} has {len(row)} pixels, row 0 has {w}")
-        for px in row:
-            if len(px) != 3:
-                raise ValueError(f"{field}: a pixel has {len(px)} values; expected 3 (RGB)")
-            for v in px:
-                if not math.isfinite(v):
-                    raise ValueError(f"{field}: contains NaN or inf")
-                if not 0.0 <= v <= 1.0:
-                    raise ValueError(f"{field}: value {v} is outside [0, 1]")
-    return np.round(np.asarray(image, dtype=np.float64) * 255).astype(np.uint8)
+    return check_rgb_array(image, field, scale=1, max_side=MAX_SIDE)
 
 
 class DirclipPaperRequest(StrictRequest):
