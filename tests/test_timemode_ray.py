@@ -84,6 +84,16 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained):
     scaled = pred(pred.Request.model_validate({**good, "return_scaled": True}))
     lo, hi = np.min(ex), np.max(ex)
     np.testing.assert_allclose(out, np.asarray(scaled.samples) * (hi - lo) + lo, atol=1e-4)
+    # the batched form runs one reverse chain over the requests and answers as one by one
+    reqs = [pred.Request.model_validate(b) for b in
+            (good, {"n_samples": 2, "domain": "sine", "seed": 1},
+             {**good, "n_samples": 4, "seed": 9, "return_scaled": True}, good)]  # fmt: skip
+    together = pred.batch(reqs)
+    for r, got in zip(reqs, together, strict=True):
+        alone = pred(r)
+        assert got.domain == alone.domain and got.seed == alone.seed
+        np.testing.assert_allclose(got.samples, alone.samples, atol=1e-4, rtol=0)
+    assert together[0].samples == together[3].samples
     bad = {
         "exemplars": {"n_samples": 2},  # neither
         "domain": {"n_samples": 2, "domain": "nope"},

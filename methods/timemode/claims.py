@@ -69,6 +69,21 @@ CLAIMS: tuple[Claim, ...] = (
         presets=TRAINED,
     ),
     Claim(
+        id="evaluator_known_cases",
+        statement="The evaluator on known cases (declared before the run that first reported "
+        "it): two disjoint halves of the real reference are not told apart (disc ≤ 0.05, about "
+        "the 95 % bound of a chance-level classifier's |acc − 0.5| on 400 held-out windows), "
+        "the marginal-noise control is (disc at least 0.10 above), and its feature Fréchet "
+        "distance is at least 5 times the real-against-real one.",
+        source="evaluator check (the discriminative score and feature FID of §4)",
+        expr='extra("evaluator", "disc_real_vs_real") <= 0.05 '
+        'and extra("evaluator", "disc_noise_vs_real") '
+        '>= extra("evaluator", "disc_real_vs_real") + 0.10 '
+        'and extra("evaluator", "fid_noise_vs_real") '
+        '>= 5 * extra("evaluator", "fid_real_vs_real")',
+        presets=TRAINED,
+    ),
+    Claim(
         id="unit_adaln_zero",
         statement="adaLN-Zero: the denoiser predicts ε̂ ≡ 0 at initialisation.",
         source="§3 (DiT blocks with adaLN-Zero)",

@@ -93,8 +93,28 @@ class TimeModeConfig(MethodConfig):
     # evaluation
     n_generate: int = Field(300, ge=4, le=100_000, description="generated windows scored")
     disc_iters: int = Field(400, ge=1, le=100_000, description="GRU discriminator iterations")
-    disc_batch: int = Field(64, ge=2, le=4096, description="GRU discriminator batch")
+    disc_batch: int = Field(
+        64, ge=2, le=4096, description="GRU discriminator batch (≥ its training set: full batch)"
+    )
+    disc_lr: float = Field(1e-3, gt=0.0, le=1.0, description="GRU discriminator Adam rate")
     disc_seeds: int = Field(3, ge=1, le=10, description="discriminator seeds averaged")
+    disc_folds: int = Field(
+        1, ge=1, le=10,
+        description="1: the discriminator tests on a 20 % split; k ≥ 2: k-fold cross-validation "
+        "(every window tested once)",
+    )  # fmt: skip
+    regime_seeds: int = Field(
+        20,
+        ge=0,
+        le=20,
+        description="the smaller regimes and the damped target run for the first this many "
+        "fine-tuning seeds",
+    )
+    ablation_seeds: int = Field(
+        20, ge=1, le=20,
+        description="the reported-only rows (dit_dense, no_stage_adaln, timemode_synthpre) are "
+        "fine-tuned for the first this many fine-tuning seeds",
+    )  # fmt: skip
     regime_disc_seeds: int = Field(
         1, ge=1, le=10, description="discriminator seeds of the reported regimes (disc_10, …)"
     )
@@ -117,7 +137,9 @@ class TimeModeConfig(MethodConfig):
         "n_generate",
         "disc_iters",
         "disc_batch",
+        "disc_lr",
         "disc_seeds",
+        "disc_folds",
         "regime_disc_seeds",
         "pred_iters",
         "routing_windows",
@@ -139,14 +161,16 @@ class TimeModeConfig(MethodConfig):
         },
         "small": {
             "fetch_data": True, "pretrain_steps": 1000, "batch": 64, "finetune_steps": 300,
-            "scratch_steps": 600, "n_generate": 200, "disc_seeds": 1, "pred_iters": 200,
-            "log_every": 50, "checkpoint_every": 500,
+            "scratch_steps": 600, "n_generate": 200, "disc_seeds": 1, "disc_folds": 2,
+            "disc_iters": 150, "disc_batch": 256, "disc_lr": 1e-2, "regime_seeds": 1,
+            "ablation_seeds": 1,
+            "pred_iters": 200, "log_every": 50, "checkpoint_every": 500,
         },
         "paper": {
             "fetch_data": True, "d_model": 256, "depth": 6, "heads": 4, "experts": 8,
             "expansion": 4, "basis": 4, "diffusion_steps": 250, "pretrain_steps": 20_000,
             "finetune_steps": 2000, "scratch_steps": 20_000, "ema": 0.9999, "n_generate": 3000,
-            "disc_iters": 2000, "disc_batch": 128, "pred_iters": 2000, "log_every": 100,
+            "disc_iters": 2000, "disc_batch": 128, "disc_folds": 2, "pred_iters": 2000, "log_every": 100,
             "checkpoint_every": 1000,
         },
     }  # fmt: skip

@@ -1,9 +1,12 @@
 """The metrics of the reproduction (paper §4; the standard evaluators of this literature).
 
 * ``disc`` (↓): |accuracy − 0.5| of a post-hoc 2-layer GRU trained to tell real from generated
-  windows (80 % of an equal mix), on the other 20 %; mean over classifier seeds.
-* ``fid_feat`` (↓): Fréchet distance between Gaussian fits of 20 fixed features of real and
-  generated windows: autocorrelation at lags 1–10, FFT magnitudes of bins 1–8, mean and std.
+  windows, on windows it did not train on: one 80/20 split of an equal mix, or (``folds`` ≥ 2)
+  k-fold cross-validation with the accuracy pooled over every window; mean over classifier
+  seeds.
+* ``fid_feat`` (↓): Fréchet distance between Gaussian fits of 24 fixed features of real and
+  generated windows: autocorrelation at lags 1–10, FFT magnitudes of bins 1–8, mean and std of
+  the window, autocorrelation at lags 1–3 and std of its first differences.
 * ``pred`` (↓): train-on-synthetic-test-on-real; a 1-layer GRU trained on generated windows to
   predict x_{t+1} from x_{≤t}, its MAE on the real windows.
 * ``routing_js`` (↑): per pre-training domain, the mean top-k gate distribution over its tokens at
@@ -35,9 +38,14 @@ class _GRU(nn.Module):
 
 
 def disc_score(
-    real: np.ndarray, fake: np.ndarray, *, iters: int, batch: int, seeds: int, seed: int = 0
-) -> float:
-    """|acc − 0.5| of a 2-layer GRU (hidden max(C, 4)·3, Adam 1e-3), mean over ``seeds``."""
+    real: np.ndarray, fake: np.ndarray, *, iters: int, batch: int, seeds: int, seed: int = 0,
+    folds: int = 1, lr: float = 1e-3,
+) -> float:  # fmt: skip
+    """|acc − 0.5| of a 2-layer GRU (hidden max(C, 4)·3, Adam at ``lr``) on windows it did not train
+    on, mean over ``seeds``. Each seed draws n = min(#real, #fake) windows of each kind.
+    ``folds`` = 1: one GRU trained on 80 % of them, accuracy on the other 20 %; ``folds`` = k ≥ 2:
+    k-fold cross-validation, k GRUs, the accuracy pooled over all 2n held-out predictions (every
+    window is tested once, so the accuracy's sampling error is that of 2n windows, not 0.4n)."""
     c = real.shape[-1]
     scores = []
     for s in range(seeds):
@@ -47,34 +55,49 @@ def disc_score(
                             fake[rng.choice(len(fake), n, replace=False)]])  # fmt: skip
         y = np.r_[np.ones(n), np.zeros(n)].astype(np.float32)
         order = rng.permutation(2 * n)
-        cut = int(0.8 * 2 * n)
-        tr, te = order[:cut], order[cut:]
-        torch.manual_seed(int(rng.integers(2**31)))
-        model = _GRU(c, max(c, 4) * 3, 2, 1)
-        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        if folds == 1:
+            cut = int(0.8 * 2 * n)
+            splits = [(order[:cut], order[cut:])]
+        else:
+            parts = np.array_split(order, folds)
+            splits = [(np.concatenate(parts[:i] + parts[i + 1 :]), parts[i])
+                      for i in range(folds)]  # fmt: skip
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        for _ in range(iters):
-            idx = torch.from_numpy(rng.choice(tr, min(batch, len(tr)), replace=False))
-            logit = model(xt[idx])[:, -1, 0]
-            loss = nn.functional.binary_cross_entropy_with_logits(logit, yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            acc = float(((model(xt[te])[:, -1, 0] > 0).float() == yt[te]).float().mean())
-        scores.append(abs(acc - 0.5))
+        right = tested = 0
+        for tr, te in splits:
+            torch.manual_seed(int(rng.integers(2**31)))
+            model = _GRU(c, max(c, 4) * 3, 2, 1)
+            opt = torch.optim.Adam(model.parameters(), lr)
+            for _ in range(iters):
+                idx = torch.from_numpy(rng.choice(tr, min(batch, len(tr)), replace=False))
+                logit = model(xt[idx])[:, -1, 0]
+                loss = nn.functional.binary_cross_entropy_with_logits(logit, yt[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                right += int(((model(xt[te])[:, -1, 0] > 0).float() == yt[te]).sum())
+                tested += len(te)
+        scores.append(abs(right / tested - 0.5))
     return float(np.mean(scores))
 
 
 def features(x: np.ndarray) -> np.ndarray:
-    """20 features per window (first channel): ACF lags 1–10, |FFT| bins 1–8, mean, std."""
+    """24 features per window (first channel): ACF lags 1–10, |FFT| bins 1–8, mean, std of the
+    window, and ACF lags 1–3 and std of its first differences Δx (the step-to-step dynamics:
+    the window's own ACF and low-frequency spectrum are dominated by its overall shape)."""
     v = x[..., 0].astype(np.float64)
     m = v.mean(1, keepdims=True)
     c = v - m
     var = (c**2).sum(1) + 1e-12
     acf = np.stack([(c[:, k:] * c[:, :-k]).sum(1) / var for k in range(1, 11)], 1)
     fft = np.abs(np.fft.rfft(c, axis=1))[:, 1:9] / v.shape[1]
-    return np.concatenate([acf, fft, m, v.std(1, keepdims=True)], 1)
+    d = np.diff(v, axis=1)
+    dc = d - d.mean(1, keepdims=True)
+    dvar = (dc**2).sum(1) + 1e-12
+    dacf = np.stack([(dc[:, k:] * dc[:, :-k]).sum(1) / dvar for k in range(1, 4)], 1)
+    return np.concatenate([acf, fft, m, v.std(1, keepdims=True), dacf,
+                           d.std(1, keepdims=True)], 1)  # fmt: skip
 
 
 def frechet(a: np.ndarray, b: np.ndarray) -> float:
@@ -155,10 +178,14 @@ def routing_js(dist: np.ndarray | None) -> float | None:
 
 def score_windows(
     real: np.ndarray, fake: np.ndarray, *, iters: int, batch: int, seeds: int, pred_iters: int,
-    seed: int,
+    seed: int, folds: int = 1, lr: float = 1e-3, pred_batch: int = 64,
 ) -> dict[str, float]:  # fmt: skip
+    """disc (``iters``, ``batch``, ``seeds``, ``folds``, ``lr``), fid_feat and pred (a batch of
+    ``pred_batch`` generated windows per TSTR step)."""
     return {
-        "disc": disc_score(real, fake, iters=iters, batch=batch, seeds=seeds, seed=seed),
+        "disc": disc_score(
+            real, fake, iters=iters, batch=batch, seeds=seeds, seed=seed, folds=folds, lr=lr
+        ),  # fmt: skip
         "fid_feat": fid_feat(real, fake),
-        "pred": pred_score(real, fake, iters=pred_iters, batch=batch, seed=seed),
+        "pred": pred_score(real, fake, iters=pred_iters, batch=pred_batch, seed=seed),
     }

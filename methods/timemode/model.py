@@ -306,13 +306,27 @@ class Diffusion:
     @torch.no_grad()
     def sample(self, eps_fn, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
         """Ancestral sampling over all T steps; ``eps_fn(x_t, t) → ε̂``."""
-        x = torch.randn(shape, generator=gen)
+        return self.sample_groups(eps_fn, [shape[0]], shape[1:], [gen])
+
+    @torch.no_grad()
+    def sample_groups(
+        self, eps_fn, sizes: list[int], tail: tuple[int, ...], gens: list[torch.Generator]
+    ) -> torch.Tensor:
+        """One reverse chain over stacked groups of samples: group i has ``sizes[i]`` rows and
+        draws its initial and per-step noise from ``gens[i]``, in the order one chain of that
+        group alone draws them, so a group's samples do not depend on the others (up to the
+        rounding of the batched ε̂)."""
+
+        def draw() -> torch.Tensor:
+            return torch.cat([torch.randn((n, *tail), generator=g)
+                              for n, g in zip(sizes, gens, strict=True)])  # fmt: skip
+
+        x = draw()
         for step in reversed(range(self.T)):
-            t = torch.full((shape[0],), step, dtype=torch.long)
+            t = torch.full((len(x),), step, dtype=torch.long)
             mean = self.reverse_mean(x, t, eps_fn(x, t))
             if step > 0:
-                noise = torch.randn(shape, generator=gen)
-                x = mean + self._at(self.betas, t).sqrt() * noise
+                x = mean + self._at(self.betas, t).sqrt() * draw()
             else:
                 x = mean
         return x
@@ -364,6 +378,25 @@ def generate(
         m = len(ex)
         out.append(diffusion.sample(lambda x, t, e=ex: net(x, t, e).eps, (m, *ex.shape[1:]), gen))
     return torch.cat(out)
+
+
+@torch.no_grad()
+def generate_many(
+    net: Denoiser, diffusion: Diffusion, sets: list[tuple[torch.Tensor, int, int]]
+) -> list[torch.Tensor]:
+    """:func:`generate` for several (exemplars, n, seed) sets (each n ≤ its ``chunk``) in one
+    reverse chain over their stacked samples: set i's answer equals ``generate(net, diffusion,
+    *sets[i])`` up to the rounding of the batched forward pass (each set keeps its own
+    generator, drawn in the same order)."""
+    gens, exs = [], []
+    for exemplars, n, seed in sets:
+        gen = torch.Generator().manual_seed(seed)
+        exs.append(exemplars[torch.randint(len(exemplars), (n,), generator=gen)])
+        gens.append(gen)
+    ex = torch.cat(exs)
+    sizes = [len(e) for e in exs]
+    x = diffusion.sample_groups(lambda x, t: net(x, t, ex).eps, sizes, tuple(ex.shape[1:]), gens)
+    return list(x.split(sizes))
 
 
 def build_state(cfg: TimeModeConfig, domains: int) -> TimeModeState:
