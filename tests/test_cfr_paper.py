@@ -1,7 +1,7 @@
 """cfr's paper path: the float-TIFF reader, MVTec 3D-AD's layout and CFM's pre-processing, the
 DINO ViT and Point-MAE loaders (tiny random weights in the real key layouts), and the whole
-path on a tiny generated MVTec-layout folder (train → checkpoint → evaluate → serve, one
-reproduction job; one Ray test runs ``experiments``)."""
+path on a tiny generated MVTec-layout folder (train → checkpoint → evaluate → serve, and the
+reproduction's ``experiments`` with its tasks in process). No Ray."""
 
 from __future__ import annotations
 
@@ -97,14 +97,15 @@ def paper_files(tmp_path_factory):
 
 
 def paper_cfg(files: dict[str, Path], **over) -> CfrConfig:
-    return CfrConfig.from_preset(
-        "paper", data_path=str(files["data"]), dino_path=str(files["dino"]),
+    values = dict(
+        data_path=str(files["data"]), dino_path=str(files["dino"]),
         pointmae_path=str(files["pointmae"]), classes=["bagel"], class_name="bagel", grid=32,
         rgb_dim=48, xyz_dim=96, pointmae_groups=16, pointmae_group_size=8, shots=[1, 2], shot=2,
         map_epochs=2, ret_epochs=2, coreset_proj=16, d_model=8, bank_subsample=500,
         max_queries=500, log_every=1, checkpoint_every=2, theta_sweep=[0.2, 0.4], job_gpus=0.0,
-        **{"preprocess": "none", **over},
+        preprocess="none",
     )  # fmt: skip
+    return CfrConfig.from_preset("paper", **{**values, **over})
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +163,30 @@ def test_cfm_preprocessing_removes_the_table_and_keeps_the_largest_cluster():
     assert np.array_equal(cfm_preprocess(out, seed=5), out)  # a cleaned cloud stays as it is
 
 
+def test_dbscan_labels_equal_scikit_learns_dbscan():
+    from scipy.spatial import cKDTree
+    from sklearn.cluster import DBSCAN
+
+    from nshot.methods.cfr.mvtec3d import dbscan_labels
+
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        blobs = [rng.uniform(0, 0.1, 3) + rng.normal(0, rng.uniform(0.002, 0.01), (n, 3))
+                 for n in rng.integers(20, 500, rng.integers(2, 6))]  # fmt: skip
+        pts = np.concatenate([*blobs, rng.uniform(0, 0.1, (150, 3))])
+        ref = DBSCAN(eps=0.006, min_samples=30).fit(pts)
+        got = dbscan_labels(pts, 0.006, 30)
+        assert np.array_equal(got == -1, ref.labels_ == -1)  # the same noise
+        core = ref.core_sample_indices_
+        pairs = set(zip(ref.labels_[core].tolist(), got[core].tolist()))
+        assert len(pairs) == len(set(ref.labels_[core].tolist())) == len(set(got[core].tolist()))
+        to_ref = dict((g, r) for r, g in pairs)
+        tree = cKDTree(pts[core])
+        for i in np.setdiff1d(np.nonzero(got != -1)[0], core):  # a border point: a neighbour's
+            near = {int(ref.labels_[core[j]]) for j in tree.query_ball_point(pts[i], 0.006)}
+            assert to_ref[int(got[i])] in near
+
+
 def test_one_image_is_resized_as_cfm_does(tmp_path):
     root = write_tiny_mvtec3d(tmp_path / "d")
     item = list_items(root, "bagel", "test")[0]
@@ -215,7 +240,7 @@ def test_dino_vit_loads_both_formats_like_timm_and_refuses_a_mismatched_file(tmp
     state = load_file(str(f))
     ref = _timm_vit_reference(state, a.normalise(x)).transpose(1, 2).reshape(2, 128, 4, 4)
     assert torch.allclose(tok, ref, atol=1e-5)
-    assert b.patch_tokens(x).shape == (2, 128, 4, 4)
+    assert torch.allclose(b.patch_tokens(x), tok, atol=1e-5)  # the same seed in both formats
     bad = dict(state)
     del bad["blocks.1.attn.qkv.bias"]
     save_file(bad, str(tmp_path / "missing.safetensors"))
@@ -285,9 +310,8 @@ def test_paper_preset_names_the_fields_it_needs(tmp_path):
         get("cfr").experiments(cfg, tmp_path)  # before any Ray task starts
 
 
-def test_paper_path_trains_evaluates_serves_and_reproduces_one_job(paper_files, tmp_path):
+def test_paper_path_trains_evaluates_and_serves(paper_files, tmp_path):
     from nshot.method import get
-    from nshot.methods.cfr.experiments import METRICS, SYSTEMS, _job
     from nshot.methods.cfr.train import fit, run_record, shot_features
     from nshot.train.checkpoint import load_checkpoint, save_checkpoint
 
@@ -308,20 +332,30 @@ def test_paper_path_trains_evaluates_serves_and_reproduces_one_job(paper_files, 
     predictor = cfr.predictor(ckpt)
     answer = predictor(predictor.Request.model_validate(predictor.example_request()))
     assert len(answer.anomaly_map) == 32 and 0 < answer.valid_fraction < 1
-    out = _job(cfg.model_dump(), "bagel", 1, 0)
-    assert set(out["rows"]) == set(SYSTEMS)
-    for system in SYSTEMS:
-        assert all(np.isfinite(out["rows"][system][m.rsplit("_k", 1)[0]])
-                   for m in METRICS if m != "replaced_frac_normal"), system  # fmt: skip
 
 
-@pytest.mark.ray
-def test_paper_reproduction_runs_under_ray(ray_session, paper_files, tmp_path):
+def test_paper_reproduction_has_every_row_and_the_real_defect_types(
+    paper_files, tmp_path, monkeypatch
+):
+    """``experiments`` with its Ray tasks run in this process (the tasks are plain functions;
+    ``run_jobs`` itself is covered by the smoke reproduction in test_cfr_ray.py)."""
     from nshot.method import get
+    from nshot.methods.cfr import experiments
     from nshot.methods.cfr.experiments import METRICS, SYSTEMS
 
+    seen = []
+
+    def in_process(jobs, **_):
+        seen.extend(j.num_gpus for j in jobs)
+        return {j.key: j.fn(*j.args, **j.kwargs) for j in jobs}
+
+    monkeypatch.setattr(experiments, "run_jobs", in_process)
     cfg = paper_cfg(paper_files, shots=[1])
     table = get("cfr").experiments(cfg, tmp_path)
-    assert list(table.rows) == list(SYSTEMS)
-    assert table.rows["cfr"]["i_auroc_k1"] is not None and "MVTec 3D-AD" in table.notes[0]
-    assert set(table.metrics) == set(METRICS)
+    assert seen == [0.0]  # one (class, k) job, job_gpus GPUs
+    assert list(table.rows) == list(SYSTEMS) and set(table.metrics) == set(METRICS)
+    for system in SYSTEMS:
+        for m in ("i_auroc_k1", "aupro30_k1", "replaced_frac_normal"):
+            assert np.isfinite(table.rows[system][m]), (system, m)
+    assert "MVTec 3D-AD" in table.notes[0] and "DINO ViT-B/8" in table.notes[1]
+    assert set(table.extra["per_type"]["k1"]["cfr"]) == {"crack"}  # the defect folders

@@ -157,6 +157,7 @@ class CfrConfig(MethodConfig):
         "pro_thresholds",
         "n_test_good",
         "n_test_bad",
+        "data_path",  # the same MVTec 3D-AD, wherever it lies on the evaluating machine
     }
 
     PRESETS: ClassVar[dict[str, dict]] = {

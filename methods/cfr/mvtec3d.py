@@ -19,11 +19,12 @@ Per image, as CFM's ``models/dataset.py``:
 
 ``preprocess="cfm"`` first applies CFM's ``processing/preprocess_mvtec.py`` to the full-size
 xyz (the pre-processing the paper uses, CFR §4.1: the background plane removed), written with
-numpy and scikit-learn instead of Open3D: a plane fitted by RANSAC to the valid points of the
+numpy and SciPy instead of Open3D: a plane fitted by RANSAC to the valid points of the
 10-pixel image border (samples of 50 points, 1,000 iterations, inliers within 0.004, then
 refitted to the inliers of the best sample, as Open3D's ``segment_plane``), every point within
 0.005 of it set to 0, zero padding to a square whose side is rounded up to 100, and every
-point outside the largest DBSCAN cluster (eps 0.006, 30 points) set to 0. RANSAC draws its
+point outside the largest DBSCAN cluster (eps 0.006, 30 points; :func:`dbscan_labels`, checked
+against scikit-learn's DBSCAN in the tests) set to 0. RANSAC draws its
 samples from a generator seeded by the file name, so a run is repeatable (Open3D's draws are
 not). With fewer than 50 valid border points (a cloud already pre-processed) the plane step
 does nothing, so applying it to CFM-pre-processed files changes nothing but the cost.
@@ -231,10 +232,75 @@ def _pad_square(a: np.ndarray) -> np.ndarray:
     return np.pad(a, pad, mode="constant")
 
 
+def dbscan_labels(points: np.ndarray, eps: float = 0.006, min_samples: int = 30) -> np.ndarray:
+    """DBSCAN's labels (``-1``: noise), computed without DBSCAN's per-point neighbour lists,
+    which hold thousands of entries per point on a dense scan (gigabytes at 800²):
+
+    * a point is core when at least ``min_samples`` points (itself included) lie within
+      ``eps``: counted within a radius r ≤ eps first (four times the median spacing), and
+      within ``eps`` only for the points that fall short;
+    * clusters are the connected components of the core points linked within r (a refinement
+      of DBSCAN's, whose links reach eps), merged wherever a core point of a component other
+      than the largest lies within ``eps`` of another component's core point (every link
+      missed in the first pass has such an end): DBSCAN's clusters of core points exactly;
+    * a non-core point within ``eps`` of a core point joins the cluster of its nearest core
+      point (DBSCAN: of the first cluster that reaches it; the two differ only for a point
+      within ``eps`` of two clusters), the others are noise.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    pts = np.asarray(points, dtype=np.float64)
+    n = len(pts)
+    labels = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return labels
+    tree = cKDTree(pts)
+    sample = pts[:: max(1, n // 2000)]
+    spacing = float(np.median(tree.query(sample, k=2)[0][:, 1])) if n > 1 else eps
+    r = min(eps, max(4 * spacing, 1e-12))
+    counts = tree.query_ball_point(pts, r, return_length=True)
+    short = np.nonzero(counts < min_samples)[0]
+    if len(short) and r < eps:
+        counts[short] = tree.query_ball_point(pts[short], eps, return_length=True)
+    core = np.nonzero(counts >= min_samples)[0]
+    if len(core) == 0:
+        return labels
+    ctree = cKDTree(pts[core])
+    pairs = ctree.query_pairs(r, output_type="ndarray")
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(core),) * 2)
+    _, comp = connected_components(graph, directed=False)
+    sizes = np.bincount(comp)
+    if r < eps and len(sizes) > 1:
+        parent = np.arange(len(sizes))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        others = np.nonzero(comp != np.argmax(sizes))[0]
+        for chunk in np.array_split(others, max(1, len(others) // 2000)):
+            for i, nbrs in zip(chunk, ctree.query_ball_point(pts[core[chunk]], eps), strict=True):
+                for j in set(comp[nbrs].tolist()) - {int(comp[i])}:
+                    a, b = find(int(comp[i])), find(int(j))
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
+        comp = np.array([find(int(c)) for c in range(len(sizes))])[comp]
+    _, comp = np.unique(comp, return_inverse=True)
+    labels[core] = comp
+    rest = np.setdiff1d(np.arange(n), core)
+    if len(rest):
+        dist, idx = ctree.query(pts[rest], distance_upper_bound=eps)
+        near = np.isfinite(dist) & (dist <= eps)
+        labels[rest[near]] = comp[idx[near]]
+    return labels
+
+
 def cfm_preprocess(xyz: np.ndarray, seed: int) -> np.ndarray:
     """CFM's pre-processing of one full-size organised point cloud (module docstring)."""
-    from sklearn.cluster import DBSCAN
-
     pc = np.array(xyz, dtype=np.float32)
     edges = _edges(pc)
     if len(edges) >= 50:
@@ -247,7 +313,7 @@ def cfm_preprocess(xyz: np.ndarray, seed: int) -> np.ndarray:
     flat = pc.reshape(-1, 3)
     keep = np.nonzero((flat != 0).all(1))[0]
     if len(keep):
-        labels = DBSCAN(eps=0.006, min_samples=30).fit_predict(flat[keep])
+        labels = dbscan_labels(flat[keep], eps=0.006, min_samples=30)
         ids, sizes = np.unique(labels, return_counts=True)
         flat[keep[labels != ids[np.argmax(sizes)]]] = 0
     return flat.reshape(pc.shape)
