@@ -190,7 +190,8 @@ def test_dbscan_labels_equal_scikit_learns_dbscan():
 def test_one_image_is_resized_as_cfm_does(tmp_path):
     root = write_tiny_mvtec3d(tmp_path / "d")
     item = list_items(root, "bagel", "test")[0]
-    rgb, xyz, mask = load_item(item, 32, "none")
+    with pytest.warns(UserWarning, match="background plane"):  # the table is still there
+        rgb, xyz, mask = load_item(item, 32, "none")
     assert rgb.shape == (32, 32, 3) and rgb.dtype == np.uint8
     assert xyz.shape == (32, 32, 3) and mask.shape == (32, 32) and mask.any()
     full = read_float_tiff(item.xyz)
@@ -297,7 +298,7 @@ def test_pointmae_loads_the_official_layout_and_refuses_a_mismatched_file(tmp_pa
 
 
 def test_paper_preset_names_the_fields_it_needs(tmp_path):
-    from nshot.method import get
+    from nshot.methods.cfr.experiments import run_experiments
     from nshot.methods.cfr.train import shot_features
 
     cfg = CfrConfig.from_preset("paper")
@@ -307,7 +308,7 @@ def test_paper_preset_names_the_fields_it_needs(tmp_path):
     for field in ("dino_path", "pointmae_path", "data_path"):
         assert f"field '{field}' is not set" in str(err.value)
     with pytest.raises(ConfigError, match="field 'dino_path' is not set"):
-        get("cfr").experiments(cfg, tmp_path)  # before any Ray task starts
+        run_experiments(cfg, tmp_path)  # before any Ray task starts
 
 
 def test_paper_path_trains_evaluates_and_serves(paper_files, tmp_path):

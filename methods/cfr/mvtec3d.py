@@ -389,6 +389,14 @@ def load_item(item: Item, grid: int, preprocess: str) -> tuple[np.ndarray, np.nd
     if preprocess == "cfm":
         seed = int.from_bytes(hashlib.sha256(str(item.xyz.name).encode()).digest()[:4], "little")
         xyz = cfm_preprocess(xyz, seed)
+    elif len(_edges(xyz)) >= 50:
+        import warnings
+
+        warnings.warn(
+            f"{item.xyz}: points along the image border (a background plane?) with "
+            "preprocess=none; CFM's pre-processing removes them (preprocess=cfm)",
+            stacklevel=2,
+        )
     t = torch.from_numpy(np.ascontiguousarray(xyz)).permute(2, 0, 1)[None]
     xyz_r = torch.nn.functional.interpolate(t, size=(grid, grid), mode="nearest")
     xyz_out = xyz_r[0].permute(1, 2, 0).contiguous().numpy()
