@@ -645,6 +645,10 @@ def test_ingress_modes_are_refused_before_anything_starts(monkeypatch, tmp_path,
         ingress.prepare("direct", None)
     assert ingress.prepare("proxy", None) == {}
     assert ingress.mode_of({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}) == "throughput"
+    for mode in ingress.MODES:  # what prepare() puts in the environment gives that mode
+        assert (
+            ingress.mode_of({**dict.fromkeys(ingress._ALL, "0"), **ingress.SWITCHES[mode]}) == mode
+        )
     assert ingress.mode_of({"RAY_SERVE_ENABLE_HA_PROXY": "1"}) == "haproxy"
 
     started = []

@@ -35,7 +35,9 @@ MODES = ("proxy", "direct", "throughput", "haproxy")
 SWITCHES = {
     "proxy": {},
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
-    "throughput": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+    # (direct ingress is on by default in this mode; it is set here since every switch not
+    # listed is set to "0")
+    "throughput": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 _ALL = (
