@@ -718,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests",
         type=int,
         default=None,
-        help="serve: requests per run (default 200, at least 3 per client); "
+        help="serve: requests per run (default 200, at least 2 per client); "
         "serve-sustained: requests in all (default 10000)",
     )
     s.add_argument("--clients", type=int, default=64, help="serve-sustained: concurrent clients")
