@@ -218,8 +218,8 @@ def _notes(cfg: CfrConfig, shots: list[int], main_k: int) -> list[str]:
             if cfg.generator == "mvtec3d" else f"generated {cfg.generator} objects")  # fmt: skip
     per_class = ("every test image of each class" if cfg.generator == "mvtec3d" else
                  f"{cfg.n_test_good} normal + {cfg.n_test_bad} anomalous test images")  # fmt: skip
-    feats = ("DINO ViT-B/8 + Point-MAE extractors" if cfg.features == "paper"
-             else "frozen random extractors")  # fmt: skip
+    feats = (f"frozen ViT ({cfg.dino_path}) and Point-MAE ({cfg.pointmae_path})"
+             if cfg.features == "paper" else "frozen random extractors")  # fmt: skip
     return [
         f"{data}, {cfg.grid}² grid, classes {', '.join(cfg.classes)}; "
         f"per class {per_class}; "
