@@ -644,6 +644,10 @@ def test_ingress_modes_are_refused_before_anything_starts(monkeypatch, tmp_path,
     with pytest.raises(NshotError, match="already running"):
         ingress.prepare("direct", None)
     assert ingress.prepare("proxy", None) == {}
+    assert ingress.default_mode() == "proxy"  # what that Ray was started with
+    monkeypatch.setenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", "1")
+    assert ingress.default_mode() == "direct" and ingress.DEFAULT == "direct"
+    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS")
     assert ingress.mode_of({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}) == "throughput"
     for mode in ingress.MODES:  # what prepare() puts in the environment gives that mode
         assert (

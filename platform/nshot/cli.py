@@ -456,6 +456,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     method = get(args.method)  # an unknown method is named before anything is read
     check_serve_address(args.host, args.port)
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
+    args.ingress = args.ingress or ingress.default_mode()
     ingress.check(args.ingress, token)  # HAProxy without a token or its binary: before Ray
     if args.autoscale is not None:
         from nshot.serve.app import parse_autoscale
@@ -754,10 +755,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--ingress",
         choices=["proxy", "direct", "throughput", "haproxy"],
-        default="proxy",
-        help="how requests reach the replica: Serve's proxy actor (default), the replica's own "
-        "HTTP server (direct; throughput: Serve's throughput-optimised mode), or HAProxy (binds "
-        "every interface: needs --token); set before Ray starts (README: Serve under load)",
+        default=None,
+        help="how requests reach the replica: the replica's own HTTP server on --port (direct, "
+        "the default when nshot starts Ray; throughput: Serve's throughput-optimised mode), "
+        "Serve's proxy actor (proxy; on a running Ray the default is the mode it was started "
+        "with), or HAProxy (binds every interface: needs --token); set before Ray starts "
+        "(README: Serve under load)",
     )
     s.add_argument(
         "--max-ongoing",

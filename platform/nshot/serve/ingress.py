@@ -47,6 +47,21 @@ _ALL = (
 )
 
 
+#: ``nshot serve``'s mode when it starts its own Ray: the fastest mode that keeps loopback
+#: binding and the token in ``nshot bench serve`` (README, "Serve under load")
+DEFAULT = "direct"
+
+
+def default_mode() -> str:
+    """:data:`DEFAULT` when nshot will start its own Ray; on a Ray that is already running, the
+    mode its environment says it was started with."""
+    import ray
+
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        return mode_of(os.environ)
+    return DEFAULT
+
+
 def mode_of(env: dict[str, str] | os._Environ) -> str:
     """The ingress mode that the switches in ``env`` give Serve."""
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
