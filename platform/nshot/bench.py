@@ -684,7 +684,8 @@ def sustained(
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Issue 26, point 7: ``requests`` requests (5 % malformed) at ``clients`` concurrent clients
-    against ``nshot serve``'s defaults (batching, proxy ingress, a token): no 5xx, every valid
+    against the app's default options with a token (batching; proxy ingress, the default of
+    :func:`nshot.serve.start`, on this process's Ray): no 5xx, every valid
     answer equal to the in-process answer, every malformed body a 422, and the replica's
     resident memory at the end within 10 % of its value after the first 1,000 requests."""
     import secrets
