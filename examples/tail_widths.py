@@ -6,7 +6,7 @@ serving settings; nearest centroid on standardised features answers the same epi
 
     nshot train tail --preset small
     python examples/tail_widths.py --checkpoint ~/.cache/nshot/runs/tail-small \\
-        --episodes 300 --variants --out methods/tail/results/widths.json
+        --episodes 300 --variants all --out methods/tail/results/widths.json
 
 Serve starts on 127.0.0.1 for the duration of the script (or pass ``--url`` of a running
 ``nshot serve tail``). ``--variants`` also answers every episode in process with TAIL's other
@@ -24,6 +24,9 @@ import os
 import time
 from pathlib import Path
 
+from fastapi import FastAPI, Request  # module level: the route's annotations resolve here
+from fastapi.responses import JSONResponse
+
 
 def variants(checkpoint: str) -> dict:
     """In-process TAIL variants on the served checkpoint: name -> send(body) -> answer."""
@@ -37,7 +40,8 @@ def variants(checkpoint: str) -> dict:
         pred = type(default)(default.model, default.cfg, wide_inputs=wide)
         for draws in (1, 8):
             out[f"tail_{wide}_{draws}draw"] = _sender(pred, n_draws=draws)
-    out["tail_span_4draw"] = _sender(default, n_draws=4)
+    for draws in (2, 4, 8):
+        out[f"tail_span_{draws}draw"] = _sender(default, n_draws=draws)
     out["tail_no_standardise"] = _sender(default, standardise=False)
     return out
 
@@ -50,14 +54,76 @@ def _sender(predictor, **fields):
     return send
 
 
+class _InProcess:
+    """The Serve app's request path without the network: JSON bytes, ``parse_request`` (the
+    same caps and 4xx answers), the predictor, the answer as JSON."""
+
+    def __init__(self, checkpoint: str, options) -> None:
+        from nshot.serve.app import load_predictor
+
+        self.options = options
+        _, self.ckpt, self.predictor = load_predictor("tail", checkpoint, options)
+
+    def predict(self, body: dict) -> dict:
+        from nshot.serve.app import parse_request
+
+        req = parse_request(self.predictor, json.dumps(body).encode(), self.options)
+        if not isinstance(req, self.predictor.Request):
+            raise RuntimeError(f"HTTP {req.status_code}: {req.body[:300]!r}")
+        return json.loads(json.dumps(self.predictor(req).model_dump(mode="json")))
+
+    def metadata(self) -> dict:
+        return {"predictor": self.predictor.metadata()}
+
+
+def _uvicorn_app(checkpoint: str, max_items: int):
+    """The Serve ingress's request path (``parse_request``, predictor, ``encode_answer``) in a
+    bare FastAPI app, without Ray: ``--transport uvicorn`` runs it in a child process."""
+    from nshot.serve.app import ServeOptions, encode_answer, load_predictor, parse_request
+
+    opts = ServeOptions(max_items=max_items)
+    _, _, predictor = load_predictor("tail", checkpoint, opts)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/tail/predict")
+    async def predict(request: Request) -> JSONResponse:
+        req = parse_request(
+            predictor, await request.body(), opts, request.headers.get("content-type")
+        )
+        if isinstance(req, JSONResponse):
+            return req
+        return encode_answer(predictor(req), "-")
+
+    @app.get("/tail/metadata")
+    async def metadata() -> dict:
+        return {"predictor": predictor.metadata()}
+
+    return app
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="the TAIL checkpoint (run folder or checkpoint)")
     ap.add_argument("--url", help="a running `nshot serve tail` endpoint instead")
+    ap.add_argument(
+        "--transport",
+        choices=("serve", "uvicorn", "in-process"),
+        default="serve",
+        help="serve: Ray Serve on 127.0.0.1 (default); uvicorn: HTTP to the Serve app's request "
+        "path in a bare FastAPI app in a child process, without Ray (for a machine too loaded "
+        "for Ray to start); in-process: no HTTP, the same path in this process",
+    )
+    ap.add_argument("--uvicorn-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--episodes", type=int, default=300)
     ap.add_argument("--widths", default="16,64,256,1024,4096")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--variants", action="store_true", help="also TAIL variants, in process")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="also these TAIL variants, in process: comma-separated names or 'all' "
+        "(tail_subset_1draw, tail_subset_8draw, tail_gaussian_1draw, tail_gaussian_8draw, "
+        "tail_span_2draw, tail_span_4draw, tail_span_8draw, tail_no_standardise)",
+    )
     ap.add_argument(
         "--real", type=int, default=0, help="also this many episodes of digits 5-9 and MNIST"
     )
@@ -66,6 +132,14 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.url or args.checkpoint):
         ap.error("give --checkpoint or --url")
+    if args.uvicorn_child:
+        import torch
+        import uvicorn
+
+        torch.set_num_threads(1)  # as a Serve replica with num_cpus=1
+        app = _uvicorn_app(args.checkpoint, args.uvicorn_child)
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+        return
     if args.variants and not args.checkpoint:
         ap.error("--variants needs --checkpoint")
 
@@ -88,25 +162,55 @@ def main() -> None:
     options = None
     started = False
     url = args.url
-    if url is None:
-        from nshot.serve import start
-        from nshot.serve.app import ServeOptions
+    from nshot.serve.app import ServeOptions
 
-        # the largest request of this run: (support + queries) rows of the widest width
-        items = 2 * WAYS * SHOTS * (max(widths) + 1) + WAYS * SHOTS
+    # the largest request of this run: (support + queries) rows of the widest width
+    items = 2 * WAYS * SHOTS * (max(widths) + 1) + WAYS * SHOTS
+    if url is None:
         options = ServeOptions(max_items=max(ServeOptions().max_items, items))
+    child = None
+    if args.transport == "in-process":
+        client = _InProcess(args.checkpoint, options)
+    elif url is None and args.transport == "uvicorn":
+        import subprocess
+        import sys
+        import urllib.request
+
+        cmd = [sys.executable, __file__, "--checkpoint", args.checkpoint]
+        cmd += ["--port", str(args.port), "--uvicorn-child", str(options.max_items)]
+        child = subprocess.Popen(cmd)
+        url = f"http://127.0.0.1:{args.port}/tail"
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/metadata", timeout=5)
+                break
+            except OSError:
+                time.sleep(0.5)
+    elif url is None:
+        from nshot.serve import start
+
         url = start("tail", args.checkpoint, port=args.port, options=options)
         started = True
     try:
-        client = Client(url)
-        extra = variants(args.checkpoint) if args.variants else None
+        client = client if args.transport == "in-process" else Client(url)
+        extra = None
+        if args.variants:
+            extra = variants(args.checkpoint)
+            if args.variants != "all":
+                extra = {k: extra[k] for k in args.variants.split(",")}
         t0 = time.time()
         load_before = os.getloadavg()
+
+        done: list[dict] = []
 
         def show(row: dict) -> None:
             acc = row["accuracy"]
             line = ", ".join(f"{k} {v['mean']:.3f}" for k, v in acc.items())
             print(f"width {row['width']}: {line}; p50 {row['latency_s']['p50'] * 1e3:.1f} ms")
+            done.append(row)
+            if args.out:  # every finished width is kept, should a long run be stopped
+                partial = {"partial": True, "widths": done, "load_avg_now": os.getloadavg()}
+                Path(args.out).write_text(json.dumps(partial, indent=1) + "\n")
 
         with threadpool_limits(1):
             result = measure(
@@ -114,6 +218,7 @@ def main() -> None:
             )
         result.update(
             {
+                "transport": args.transport if args.url is None else "http (--url)",
                 "url": url,
                 "checkpoint": args.checkpoint,
                 "metadata_predictor": client.metadata().get("predictor"),
@@ -137,6 +242,9 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     finally:
+        if child is not None:
+            child.terminate()
+            child.wait(timeout=30)
         if started:
             from ray import serve
 

@@ -202,3 +202,21 @@ def test_any_width_measurement_tiny(untrained_tail_checkpoint, predictor):
     table = markdown(out).splitlines()
     assert table[2].startswith("| 8 | ") and table[3].startswith("| 200 | ")
     assert "| width | in_process |" in table[5]
+
+
+def test_mixed_training_tasks_are_standardised_episodes_of_model_width():
+    """``train_tasks="A+mixed"``: the generated task family of a step (width 8..d_data) and
+    its batch, standardised by the support like a request."""
+    from nshot.methods.tail.episodes import make_batch
+    from nshot.methods.tail.train import _mixed_tasks
+
+    cfg = get("tail").config("smoke", train_tasks="A+mixed")
+    rng = np.random.default_rng(0)
+    tasks = [_mixed_tasks(cfg, rng) for _ in range(20)]
+    assert {t.dim for t in tasks} <= set(range(8, cfg.d_data + 1)) and len(
+        {t.dim for t in tasks}
+    ) > 1
+    batch = make_batch(tasks[0], cfg, batch=3, K=3, shots=2, queries=2, rng=rng, standardised=True)
+    sf = batch["support_f"].numpy()
+    assert sf.shape == (3, 6, tasks[0].dim) and batch["support_x"].shape == (3, 6, cfg.d_data)
+    assert np.allclose(np.linalg.norm(sf, axis=-1), np.sqrt(tasks[0].dim), atol=1e-3)

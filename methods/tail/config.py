@@ -39,6 +39,13 @@ class TailConfig(MethodConfig):
     min_shots: int = Field(1, ge=1, le=1000)
     max_shots: int = Field(5, ge=1, le=1000)
     queries_per_class: int = Field(5, ge=1, le=1000)
+    train_tasks: Literal["A", "A+mixed"] = Field(
+        "A",
+        description="training episodes: modality A only (the spec), or 'A+mixed': every other "
+        "step (drawn per step) a batch of generated mixed-Gaussian tasks (episodes."
+        "MixedGaussianModality) of random width 8..d_data, separation 0.7..1.5 and feature "
+        "noise 0.5..2, standardised by their support like the predictor's requests",
+    )
     # evaluation
     eval_episodes: int = Field(500, ge=1, le=1_000_000)
     eval_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged at test time")

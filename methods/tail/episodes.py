@@ -494,8 +494,10 @@ def sample_episodes(
     queries: int,
     rng: np.random.Generator,
     center: bool = True,
+    standardised: bool = False,
 ) -> dict[str, np.ndarray]:
-    """``batch`` preprocessed episodes; the support order is shuffled per episode.
+    """``batch`` preprocessed episodes; the support order is shuffled per episode
+    (``standardised``: every feature first standardised by the support, :func:`standardise`).
 
     Returns ``support_f [B, K*shots, d_T]``, ``support_y [B, K*shots]``,
     ``query_f [B, K*queries, d_T]`` and ``query_y [B, K*queries]`` (labels in ``0..K-1``).
@@ -504,7 +506,12 @@ def sample_episodes(
     for _ in range(batch):
         xs, ys, xq, yq = modality.sample(K, shots, queries, rng)
         perm = rng.permutation(len(ys))
-        fs, fq = preprocess_episode(np.asarray(xs)[perm], np.asarray(xq), center=center)
+        xs, xq = np.asarray(xs)[perm], np.asarray(xq)
+        if standardised:
+            zs, zq = standardise(xs, xq)
+            fs, fq = normalise_rows(zs), normalise_rows(zq)
+        else:
+            fs, fq = preprocess_episode(xs, xq, center=center)
         sf.append(fs)
         sy.append(np.asarray(ys)[perm])
         qf.append(fq)
@@ -595,6 +602,7 @@ def make_batch(
     step: int | None = None,
     dict_size: int | None = None,
     center: bool = True,
+    standardised: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``batch`` episodes of one shape, ready for :class:`TailModel` and the baselines.
 
@@ -607,7 +615,14 @@ def make_batch(
     m = active_dictionary_size(cfg, step) if dict_size is None else dict_size
     check_ways(cfg, K, m)
     eps = sample_episodes(
-        modality, batch=batch, K=K, shots=shots, queries=queries, rng=rng, center=center
+        modality,
+        batch=batch,
+        K=K,
+        shots=shots,
+        queries=queries,
+        rng=rng,
+        center=center,
+        standardised=standardised,
     )
     out = draw_views(eps, cfg, rng, dict_size=m)
     out.update({k: torch.from_numpy(v) for k, v in eps.items()})

@@ -15,7 +15,14 @@ import torch.nn.functional as F
 from nshot.train import session
 
 from .config import TailConfig
-from .episodes import active_dictionary_size, make_batch, modality_a, sample_task_shape, train_rng
+from .episodes import (
+    MixedGaussianModality,
+    active_dictionary_size,
+    make_batch,
+    modality_a,
+    sample_task_shape,
+    train_rng,
+)
 from .model import TailModel
 
 MODEL_INPUTS = ("support_x", "support_slot", "query_x", "active_slots")
@@ -30,6 +37,16 @@ def lr_at(cfg: TailConfig, step: int) -> float:
 def build_model(cfg: TailConfig) -> TailModel:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     return TailModel(cfg)
+
+
+def _mixed_tasks(cfg: TailConfig, rng) -> MixedGaussianModality:
+    """One step's generated task family for ``train_tasks="A+mixed"`` (drawn from the step's
+    generator, so a resumed run sees the same ones)."""
+    return MixedGaussianModality(
+        int(rng.integers(8, cfg.d_data + 1)),
+        separation=float(rng.uniform(0.7, 1.5)),
+        feature_noise=float(rng.uniform(0.5, 2.0)),
+    )
 
 
 def train_loop(cfg: TailConfig) -> None:
@@ -49,8 +66,11 @@ def train_loop(cfg: TailConfig) -> None:
         session.maybe_inject_fault(step, restored)
         rng = train_rng(cfg.seed, step, ctx.rank)
         K, shots = sample_task_shape(cfg, rng)
+        source, standardised = modality, False
+        if cfg.train_tasks == "A+mixed" and rng.random() < 0.5:
+            source, standardised = _mixed_tasks(cfg, rng), True
         batch = make_batch(
-            modality,
+            source,
             cfg,
             batch=cfg.batch_episodes,
             K=K,
@@ -58,6 +78,7 @@ def train_loop(cfg: TailConfig) -> None:
             queries=cfg.queries_per_class,
             rng=rng,
             step=step - 1,
+            standardised=standardised,
         )
         inputs = {k: batch[k].to(ctx.device) for k in MODEL_INPUTS}
         target = batch["query_y"].to(ctx.device)
