@@ -59,6 +59,8 @@ def test_health_and_metadata(served):
     meta = client.metadata()
     assert meta["method"] == "tail" and meta["checkpoint"]["step"] == 1
     assert "support_x" in meta["request_schema"]["properties"]
+    # the predictor's input contract reaches /metadata (any width up to 4,096, standardised)
+    assert meta["predictor"]["max_features"] == 4096 and meta["predictor"]["input_contract"]
 
 
 def test_served_answer_equals_in_process(served):

@@ -45,7 +45,9 @@ class ServeOptions:
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
     max_body_bytes: int = 16 * 1024 * 1024
-    max_items: int = 100_000  # cap on the number of list items in a request body
+    # cap on the number of list items in a request body: room for TAIL's widest request (5-way
+    # 5-shot, 25 queries, 4,096 features: 204,800 numbers); the 16 MiB body cap bounds it too
+    max_items: int = 1_000_000
     token: str | None = None
     num_replicas: int = 1
     # Admission (see the README's "Serve under load"): a replica takes up to
