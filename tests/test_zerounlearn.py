@@ -368,8 +368,8 @@ def test_diagnostics_subspace_shares_and_isolated_edits():
     fv, rv = output_values(model, tok, forget, [0]), output_values(model, tok, retain, [0])
     shares = subspace_shares(model, stats, prep, fv, rv)[0]
     assert shares["rank"] == 3 and shares["dim"] == 64
-    for k in ("forget", "retain", "general"):
-        assert 0.0 <= shares[k] <= 1.0
+    for k in ("forget", "retain", "general"):  # energy fractions, up to float64 rounding
+        assert -1e-12 <= shares[k] <= 1.0 + 1e-12, (k, shares[k])
     assert shares["forget"] > shares["general"]
     # one shared direction: every row the same vector puts all the energy along the mean
     same = fv[0][:1].repeat(5, 1)
