@@ -41,12 +41,7 @@ def width_episodes(width: int, episodes: int, seed: int = 0) -> list[tuple[np.nd
     training."""
     modality = MixedGaussianModality(width)
     rng = eval_rng(seed, f"widths/{width}")
-    out = []
-    for _ in range(episodes):
-        xs, ys, xq, yq = modality.sample(WAYS, SHOTS, QUERIES, rng)
-        perm = rng.permutation(len(ys))
-        out.append((xs[perm], ys[perm], xq, yq))
-    return out
+    return _draw(modality, rng, episodes)
 
 
 def request_body(episode: tuple[np.ndarray, ...], seed: int) -> dict[str, Any]:
@@ -119,12 +114,7 @@ def real_episodes(name: str, episodes: int, seed: int = 0) -> list[tuple[np.ndar
 
     modality = get_modality(name)
     rng = eval_rng(seed, f"widths/{name}")
-    out = []
-    for _ in range(episodes):
-        xs, ys, xq, yq = modality.sample(WAYS, SHOTS, QUERIES, rng)
-        perm = rng.permutation(len(ys))
-        out.append((xs[perm], ys[perm], xq, yq))
-    return out
+    return _draw(modality, rng, episodes)
 
 
 def measure(
@@ -180,3 +170,13 @@ def markdown(result: dict[str, Any]) -> str:
             vals = " | ".join(f"{r['accuracy'][k]['mean']:.3f}" for k in others)
             lines.append(f"| {name} | {vals} |")
     return "\n".join(lines)
+
+
+def _draw(modality, rng: np.random.Generator, episodes: int) -> list:
+    """``episodes`` 5-way 5-shot episodes of ``modality``, the support order shuffled."""
+    out = []
+    for _ in range(episodes):
+        xs, ys, xq, yq = modality.sample(WAYS, SHOTS, QUERIES, rng)
+        perm = rng.permutation(len(ys))
+        out.append((xs[perm], ys[perm], xq, yq))
+    return out

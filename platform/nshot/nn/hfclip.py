@@ -98,11 +98,12 @@ HEAD_WIDTH = 64  # OpenAI's and open_clip's attention head width
 _OPENAI_EXTRA = ("input_resolution", "context_length", "vocab_size")
 
 
-def _pickle_error(path: Path) -> CheckpointError:
+def pickle_error(path: Path, target: str = "open_clip_model.safetensors") -> CheckpointError:
+    """The refusal of a pickled weight file, with the conversion the user runs themselves."""
     return CheckpointError(
         f"{path}: a pickle file ({path.suffix}) is never unpickled here; convert it to "
         "safetensors first (e.g. load it in a trusted environment and call "
-        "safetensors.torch.save_file(state_dict, 'open_clip_model.safetensors'))"
+        f"safetensors.torch.save_file(state_dict, '{target}'))"
     )
 
 
@@ -367,11 +368,11 @@ def _format_of(p: Path) -> str:
             and not (p / "model.safetensors.index.json").is_file()
         ):
             if any((p / n).is_file() for n in ("pytorch_model.bin", "model.pt")):
-                raise _pickle_error(p / "pytorch_model.bin")
+                raise pickle_error(p / "pytorch_model.bin")
             raise CheckpointError(f"{p}: model.safetensors is missing")
         return "hf"
     if p.suffix in PICKLE_SUFFIXES:
-        raise _pickle_error(p)
+        raise pickle_error(p)
     if p.suffix != ".safetensors":
         raise CheckpointError(f"{p}: not a .safetensors file or a Hugging Face CLIP folder")
     return "openai"

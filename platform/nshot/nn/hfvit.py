@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from nshot.errors import CheckpointError
+from nshot.nn.hfclip import PICKLE_SUFFIXES, pickle_error
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -52,16 +53,7 @@ __all__ = [
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HEAD_WIDTH = 64
-
-
-def _pickle_error(path: Path) -> CheckpointError:
-    return CheckpointError(
-        f"{path}: a pickle file ({path.suffix}) is never unpickled here; convert it to "
-        "safetensors first (load it in a trusted environment and call "
-        "safetensors.torch.save_file(state_dict, 'model.safetensors'))"
-    )
 
 
 def _hf_names(model: Any) -> dict[str, str]:
@@ -242,7 +234,7 @@ def load_vit(path: str | Path) -> PretrainedViT:
 
     p = Path(path)
     if p.suffix.lower() in PICKLE_SUFFIXES:
-        raise _pickle_error(p)
+        raise pickle_error(p)
     if p.is_dir():
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
