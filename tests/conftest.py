@@ -12,6 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Ray Train's controller polls its workers every 2 s by default: each of the suite's many short
 # trainer runs waits up to one interval to see its workers start and another to see them finish
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# Each Ray Train run starts its controller's helper actors, each a fresh process importing Ray
+# Train (about 3 s of CPU here); the spot-preemption watcher and the metrics exporter watch for
+# nothing a test needs (about 5 s off each of the suite's two-worker runs, measured)
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,21 +95,26 @@ def run_example(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
-# Two pytest workers (pytest-xdist, `-n 2 --dist loadgroup`): every test of a module that uses
-# Ray runs in ONE worker (the xdist group "ray"), so the suite still starts exactly one local Ray;
-# the other tests spread over both workers. A test that reaches Ray must say so (the `ray`
-# marker, or the `ray_session` fixture): a test of an unmarked module that calls into Ray fails
-# and names itself, serial runs included, so the grouping cannot silently start a second Ray.
+# Two pytest workers (pytest-xdist, `-n 2 --dist loadgroup`): every test that uses the shared
+# Ray runs in ONE worker (the xdist group "ray"), so the suite starts exactly one local Ray; the
+# other tests spread over both workers. A test that reaches Ray must say so (the `ray` marker,
+# or the `ray_session` fixture, directly or through a fixture it uses): a test outside the group
+# that calls into Ray fails and names itself, serial runs included, so the grouping cannot
+# silently start a second Ray. A test marked `own_ray` starts Ray in processes of its own (a
+# `ray start` cluster, an `nshot serve` subprocess) and never touches the shared one: it runs
+# outside the group, next to it.
 
 
 def _uses_ray(item: pytest.Item) -> bool:
+    if item.get_closest_marker("own_ray") is not None:
+        return False
     return item.get_closest_marker("ray") is not None or "ray_session" in item.fixturenames
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ray_modules = {item.module.__name__ for item in items if _uses_ray(item)}
     for item in items:
-        if item.module.__name__ in ray_modules:
+        if _uses_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
             item.user_properties.append(("ray_module", True))
     # the tests off Ray that need the tiny LM go first: the worker without Ray trains it (about
@@ -115,6 +125,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             ("ray_module", True) in it.user_properties or "tiny_smoke_lm" not in it.fixturenames
         )
     )
+
+
+class _GroupCheck:
+    """Under `--dist loadgroup`, xdist groups a test by a suffix it appends to the test's id; a
+    pytest whose ids it cannot change (pytest 9.2 with pytest-xdist 3.8) would spread the Ray
+    tests over both workers, each starting a Ray of its own. Refuse to run then."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's hook, which appends the suffix
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
+        if not getattr(config.option, "loadgroup", False):
+            return
+        stray = [it.nodeid for it in items if ("ray_module", True) in it.user_properties]
+        stray = [n for n in stray if not n.endswith("@ray")]
+        if stray:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {stray[0]} (and {len(stray) - 1} more) with the "
+                "other Ray tests: this pytest and pytest-xdist do not work together under "
+                "--dist loadgroup (pytest 9.2 with pytest-xdist 3.8 does not); install the "
+                "test extra's pins: pip install -e '.[test]'"
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_GroupCheck(), "nshot-ray-group-check")
 
 
 @pytest.fixture(autouse=True)

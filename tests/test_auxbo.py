@@ -222,7 +222,6 @@ def test_tail_sweep_with_auxbo_then_a_history_surrogate(ray_session, tmp_path, m
     assert first == pytest.approx(best_previous)
 
 
-@pytest.mark.ray
 def test_experiments_smoke_has_every_row_control_and_claim(ray_session, tmp_path):
     """`nshot reproduce auxbo` at smoke size: the comparison's rows, both h controls and the
     set-only control (a third TNP meta-trained on shuffled h), paired p-values, and every

@@ -10,8 +10,6 @@ import pytest
 
 from nshot.method import get
 
-pytestmark = pytest.mark.ray
-
 
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):

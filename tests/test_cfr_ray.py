@@ -12,8 +12,6 @@ import pytest
 
 from nshot.method import get
 
-pytestmark = pytest.mark.ray
-
 
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):
@@ -132,7 +130,8 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained, tmp_path):
         assert got.json()["detail"][0]["field"] == "class_name"
 
 
-def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):
+def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate
     from nshot.methods.cfr.experiments import METRICS, SYSTEMS
 

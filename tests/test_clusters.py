@@ -291,7 +291,7 @@ def _state_api_actors(state, class_name: str) -> list[dict]:
         return json.loads(r.read())["data"]["result"]["result"]
 
 
-@pytest.mark.ray
+@pytest.mark.own_ray
 @pytest.mark.timeout(400)
 def test_two_node_cluster_runs_a_job_across_nodes(tmp_path):
     """Head (1 CPU) + worker node (1 CPU) as separate `ray start` processes; a 2-worker smoke

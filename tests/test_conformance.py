@@ -20,8 +20,6 @@ import pytest
 
 from nshot.method import PRESETS, MethodConfig, Predictor, available, get
 
-pytestmark = pytest.mark.ray
-
 METHODS = available()
 LLM = {"keystone", "zerounlearn"}  # their smoke preset reads the tiny LM nshot trains once
 

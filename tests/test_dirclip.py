@@ -14,8 +14,6 @@ import torch
 
 from nshot.method import ConfigError, get
 
-pytestmark = pytest.mark.ray
-
 
 def _png_bytes(side: int) -> bytes:
     from PIL import Image
@@ -328,7 +326,8 @@ def test_conformal_sets_wrap_the_predictor(trained, smoke):
     assert answer.predictions == inner(inner.Request.model_validate(body)).predictions
 
 
-def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, nshot_cache, tmp_path):
+def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, nshot_cache, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate
     from nshot.methods.dirclip.experiments import METRICS, SYSTEMS
 

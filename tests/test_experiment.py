@@ -1,4 +1,5 @@
-"""The one experiment runner: a grid of Ray tasks, gathered and aggregated."""
+"""The one experiment runner: a grid of Ray tasks (or, with NSHOT_IN_PROCESS, of calls in this
+process), gathered and aggregated."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 from nshot.errors import NshotError
 from nshot.experiment import Job, aggregate, grid, run_jobs
 from nshot.method import ResultsTable
-
-pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +61,47 @@ def test_a_failed_job_is_named(ray_session):
         run_jobs([Job(k, _boom, k) for k in grid(["a"], [0, 1, 2])], progress=False)
     with pytest.raises(NshotError, match="share a key"):
         run_jobs([Job(("a", 0), _boom), Job(("a", 0), _boom)], progress=False)
+
+
+def _threads(system: str, seed: int) -> dict[str, float]:
+    import os
+
+    import torch
+
+    return {"threads": float(torch.get_num_threads()), "pid": float(os.getpid())}
+
+
+def test_in_process_runs_the_jobs_here_in_order_with_their_threads(monkeypatch, capsys):
+    import os
+
+    import torch
+
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    before = torch.get_num_threads()
+    keys = grid(["a", "b"], [0, 1])
+    jobs = [Job(k, _score, k, {"offset": 0.5}) for k in keys]
+    results = run_jobs(jobs, description="toy here")
+    assert list(results) == keys and results[("b", 1)]["acc"] == 3.5
+    assert {r["pid"] for r in results.values()} == {float(os.getpid())}  # no Ray task
+    assert "toy here" in capsys.readouterr().err
+    one = run_jobs([Job(("a", 0), _threads, ("a", 0), num_cpus=1)], progress=False)
+    assert one[("a", 0)]["threads"] == 1.0  # a one-CPU job's thread count, as in a Ray task
+    assert torch.get_num_threads() == before  # and the process's own afterwards
+    with pytest.raises(NshotError, match=r"job \('a', 1\) failed: ValueError: diverged"):
+        run_jobs([Job(k, _boom, k) for k in grid(["a"], [0, 1, 2])], progress=False)
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "maybe")
+    with pytest.raises(NshotError, match="NSHOT_IN_PROCESS='maybe'"):
+        run_jobs(jobs, progress=False)
+
+
+def test_in_process_fetches_object_refs_as_a_task_would(ray_session, monkeypatch):
+    import os
+
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    ref = ray_session.put(0.25)
+    out = run_jobs([Job(("b", 1), _score, ("b", 1), {"offset": ref})], progress=False)
+    assert out[("b", 1)] == {"acc": 3.25, "pid": float(os.getpid())}
 
 
 def test_aggregate_ci95_and_missing_values():

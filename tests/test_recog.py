@@ -9,8 +9,6 @@ import torch
 
 from nshot.method import ConfigError, get
 
-pytestmark = pytest.mark.ray
-
 
 def test_config_validation_names_the_field():
     recog = get("recog")

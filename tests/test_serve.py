@@ -723,7 +723,7 @@ def test_past_capacity_is_a_prompt_503_with_retry_after_and_the_client_retries(
         serve.delete("tail-capacity")
 
 
-@pytest.mark.ray
+@pytest.mark.own_ray
 def test_direct_ingress_serves_from_the_replica_on_the_port_asked_for(untrained_tail_checkpoint):
     """`nshot serve --ingress direct` sets Serve's switch before its own Ray starts: the replica
     answers on --port itself (its pid is the one /healthz reports, no proxy actor in between),

@@ -8,8 +8,6 @@ import pytest
 
 from nshot.method import get
 
-pytestmark = pytest.mark.ray
-
 
 @pytest.fixture(scope="module")
 def trained(ray_session, tmp_path_factory):
@@ -99,7 +97,8 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained):
         assert r.status_code == 422 and "description" in r.text
 
 
-def test_experiments_on_smoke_have_every_row_metric_and_claim(ray_session, tmp_path):
+def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate
     from nshot.methods.tgdt.experiments import METRICS, rows_order
 

@@ -199,8 +199,8 @@ def test_predictor_answers_its_example_request(ws_run):
     assert pred.batch([req, req])[0] == answer
 
 
-@pytest.mark.ray
-def test_experiments_smoke_has_every_row_and_claim(ray_session, tmp_path):
+def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.weightspace.experiments import run_experiments
     from nshot.reproduce import with_claims
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, in_process, run_jobs
 from nshot.method import ResultsTable
 
 from .config import PAPER_TAU, DirclipConfig
@@ -112,7 +112,8 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     workdir.mkdir(parents=True, exist_ok=True)
     ensure_clip(cfg.clip_preset, text=cfg.clip_text, seed=cfg.clip_seed)  # once, before tasks
     load_splits(cfg)  # builds the cached MNIST table once
-    ensure_ray()
+    if not in_process():
+        ensure_ray()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     sweep_seeds = [cfg.seed + i for i in range(min(cfg.sweep_seeds, cfg.seeds))]
     sweep = [t for t in dict.fromkeys(cfg.sweep_taus) if t != cfg.tau]

@@ -236,6 +236,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     cfg = _config(args.method, args)
     out = Path(args.out or f"results/{args.method}-{cfg.preset}")
+    if args.in_process:
+        os.environ["NSHOT_IN_PROCESS"] = "1"
     data = reproduce.run(args.method, cfg, out)
     _emit(
         args,
@@ -668,6 +670,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(s)
     s.add_argument(
         "--out", default=None, help="output directory (default results/<method>-<preset>)"
+    )
+    s.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the comparison's jobs one after another in this process, without Ray "
+        "(for a debugger or a profiler; same results, slower); NSHOT_IN_PROCESS=1 does the same",
     )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_reproduce)

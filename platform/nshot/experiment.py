@@ -16,12 +16,19 @@ tests::
 
 A job that fails stops the run with an :class:`~nshot.errors.NshotError` naming its key and the
 error (the other jobs are cancelled).
+
+``NSHOT_IN_PROCESS=1`` (``nshot reproduce --in-process``) runs the jobs one after another in the
+calling process instead, without Ray: a debugger's breakpoints and a profiler then see every
+job, and a machine where Ray cannot start still reproduces (slower: no two jobs at once). Each
+job runs with as many torch threads as CPUs it declares, as in a Ray task, so the same jobs with
+the same seeds give the same figures.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -61,16 +68,19 @@ def run_jobs(
 ) -> dict[Key, Any]:
     """Run ``jobs`` as Ray tasks and return ``{key: result}`` in the jobs' order.
 
-    One progress bar (on stderr) counts finished jobs; ``progress=False`` turns it off."""
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
+    One progress bar (on stderr) counts finished jobs; ``progress=False`` turns it off. With
+    ``NSHOT_IN_PROCESS=1`` (:func:`in_process`) the jobs run here, in order, without Ray."""
     keys = [j.key for j in jobs]
     if len(set(keys)) != len(keys):
         raise NshotError(f"{description}: two jobs share a key")
     if not jobs:
         return {}
+    if in_process():
+        return _run_here(jobs, description, progress)
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
     ensure_ray()
     remotes: dict[Callable[..., Any], Any] = {}
     refs: dict[Any, Key] = {}
@@ -106,6 +116,55 @@ def run_jobs(
         if bar is not None:
             bar.close()
     return {k: done[k] for k in keys}
+
+
+def in_process() -> bool:
+    """True when ``NSHOT_IN_PROCESS`` asks for the jobs to run in this process, without Ray."""
+    value = os.environ.get("NSHOT_IN_PROCESS", "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise NshotError(f"NSHOT_IN_PROCESS={value!r}: expected 1 or 0")
+
+
+def _run_here(jobs: Sequence[Job], description: str, progress: bool) -> dict[Any, Any]:
+    import torch
+
+    done: dict[Key, Any] = {}
+    bar = _Progress(description, len(jobs)) if progress else None
+    try:
+        for job in jobs:
+            args, kwargs = _resolved(job.args), _resolved(job.kwargs)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, int(job.num_cpus)))  # a Ray task's OMP_NUM_THREADS
+            try:
+                done[job.key] = job.fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - name the job, as the Ray path does
+                raise NshotError(
+                    f"{description}: job {job.key} failed: {type(err).__name__}: {err}"
+                ) from err
+            finally:
+                torch.set_num_threads(threads)
+            if bar is not None:
+                bar.advance(job.key)
+    finally:
+        if bar is not None:
+            bar.close()
+    return done
+
+
+def _resolved(values):
+    """The arguments a Ray task would see: an object-store reference at the top level of the
+    arguments is fetched (a comparison that shares data through ``ray.put`` has started Ray)."""
+    import ray
+
+    def fetch(value):
+        return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+
+    if isinstance(values, dict):
+        return {k: fetch(v) for k, v in values.items()}
+    return tuple(fetch(v) for v in values)
 
 
 class _Progress:
