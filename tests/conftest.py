@@ -116,13 +116,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _uses_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
-            item.user_properties.append(("ray_module", True))
+            item.user_properties.append(("ray_group", True))
     # the tests off Ray that need the tiny LM go first: the worker without Ray trains it (about
     # a minute, once, in the shared cache) while the other starts on the Ray tests, which then
     # find it built (the order of everything else is kept)
     items.sort(
         key=lambda it: (
-            ("ray_module", True) in it.user_properties or "tiny_smoke_lm" not in it.fixturenames
+            ("ray_group", True) in it.user_properties or "tiny_smoke_lm" not in it.fixturenames
         )
     )
 
@@ -136,7 +136,7 @@ class _GroupCheck:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]):
         if not getattr(config.option, "loadgroup", False):
             return
-        stray = [it.nodeid for it in items if ("ray_module", True) in it.user_properties]
+        stray = [it.nodeid for it in items if ("ray_group", True) in it.user_properties]
         stray = [n for n in stray if not n.endswith("@ray")]
         if stray:
             raise pytest.UsageError(
@@ -154,7 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _unmarked_tests_stay_off_ray(request: pytest.FixtureRequest, monkeypatch):
     """A test outside the "ray" group that starts or calls Ray fails, naming itself."""
-    if ("ray_module", True) in request.node.user_properties:
+    if ("ray_group", True) in request.node.user_properties:
         yield
         return
     import ray

@@ -107,15 +107,17 @@ def run_jobs(
                 for other in pending:
                     ray.cancel(other, force=True)
                 cause = getattr(err, "cause", None) or err
-                raise NshotError(
-                    f"{description}: job {refs[ref]} failed: {type(cause).__name__}: {cause}"
-                ) from None
+                raise _job_failed(description, refs[ref], cause) from None
             if bar is not None:
                 bar.advance(refs[ref])
     finally:
         if bar is not None:
             bar.close()
     return {k: done[k] for k in keys}
+
+
+def _job_failed(description: str, key: Key, err: BaseException) -> NshotError:
+    return NshotError(f"{description}: job {key} failed: {type(err).__name__}: {err}")
 
 
 def in_process() -> bool:
@@ -141,9 +143,7 @@ def _run_here(jobs: Sequence[Job], description: str, progress: bool) -> dict[Any
             try:
                 done[job.key] = job.fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - name the job, as the Ray path does
-                raise NshotError(
-                    f"{description}: job {job.key} failed: {type(err).__name__}: {err}"
-                ) from err
+                raise _job_failed(description, job.key, err) from err
             finally:
                 torch.set_num_threads(threads)
             if bar is not None:
