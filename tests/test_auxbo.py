@@ -222,10 +222,11 @@ def test_tail_sweep_with_auxbo_then_a_history_surrogate(ray_session, tmp_path, m
     assert first == pytest.approx(best_previous)
 
 
-def test_experiments_smoke_has_every_row_control_and_claim(ray_session, tmp_path):
+def test_experiments_smoke_has_every_row_control_and_claim(monkeypatch, tmp_path):
     """`nshot reproduce auxbo` at smoke size: the comparison's rows, both h controls and the
     set-only control (a third TNP meta-trained on shuffled h), paired p-values, and every
     number the claims of the family read."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.auxbo.experiments import SYSTEMS, run_experiments, systems
     from nshot.reproduce import with_claims
 

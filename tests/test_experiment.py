@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nshot.errors import NshotError
-from nshot.experiment import Job, aggregate, grid, run_jobs
+from nshot.experiment import Job, aggregate, fetch, grid, run_jobs, share, submit
 from nshot.method import ResultsTable
 
 
@@ -102,6 +102,41 @@ def test_in_process_fetches_object_refs_as_a_task_would(ray_session, monkeypatch
     ref = ray_session.put(0.25)
     out = run_jobs([Job(("b", 1), _score, ("b", 1), {"offset": ref})], progress=False)
     assert out[("b", 1)] == {"acc": 3.25, "pid": float(os.getpid())}
+
+
+def _on_top(pre: dict[str, float], seed: int, offset: float) -> dict[str, float]:
+    import os
+
+    return {"acc": pre["acc"] + seed + offset, "pid": float(os.getpid())}
+
+
+def _share_and_submit(expect_here: bool) -> None:
+    import os
+
+    pre = submit(Job(("pre",), _score, ("a", 0), num_cpus=0.5))  # starts now
+    offset = share(0.25)  # stored once for both jobs
+    jobs = [Job(("b", s), _on_top, (pre, s, offset), num_cpus=0.5) for s in (0, 1)]
+    out = run_jobs(jobs, progress=False)
+    assert [r["acc"] for r in out.values()] == [1.25, 2.25]  # each job got the values
+    first = fetch(pre)
+    assert first["acc"] == 1.0 and fetch(offset) == 0.25
+    here = float(os.getpid())
+    assert (first["pid"] == here) is expect_here  # a Ray task, or this process
+    assert all((r["pid"] == here) is expect_here for r in out.values())
+
+
+def test_share_and_submit_feed_later_jobs_as_ray_tasks(ray_session):
+    import ray
+
+    assert isinstance(share([1, 2]), ray.ObjectRef)
+    _share_and_submit(expect_here=False)
+
+
+def test_share_and_submit_in_process_are_the_values_themselves(monkeypatch):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    data = [1, 2]
+    assert share(data) is data and fetch(data) is data
+    _share_and_submit(expect_here=True)
 
 
 def test_aggregate_ci95_and_missing_values():

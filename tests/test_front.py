@@ -172,7 +172,8 @@ def test_predictor_http_and_request_validation(front_runs):
     assert bad.status_code == 422 and "images" in bad.text
 
 
-def test_experiments_smoke_has_every_row_and_claim(ray_session, tmp_path):
+def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.front.experiments import METRICS, SYSTEMS, run_experiments
     from nshot.reproduce import with_claims
 

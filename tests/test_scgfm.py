@@ -217,8 +217,8 @@ def test_predictor_http_422s_and_conformal(scgfm_run):
     assert len(got.sets) == 2 and got.n_calibration == 4
 
 
-@pytest.mark.ray
-def test_experiments_smoke_has_every_row_and_claim(ray_session, tmp_path):
+def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.scgfm.experiments import METRICS, SYSTEMS, run_experiments
     from nshot.reproduce import with_claims
 

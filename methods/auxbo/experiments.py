@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, grid, run_jobs
+from nshot.experiment import Job, grid, run_jobs, share
 from nshot.method import ResultsTable
 
 from .config import AuxBOConfig
@@ -298,9 +298,7 @@ def _prediction(cfg: AuxBOConfig, trained: dict, train: list, test: list) -> dic
 def _bo_regrets(cfg: AuxBOConfig, family: str, names: tuple[str, ...], ctx: dict, test: list):
     """``{system: [task, evaluation] simple regret}``: every system's BO runs on the held-out
     tasks, in chunks of about an eighth of them per Ray task."""
-    import ray
-
-    ctx_ref = ray.put(ctx)  # the history tasks and the trained TNPs, stored once
+    ctx_ref = share(ctx)  # the history tasks and the trained TNPs, stored once
     chunk = max(1, int(np.ceil(len(test) / 8)))
     starts = range(0, len(test), chunk)
     jobs = [Job((s, i), _bo_chunk, (s, ctx_ref, test[i : i + chunk], i))

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, run_jobs, share
 from nshot.method import ResultsTable
 
 from .baselines import bandpower_lr, eegnet, eegnet_source, riemann_ts_lr, topomap_cnn
@@ -117,9 +117,7 @@ def run_experiments(cfg: BsrConfig, workdir: Path) -> ResultsTable:
         pre = done1[("pretrain",)]
         extra["pretrain"] = {"mae_mse": pre["mae_mse"], "curve": pre["curve"],
                              "seconds": pre["seconds"]}  # fmt: skip
-        import ray
-
-        enc = ray.put(pre["encoder"])
+        enc = share(pre["encoder"])
         phase2 = [Job((system, seed, subj), _run_subject, (base, system, seed, subj, enc))
                   for system in systems if system in PRETRAINED
                   for seed in seeds for subj in subjects]  # fmt: skip

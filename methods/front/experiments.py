@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, grid, run_jobs
+from nshot.experiment import Job, grid, run_jobs, share
 from nshot.method import ResultsTable
 
 from .config import FrontConfig
@@ -198,15 +198,13 @@ def _mean_of(records: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
-    import ray
-
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     anc_jobs = [Job((s,), _ancestry_job, (cfg.model_dump(), s), num_cpus=1) for s in seeds]
     anc = {k[0]: a for k, a in run_jobs(anc_jobs, description="front: ancestries").items()}
     sources = {  # each seed's three ancestries, stored once for all its descendants
-        (s, src): ray.put({"shape": a["shape"], src: a[src]})
+        (s, src): share({"shape": a["shape"], src: a[src]})
         for s, a in anc.items()
         for src in ("state", "refined", "more")
     }

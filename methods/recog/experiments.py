@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, run_jobs, share
 from nshot.method import ResultsTable
 
 from .config import RecogConfig
@@ -79,19 +79,14 @@ def _seeds(cfg: RecogConfig, track_name: str) -> list[int]:
 
 
 def run_experiments(cfg: RecogConfig, workdir: Path) -> ResultsTable:
-    import ray
-
-    from nshot.train.runner import ensure_ray
-
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
-    ensure_ray()
     tracks, refs = {}, {}
     for name in cfg.exp_tracks:
         tracks[name] = track_for(cfg, name)
         shuffled = track_for(cfg.replace(system="recog_shuffled_context"), name)
-        refs[(name, False)] = ray.put(tracks[name])
-        refs[(name, True)] = ray.put(shuffled)
+        refs[(name, False)] = share(tracks[name])
+        refs[(name, True)] = share(shuffled)
     jobs = []
     # trained systems first (the long tasks), the real-label track first
     order = [s for s in SYSTEMS if s in TRAINED] + [s for s in SYSTEMS if s not in TRAINED]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, fetch, run_jobs, submit
 from nshot.method import ResultsTable
 
 from .config import ScgfmConfig
@@ -480,8 +480,6 @@ def _unit_job(cfg_dict: dict[str, Any]) -> dict[str, float]:
 
 
 def run_experiments(cfg: ScgfmConfig, workdir: Path) -> ResultsTable:
-    import ray
-
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     base = cfg.model_dump()
@@ -489,13 +487,11 @@ def run_experiments(cfg: ScgfmConfig, workdir: Path) -> ResultsTable:
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     # pre-training first; each seed's embeddings start as soon as its bases are trained (Ray
     # resolves the reference), the untrained bases and the baselines fill the other CPUs
-    from nshot.train.runner import ensure_ray
-
-    ensure_ray()
-    remote = ray.remote(_pretrain_job).options(num_cpus=1, max_retries=0)
-    pre = {s: remote.remote(base, s) for s in seeds}
+    pre = {s: submit(Job(("pretrain", s), _pretrain_job, (base, s))) for s in seeds}
     if cfg.beta0_run:
-        pre_beta0 = remote.remote({**base, "beta": 0.0}, seeds[0])
+        pre_beta0 = submit(
+            Job(("pretrain_beta0",), _pretrain_job, ({**base, "beta": 0.0}, seeds[0]))
+        )
     jobs = [Job(("gin", s), _baseline_job, (base, s, "gin")) for s in seeds]
     jobs += [Job(("trained", s), _bases_job, (base, s, pre[s])) for s in seeds]
     jobs += [Job(("random", s), _bases_job, (base, s, None)) for s in seeds]
@@ -507,8 +503,8 @@ def run_experiments(cfg: ScgfmConfig, workdir: Path) -> ResultsTable:
     ]
     first = run_jobs(jobs, description="scgfm: pre-training, embeddings, baselines")
     trained = {("trained", s): first[("trained", s)] for s in seeds}
-    pretrained = {s: ray.get(pre[s]) for s in seeds}
-    beta0 = ray.get(pre_beta0) if cfg.beta0_run else None
+    pretrained = {s: fetch(pre[s]) for s in seeds}
+    beta0 = fetch(pre_beta0) if cfg.beta0_run else None
     results: dict[tuple, dict[str, float | None]] = {}
     empty = dict.fromkeys(METRICS)
     for s in seeds:

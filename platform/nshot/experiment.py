@@ -21,7 +21,8 @@ error (the other jobs are cancelled).
 calling process instead, without Ray: a debugger's breakpoints and a profiler then see every
 job, and a machine where Ray cannot start still reproduces (slower: no two jobs at once). Each
 job runs with as many torch threads as CPUs it declares, as in a Ray task, so the same jobs with
-the same seeds give the same figures.
+the same seeds give the same figures. :func:`share` (data stored once for many jobs) and
+:func:`submit` (one job started ahead of the grid that uses its result) work on both paths.
 """
 
 from __future__ import annotations
@@ -116,6 +117,46 @@ def run_jobs(
     return {k: done[k] for k in keys}
 
 
+def share(value: Any) -> Any:
+    """Store ``value`` once for many jobs of a comparison (a dataset, a trained model): on Ray,
+    a reference in the object store (``ray.put``; a job given it as an argument receives the
+    value); in-process, the value itself. Pass the result as an argument of a :class:`Job`."""
+    if in_process():
+        return value
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    ensure_ray()
+    return ray.put(value)
+
+
+def submit(job: Job) -> Any:
+    """Start one job now, ahead of the :func:`run_jobs` call whose jobs take its result as an
+    argument (a pre-training that later jobs fine-tune, while the jobs that do not need it run
+    beside it): on Ray, a reference to the task's result (Ray hands the value to each job given
+    it, once it is ready); in-process, the result itself, computed here and now. :func:`fetch`
+    turns either into the value."""
+    if in_process():
+        return _run_here([job], f"job {job.key}", progress=False)[job.key]
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    ensure_ray()
+    options: dict[str, Any] = {"num_cpus": job.num_cpus, "num_gpus": job.num_gpus}
+    if job.memory is not None:
+        options["memory"] = job.memory
+    return ray.remote(job.fn).options(max_retries=0, **options).remote(*job.args, **job.kwargs)
+
+
+def fetch(handle: Any) -> Any:
+    """The value behind what :func:`share` or :func:`submit` returned (waits for a job)."""
+    import ray
+
+    return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
+
+
 def _job_failed(description: str, key: Key, err: BaseException) -> NshotError:
     return NshotError(f"{description}: job {key} failed: {type(err).__name__}: {err}")
 
@@ -156,12 +197,7 @@ def _run_here(jobs: Sequence[Job], description: str, progress: bool) -> dict[Any
 
 def _resolved(values):
     """The arguments a Ray task would see: an object-store reference at the top level of the
-    arguments is fetched (a comparison that shares data through ``ray.put`` has started Ray)."""
-    import ray
-
-    def fetch(value):
-        return ray.get(value) if isinstance(value, ray.ObjectRef) else value
-
+    arguments is fetched (a comparison that called ``ray.put`` itself has started Ray)."""
     if isinstance(values, dict):
         return {k: fetch(v) for k, v in values.items()}
     return tuple(fetch(v) for v in values)
