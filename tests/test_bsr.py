@@ -116,12 +116,13 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     table = bsr.experiments(cfg, tmp_path)
     assert list(table.rows) == list(cfg.systems) and set(table.metrics) == set(METRICS)
     for system, row in table.rows.items():
-        for metric in ("bacc_k1_A", "bacc_k5_A", "bacc_k5_B", "kappa_k5_A", "drop_A_to_B"):
+        for metric in ("bacc_k1_A", "bacc_k5_A", "bacc_k5_B", "kappa_k5_A", "drop_A_to_B",
+                       "bacc_k5_C", "drop_A_to_C"):  # fmt: skip
             assert row[metric] is not None, (system, metric)
         assert row["bacc_k10_A"] is None  # smoke has no k = 10
         assert (row["mae_mse"] is not None) == system.startswith("bsr")
     claims = evaluate(bsr.claims, table.to_json())
-    assert len(claims) == 7 and all(c.get("applies") is False for c in claims)
+    assert len(claims) == 9 and all(c.get("applies") is False for c in claims)
 
 
 def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):

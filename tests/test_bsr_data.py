@@ -68,9 +68,26 @@ def test_class_effects_sit_where_the_physiology_puts_them():
     assert m[3][1, oz] - others[1] > 0.05 and m[3][1, oz] - others[1] > m[3][2, oz] - others[2]
 
 
-@pytest.mark.parametrize("montage", ["A", "B"])
+@pytest.mark.parametrize("montage", ["A", "B", "C"])
 def test_interpolation_reproduces_linear_fields_and_is_zero_outside_the_disc(montage):
-    from nshot.methods.bsr.data import grid_coords, interpolation_matrix, montage_xy
+    from nshot.methods.bsr.data import (
+        CLASS_ELECTRODES,
+        MONTAGE_A,
+        MONTAGES,
+        grid_coords,
+        interpolation_matrix,
+        montage_channels,
+        montage_xy,
+    )
+
+    picked = [MONTAGE_A[i] for i in montage_channels(montage)]
+    assert picked == list(MONTAGES[montage])  # a montage reads its channels out of A's trials
+    # B keeps every electrode above a class source, C none of them
+    assert (
+        set(CLASS_ELECTRODES) <= set(picked)
+        if montage != "C"
+        else not set(CLASS_ELECTRODES) & set(picked)
+    )
 
     xy = montage_xy(montage)
     m, inside = interpolation_matrix(xy, 32)

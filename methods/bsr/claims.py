@@ -47,6 +47,24 @@ CLAIMS: tuple[Claim, ...] = (
         presets=TRAINED,
     ),
     Claim(
+        id="montage_c_agnostic",
+        statement="Cross-montage without the class electrodes: BSR on montage C (montage A "
+        "without C3, Cz, C4, O1, O2, the electrodes above the class sources) is within 5 "
+        "points of montage A at k = 5.",
+        source="Abstract (layout-agnostic rendering); montage C added because montage B keeps "
+        "every class electrode",
+        expr="bsr.drop_A_to_C <= 0.05",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="eegnet_breaks_on_montage_c",
+        statement="Cross-montage without the class electrodes: the channel-first EEGNet (missing "
+        "channels zero-filled) drops by at least 10 points from montage A to C at k = 5.",
+        source="Abstract (rigid channel-first architectures); montage C as above",
+        expr="eegnet.drop_A_to_C >= 0.10",
+        presets=TRAINED,
+    ),
+    Claim(
         id="beats_bandpower_k1",
         statement="BSR's balanced accuracy is at least band-power + logistic regression's at "
         "k = 1 on montage A.",

@@ -14,7 +14,11 @@ the paper's §4 protocol): a volume source space on a 3-shell sphere head model 
 Subjects differ: dipoles move to neighbouring grid points, orientations tilt by up to 20°, the cap
 is rotated by 3–5° about the head centre, the global amplitude is log-normal (σ 0.3) and the α
 peak varies. All trials are stored on montage A's 32 channels; montage B (the classic 19) is a
-subset of them, so the same source activity is seen through both layouts.
+subset of them, so the same source activity is seen through both layouts. Montage B keeps every
+electrode above a class source (C3, Cz, C4, O1, O2), so it cannot break a model that reads those
+channels; montage C (27 channels) is montage A without those five: the class activity reaches it
+only through volume conduction to the neighbouring electrodes (FC1/FC2/FC5/FC6, CP1/CP2/CP5/CP6,
+PO3/PO4/Oz), the situation of a cap whose electrodes do not sit where the training cap's did.
 
 Rendering (paper §3, reconstructed): per frame (Hann window) the log10 mean power in θ (4–8 Hz),
 α (8–13 Hz) and β (13–30 Hz) → per-subject z-score per band → a fixed linear map M per montage
@@ -42,7 +46,9 @@ MONTAGE_A = (
     "P7 P3 Pz P4 P8 PO3 PO4 O1 Oz O2"
 ).split()
 MONTAGE_B = "Fp1 Fp2 F7 F3 Fz F4 F8 T7 C3 Cz C4 T8 P7 P3 Pz P4 P8 O1 O2".split()
-MONTAGES = {"A": MONTAGE_A, "B": MONTAGE_B}
+CLASS_ELECTRODES = ("C3", "Cz", "C4", "O1", "O2")  # the electrodes above the class sources
+MONTAGE_C = [c for c in MONTAGE_A if c not in CLASS_ELECTRODES]
+MONTAGES = {"A": MONTAGE_A, "B": MONTAGE_B, "C": MONTAGE_C}
 CLASSES = ("left_hand", "right_hand", "feet", "rest")
 BANDS = ((4.0, 8.0), (8.0, 13.0), (13.0, 30.0))  # θ, α, β → the 3 video channels
 DATA_VERSION = "1"
