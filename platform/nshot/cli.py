@@ -455,6 +455,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from nshot.serve import ingress
     from nshot.train.checkpoint import load_checkpoint, resolve_checkpoint
 
+    if args.all is not None:
+        return _serve_all(args)
+    if args.write_config is not None:
+        raise NshotError("--write-config goes with --all RUNS_DIR")
+    if args.method is None or args.checkpoint is None:
+        raise NshotError(
+            "nshot serve METHOD --checkpoint PATH serves one checkpoint; nshot serve --all "
+            "RUNS_DIR serves every method's newest run"
+        )
     method = get(args.method)  # an unknown method is named before anything is read
     check_serve_address(args.host, args.port)
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
@@ -474,20 +483,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_checkpoint(checkpoint, method=method.name)
 
     from nshot.serve import start
-    from nshot.serve.app import ServeOptions
 
-    opts = ServeOptions(
-        max_batch_size=args.max_batch_size,
-        batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
-        token=token,
-        num_replicas=args.replicas,
-        autoscale=args.autoscale,
-        max_ongoing_requests=args.max_ongoing,
-        max_queued_requests=args.max_queued,
-        conformal=args.conformal,
-        alpha=args.alpha,
-        conformal_k=args.conformal_k,
-    )
+    opts = _serve_options(args, token)
     url = start(
         method.name,
         str(checkpoint),
@@ -511,6 +508,85 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)  # `kill` shuts Serve down as Ctrl-C does
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+    return 0
+
+
+def _serve_options(args: argparse.Namespace, token: str | None):
+    from nshot.serve.app import ServeOptions
+
+    return ServeOptions(
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
+        token=token,
+        num_replicas=args.replicas,
+        autoscale=args.autoscale,
+        max_ongoing_requests=args.max_ongoing,
+        max_queued_requests=args.max_queued,
+        conformal=args.conformal,
+        alpha=args.alpha,
+        conformal_k=args.conformal_k,
+    )
+
+
+def _serve_all(args: argparse.Namespace) -> int:
+    """``nshot serve --all RUNS_DIR``: every method's newest run, one Serve instance, one port."""
+    from nshot.fileio import atomic_write
+    from nshot.serve import start_all
+    from nshot.serve.runs import find_runs, serve_config
+
+    if args.method is not None or args.checkpoint is not None:
+        raise NshotError("--all RUNS_DIR serves every run it finds: give no METHOD or --checkpoint")
+    if args.conformal is not None:
+        raise NshotError(
+            "--conformal with --all: prediction sets are per application; write the config "
+            "(--write-config FILE) and set `conformal: caos` in the args of the classifiers"
+        )
+    if args.autoscale is not None and args.replicas != 1:
+        raise NshotError("--autoscale MIN:MAX replaces --replicas: give one of them")
+    token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
+    args.ingress = args.ingress or "proxy"
+    runs = find_runs(args.all)
+    for run, why in runs.skipped:
+        _console().print(f"[yellow]left out[/] {run}: {why}", highlight=False)
+    opts = _serve_options(args, token)
+    if args.write_config is not None:
+        import yaml
+
+        config = serve_config(runs.chosen, opts, host=args.host, port=args.port)
+        text = (
+            f"# nshot serve --all {args.all}: one application per method (serve run FILE).\n"
+            "# The token is not written: each application reads $NSHOT_SERVE_TOKEN unless its\n"
+            "# args set `token`.\n" + yaml.safe_dump(config, sort_keys=False)
+        )
+        atomic_write(Path(args.write_config), text)
+        _console().print(f"wrote {args.write_config} ({len(runs.chosen)} applications)")
+        return 0
+    if args.ingress not in ("proxy", "haproxy"):
+        raise NshotError(
+            f"--ingress {args.ingress}: --all serves every application on one port, behind the "
+            "proxy (--ingress proxy, the default with --all) or HAProxy (--ingress haproxy)"
+        )
+    check_serve_address(args.host, args.port)
+    urls = start_all(
+        runs.chosen, host=args.host, port=args.port, options=opts, ingress=args.ingress
+    )
+    for method, url in urls.items():
+        _console().print(f"serving {method} ({runs.runs[method].name}) at {url}/predict")
+    _console().print(f"{len(urls)} applications on one port (ingress {args.ingress}); Ctrl-C stops")
+    import signal
+    import time
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     try:
         while True:
             time.sleep(3600)
@@ -746,9 +822,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("serve", help="serve a checkpoint over HTTP with Ray Serve")
-    s.add_argument("method")
-    s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
+    s = sub.add_parser(
+        "serve",
+        help="serve a checkpoint (or every run of a folder: --all) over HTTP with Ray Serve",
+    )
+    s.add_argument("method", nargs="?", default=None, help="the method (not with --all)")
+    s.add_argument("--checkpoint", default=None, help="checkpoint dir or run dir (latest)")
+    s.add_argument(
+        "--all",
+        default=None,
+        metavar="RUNS_DIR",
+        help="serve the newest checkpoint of every method among the runs in RUNS_DIR (e.g. "
+        "~/.cache/nshot/runs) under one Serve instance and one port, one application per "
+        "method at /<method>",
+    )
+    s.add_argument(
+        "--write-config",
+        default=None,
+        metavar="FILE",
+        help="with --all: write the Ray Serve config of that deployment to FILE (YAML; one "
+        "application per method, edit it for a token or options per application; deploy it "
+        "with `serve run FILE`) and serve nothing",
+    )
     _add_allow_earlier(s)
     s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=8000)

@@ -7,7 +7,7 @@ from typing import Any
 
 from nshot.serve.client import Client, ServeError
 
-__all__ = ["Client", "ServeError", "ServeOptions", "build_app", "start", "start_urls"]
+__all__ = ["Client", "ServeError", "ServeOptions", "build_app", "start", "start_all", "start_urls"]
 
 
 def __getattr__(name: str) -> Any:  # keep `import nshot.serve` light (no Ray Serve import)
@@ -84,15 +84,7 @@ def start_urls(
     # our own Ray under direct ingress: the first replica takes `port`, Serve's proxy a free one
     # (a running Ray keeps its own replica port range: the proxy stays on `port`)
     proxy_port = ing._free_port() if direct and pinned else port
-    # Serve's controller, proxy and replicas log every start-up step and request at INFO: those
-    # lines go to Ray's session logs, the terminal keeps warnings and errors (NSHOT_VERBOSE=1
-    # shows them all)
-    verbose = os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes")
-    logging_config = {"log_level": "INFO" if verbose else "WARNING"}
-    if not verbose:  # this process's own "Started Serve ...", "Application ... is ready" lines
-        import logging
-
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    logging_config = _logging_config()
     serve.start(http_options={"host": host, "port": proxy_port}, logging_config=logging_config)
     serve.run(
         app,
@@ -104,3 +96,62 @@ def start_urls(
     urls = ing.verify(ingress, method, host, proxy_port)
     first = f"http://{host}:{port}/{method}"
     return sorted(urls, key=lambda u: u != first)
+
+
+def start_all(
+    checkpoints: dict[str, str | os.PathLike],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: Any = None,
+    ingress: str = "proxy",
+) -> dict[str, str]:
+    """Serve several methods under one Serve instance and one port: one application per method
+    (``{method: checkpoint}``) at ``/<method>``, each with the same ``options``; returns
+    ``{method: base URL}``. For a token or options per application, deploy the config that
+    :func:`nshot.serve.runs.serve_config` writes instead.
+
+    Every checkpoint is loaded and verified before Ray starts (the first bad one raises its
+    one-line ``NshotError``). ``ingress`` is ``proxy`` or ``haproxy``: under direct ingress each
+    replica answers on a port of its own, so the applications could not share one port."""
+    from ray import serve
+
+    from nshot.errors import NshotError
+    from nshot.serve import ingress as ing
+    from nshot.serve.app import ServeOptions, build_app
+    from nshot.train import ensure_ray
+
+    if ingress not in ("proxy", "haproxy"):
+        raise NshotError(
+            f"--ingress {ingress}: serving several applications on one port needs the proxy "
+            "(--ingress proxy) or HAProxy (--ingress haproxy); under direct ingress each replica "
+            "answers on its own port"
+        )
+    if not checkpoints:
+        raise NshotError("nothing to serve: no checkpoint was given")
+    opts = options or ServeOptions()
+    if opts.token is None:
+        opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
+    ing.check(ingress, opts.token)
+    apps = {method: build_app(method, ckpt, opts) for method, ckpt in checkpoints.items()}
+    ing.prepare(ingress, opts.token)
+    ensure_ray()
+    logging_config = _logging_config()
+    serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
+    urls = {}
+    for method, app in apps.items():
+        serve.run(app, name=method, route_prefix=f"/{method}", logging_config=logging_config)
+        urls[method] = ing.verify(ingress, method, host, port)[0]
+    return urls
+
+
+def _logging_config() -> dict[str, str]:
+    """Serve's controller, proxy and replicas log every start-up step and request at INFO: those
+    lines go to Ray's session logs, the terminal keeps warnings and errors (``NSHOT_VERBOSE=1``
+    shows them all)."""
+    verbose = os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes")
+    if not verbose:  # this process's own "Started Serve ...", "Application ... is ready" lines
+        import logging
+
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    return {"log_level": "INFO" if verbose else "WARNING"}
