@@ -178,6 +178,17 @@ def test_tail_conformal_sets_cover_even_an_untrained_model(untrained_tail_checkp
     )
     wide = cp(req)
     assert wide.alpha == 0.05 and all(a >= b for a, b in zip(wide.set_sizes, r.set_sizes))
+    assert r.empty == [size == 0 for size in r.set_sizes]
+    # an empty set is flagged, not refused: at a large alpha a query unlike every support row of
+    # every class (tight clusters around two axes, the query opposite both) gets no class
+    g = np.random.default_rng(0)
+    sx = np.concatenate([np.eye(6)[[0] * 8], np.eye(6)[[1] * 8]]) + 0.01 * g.normal(size=(16, 6))
+    far = cp.Request(support_x=sx.tolist(), support_y=[0] * 8 + [1] * 8,
+                     query_x=[(-np.eye(6)[0] - np.eye(6)[1]).tolist(), sx[0].tolist()],
+                     conformal_alpha=0.5)  # fmt: skip
+    out = cp(far)
+    assert out.empty[0] and out.sets[0] == [] and out.set_sizes[0] == 0
+    assert not out.empty[1] and 0 in out.sets[1]
     cp2 = ConformalPredictor(tail, "caos", alpha=0.2, k=2)
     two = cp2.Request(support_x=[xs[0].tolist(), xs[4].tolist()], support_y=[0, 1],
                       query_x=xq.tolist())  # fmt: skip

@@ -172,6 +172,51 @@ def test_predictor_http_and_request_validation(front_runs):
     assert bad.status_code == 422 and "images" in bad.text
 
 
+def test_conformal_sets_over_labelled_support_images_cover(front_runs):
+    """`nshot serve front --conformal caos`: CAOS over the request's labelled support images on
+    the ViT's frozen features; marginal coverage over fresh digits episodes (as TAIL's test),
+    the classifier's own answer unchanged, and the support fields' errors."""
+    from pydantic import ValidationError
+    from scipy.stats import binom
+
+    from nshot.methods.front.data import load_split
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, _, _, desc = front_runs
+    inner = get("front").predictor(load_checkpoint(desc.checkpoint, method="front"))
+    cp = ConformalPredictor(inner, "caos", alpha=0.2, k=1)
+    test = load_split("test", 0)
+    x, y = test.x.flatten(1).numpy(), test.y.numpy()
+    rng = np.random.default_rng(3)
+    hits = total = 0
+    for _ in range(40):
+        sup = np.concatenate(
+            [rng.choice(np.flatnonzero(y == c), 3, replace=False) for c in range(10)]
+        )
+        rest = np.setdiff1d(np.arange(len(y)), sup)
+        q = rng.choice(rest, 2, replace=False)
+        req = cp.Request(images=x[q].tolist(), support_images=x[sup].tolist(),
+                         support_labels=y[sup].tolist())  # fmt: skip
+        out = cp(req)
+        assert out.labels == inner(req).labels and out.n_calibration == 30
+        assert out.empty == [s == 0 for s in out.set_sizes]
+        hits += sum(int(int(t) in s) for t, s in zip(y[q], out.sets))
+        total += len(q)
+    assert hits / total >= binom.ppf(0.001, total, 0.8) / total
+    for bad, field in [
+        ({"support_images": x[:2].tolist()}, "support_labels"),
+        ({"support_images": x[:2].tolist(), "support_labels": [0]}, "support_labels"),
+        ({"support_images": [[0.5] * 63], "support_labels": [0]}, "support_images"),
+    ]:
+        with pytest.raises(ValidationError, match=field):
+            cp.Request(images=x[:1].tolist(), **bad)
+    with pytest.raises(ValueError, match="support_images: prediction sets need"):
+        cp(cp.Request(images=x[:1].tolist()))
+    with pytest.raises(ValueError, match=r"support_labels\[1\]: 12"):
+        cp(cp.Request(images=x[:1].tolist(), support_images=x[:2].tolist(), support_labels=[0, 12]))
+
+
 def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.front.experiments import METRICS, SYSTEMS, run_experiments

@@ -1,6 +1,9 @@
 """FRONT predictor: a trained descendant (or ancestry) ViT classifies digit images.
 
 FRONT's product is an initialisation; what is served is the classifier trained from it.
+``nshot serve front --conformal caos`` adds prediction sets: a request then also carries
+labelled ``support_images`` (the calibration set; CAOS uses each as a one-shot predictor on the
+ViT's frozen [CLS] features and calibrates by leave-one-out, :mod:`nshot.serve.conformal`).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
 
@@ -28,6 +32,14 @@ class FrontRequest(StrictRequest):
     scale: Literal["unit", "sklearn"] = Field(
         "unit", description="pixel scale: unit = [0, 1]; sklearn = scikit-learn digits' 0–16"
     )
+    support_images: list[list[float]] | None = Field(
+        None, max_length=MAX_IMAGES,
+        description="labelled images for prediction sets (--conformal caos), same size and "
+        "scale as images; unused by the classifier itself",
+    )  # fmt: skip
+    support_labels: list[int] | None = Field(
+        None, max_length=MAX_IMAGES, description="the class of each support image"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FrontRequest:
@@ -35,16 +47,27 @@ class FrontRequest(StrictRequest):
             raise ValueError("images: at least one image is needed")
         top = 1.0 if self.scale == "unit" else 16.0
         n = len(self.images[0])
-        for i, im in enumerate(self.images):
-            if len(im) != n:
-                raise ValueError(f"images[{i}]: {len(im)} values, images[0] has {n}")
-            for v in im:
-                if not math.isfinite(v):
-                    raise ValueError(f"images[{i}]: contains NaN or inf")
-                if not 0.0 <= v <= top:
-                    raise ValueError(
-                        f"images[{i}]: value {v} is outside the {self.scale} scale [0, {top:g}]"
-                    )
+        rows = [("images", self.images), ("support_images", self.support_images or [])]
+        for name, images in rows:
+            for i, im in enumerate(images):
+                if len(im) != n:
+                    raise ValueError(f"{name}[{i}]: {len(im)} values, images[0] has {n}")
+                for v in im:
+                    if not math.isfinite(v):
+                        raise ValueError(f"{name}[{i}]: contains NaN or inf")
+                    if not 0.0 <= v <= top:
+                        raise ValueError(
+                            f"{name}[{i}]: value {v} is outside the {self.scale} scale [0, {top:g}]"
+                        )
+        if (self.support_images is None) != (self.support_labels is None):
+            raise ValueError("support_labels: give support_images and support_labels together")
+        if self.support_images is not None and len(self.support_images) != len(
+            self.support_labels or []
+        ):
+            raise ValueError(
+                f"support_labels: {len(self.support_labels or [])} labels for "
+                f"{len(self.support_images)} support images"
+            )
         return self
 
 
@@ -111,6 +134,36 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
 
     def __call__(self, request: FrontRequest) -> FrontResponse:
         return self._response(self._logits(request.images, request.scale).softmax(-1))
+
+    def one_shot_embeddings(self, request: FrontRequest, kind: str | None = None):
+        """The ViT's frozen [CLS] features of each support and query image on its own, for
+        CAOS prediction sets over the request's labelled ``support_images``."""
+        from nshot.serve.conformal import OneShotEpisode
+
+        if request.support_images is None or request.support_labels is None:
+            raise ValueError(
+                "support_images: prediction sets need labelled support images "
+                "(support_images and support_labels) in the request"
+            )
+        classes = self.model.num_classes
+        for i, label in enumerate(request.support_labels):
+            if not 0 <= label < classes:
+                raise ValueError(f"support_labels[{i}]: {label} is not a class in [0, {classes})")
+        side = self.model.img_size
+        self._logits(request.images[:1], request.scale)  # the size check, with its message
+        rows = [*request.support_images, *request.images]
+        x = torch.tensor(rows, dtype=torch.float32).view(-1, 1, side, side)
+        if request.scale == "sklearn":
+            x = x / 16.0
+        with torch.no_grad():
+            emb = self.model.features(x).double().numpy()
+        n = len(request.support_images)
+        return OneShotEpisode(
+            support_emb=emb[:n],
+            support_labels=np.array(request.support_labels),
+            query_emb=emb[n:],
+            classes=list(range(classes)),
+        )
 
     def batch(self, requests: list[FrontRequest]) -> list[FrontResponse]:
         """One forward pass for all requests when every image has this model's size."""

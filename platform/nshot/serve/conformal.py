@@ -13,9 +13,16 @@ support set: no support row is spent on calibration, and for exchangeable suppor
 ``P(y_query in set) >= 1 - alpha``.
 
 The response is the wrapped predictor's response plus ``sets`` (the class names in each query's
-set), ``set_sizes``, ``q_hat`` (``null`` when the set is trivial: fewer than
+set), ``set_sizes``, ``empty`` (per query: its set is empty), ``q_hat`` (``null`` when the set is trivial: fewer than
 ``ceil((1 - alpha)(n + 1))`` support rows), ``trivial``, ``alpha``, ``k`` and ``n_calibration``.
 A request may override the served ``alpha`` with its own ``conformal_alpha``.
+
+An empty set is a valid answer, not an error: CAOS keeps a class when its aggregated score is at
+most the calibrated threshold, and when ``alpha`` is large and the one-shot scores are sharp a
+query can be far from every support row of every class. Coverage holds over queries, so the
+empty sets are part of the ``alpha`` the set is allowed to miss; ``empty`` flags them so that a
+client can treat them as "none of these classes" (or ask again with a smaller
+``conformal_alpha``) instead of reading an empty list as a failure.
 """
 
 from __future__ import annotations
@@ -67,6 +74,14 @@ class ConformalPredictor(Predictor):
             __base__=base_resp,
             sets=(list[list[Any]], Field(..., description="per query: the classes in its set")),
             set_sizes=(list[int], ...),
+            empty=(
+                list[bool],
+                Field(
+                    ...,
+                    description="per query: true when its set is empty (valid: no class reaches "
+                    "the threshold at this alpha; read it as 'none of these classes')",
+                ),
+            ),
             q_hat=(float | None, Field(..., description="threshold; null when trivial")),
             trivial=(bool, ...),
             alpha=(float, ...),
@@ -96,6 +111,7 @@ class ConformalPredictor(Predictor):
         return {
             "sets": sets,
             "set_sizes": [len(s) for s in sets],
+            "empty": [not s for s in sets],
             "q_hat": q if math.isfinite(q) else None,
             "trivial": not math.isfinite(q),
             "alpha": alpha,
