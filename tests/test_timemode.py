@@ -228,6 +228,28 @@ def test_metrics_separate_real_from_structureless_noise():
     assert disc_score(short, short_same, iters=40, batch=64, seeds=1, folds=2) < 0.1
     ar = ar_samples(shots, 50, seed=0)
     assert ar.shape == (50, 24, 1) and np.isfinite(ar).all()
+    # roughness: white noise has Δx std √2 × its std and Δx lag-1 autocorrelation −0.5; the
+    # damped oscillations are smooth (small Δx, positively correlated)
+    from nshot.methods.timemode.evaluation import roughness
+
+    white = roughness(np.random.default_rng(2).normal(size=(2000, 24, 1)))
+    assert white["dx_ratio"] == pytest.approx(np.sqrt(2), abs=0.05)
+    assert white["dx_acf1"] == pytest.approx(-0.5, abs=0.05) and white["hf_share"] > 0.4
+    smooth = roughness(real)
+    assert smooth["dx_ratio"] < 0.8 and smooth["dx_acf1"] > 0 and smooth["hf_share"] < 0.1
     p = np.array([0.5, 0.5, 0, 0])
     assert js_divergence(p, p) == 0.0
     assert js_divergence(p, np.array([0, 0, 0.5, 0.5])) == pytest.approx(1.0)
+
+
+def test_roughness_example_reports_every_set_on_smoke(run_example, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "roughness.json"
+    run_example("timemode_roughness", ["--preset", "smoke", "--out", str(out)])
+    report = json.loads(out.read_text())["report"]
+    assert set(report) == {
+        "real_reference", "real_shots", "from_scratch", "ar_sim", "marginal_noise", "timevae"
+    }  # fmt: skip
+    assert "disc" not in report["real_reference"] and 0 <= report["from_scratch"]["disc"] <= 0.5
+    assert "dx_ratio" in capsys.readouterr().out

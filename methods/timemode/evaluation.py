@@ -100,6 +100,28 @@ def features(x: np.ndarray) -> np.ndarray:
                            d.std(1, keepdims=True)], 1)  # fmt: skip
 
 
+def roughness(x: np.ndarray) -> dict[str, float]:
+    """Step-to-step statistics of windows (first channel), for telling a rough generator from a
+    smooth one: the mean over windows of the std of the first differences Δx relative to the
+    window's own std (``dx_ratio``; white noise has √2, a smooth curve much less), the lag-1
+    autocorrelation of Δx (``dx_acf1``: about −0.5 for white noise, above 0 for smooth series)
+    and the share of the window's variance above half the Nyquist frequency (``hf_share``)."""
+    v = x[..., 0].astype(np.float64)
+    c = v - v.mean(1, keepdims=True)
+    sd = c.std(1) + 1e-12
+    d = np.diff(v, axis=1)
+    dc = d - d.mean(1, keepdims=True)
+    acf1 = (dc[:, 1:] * dc[:, :-1]).sum(1) / ((dc**2).sum(1) + 1e-12)
+    power = np.abs(np.fft.rfft(c, axis=1)) ** 2
+    half = power.shape[1] // 2
+    hf = power[:, half:].sum(1) / (power[:, 1:].sum(1) + 1e-12)
+    return {
+        "dx_ratio": float(np.mean(d.std(1) / sd)),
+        "dx_acf1": float(np.mean(acf1)),
+        "hf_share": float(np.mean(hf)),
+    }
+
+
 def frechet(a: np.ndarray, b: np.ndarray) -> float:
     mu1, mu2 = a.mean(0), b.mean(0)
     s1, s2 = np.cov(a, rowvar=False), np.cov(b, rowvar=False)

@@ -26,7 +26,14 @@ from nshot.method import ResultsTable
 from .baselines import ar_samples, marginal_noise_samples, timevae_samples
 from .config import TimeModeConfig
 from .data import load_corpus, load_target
-from .evaluation import disc_score, fid_feat, routing_distributions, routing_js, score_windows
+from .evaluation import (
+    disc_score,
+    fid_feat,
+    roughness,
+    routing_distributions,
+    routing_js,
+    score_windows,
+)
 from .model import Diffusion, TimeModeState, generate
 from .train import fit, stage_data
 
@@ -217,6 +224,37 @@ def _baselines_job(cfg_dict: dict, seed: int) -> dict:
         return _baseline_sets(cfg, cfg.target, cfg.n_shot, seed)
 
     return _timed(run)
+
+
+def roughness_report(cfg: TimeModeConfig, seed: int = 0) -> dict[str, dict[str, float]]:
+    """The diagnosis of the disc claims: :func:`~.evaluation.roughness` of the target's real
+    reference windows, its few-shot windows, a from-scratch TimeMoDE trained on them (the
+    ``from_scratch`` row's recipe, seed ``seed``; no pre-training, so it runs in about a
+    minute) and the classical baselines' samples, each with its disc and fid_feat."""
+    torch.set_num_threads(1)
+    base = _target_cfg(cfg.model_dump(), system="timemode", stage="pretrain")
+    fake, scores = _tuned(base, "scratch", base.target, base.n_shot, seed, None, "timemode")
+    scores.pop("_state")
+    t = load_target(base, base.n_shot, seed)
+    shots, real = t.scaler.scale(t.shots), t.scaler.scale(t.reference)
+    n = base.n_generate
+    sets = {
+        "real_reference": real,
+        "real_shots": shots,
+        "from_scratch": fake,
+        "ar_sim": ar_samples(shots, n, seed=seed),
+        "marginal_noise": marginal_noise_samples(shots, n, seed=seed),
+        "timevae": timevae_samples(shots, n, steps=base.scratch_steps, seed=seed),
+    }
+    out = {}
+    for name, x in sets.items():
+        row = roughness(x)
+        if name.startswith("real"):
+            out[name] = row
+            continue
+        s = scores if name == "from_scratch" else _score(base, x, real, seed)
+        out[name] = {**row, "disc": s["disc"], "fid_feat": s["fid_feat"]}
+    return out
 
 
 def evaluator_checks(cfg: TimeModeConfig, seed: int = 0) -> dict[str, float]:
