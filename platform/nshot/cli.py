@@ -501,13 +501,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"serving {args.method} at {url}/predict (metadata: {url}/metadata, health: "
         f"{url}/healthz; ingress {args.ingress}{more}); Ctrl-C stops"
     )
+    return _serve_until_stopped()
+
+
+def _serve_until_stopped() -> int:
+    """Block until Ctrl-C or SIGTERM (``kill`` shuts Serve down as Ctrl-C does), then shut
+    Serve down."""
     import signal
     import time
 
     def _stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)  # `kill` shuts Serve down as Ctrl-C does
+    signal.signal(signal.SIGTERM, _stop)
     try:
         while True:
             time.sleep(3600)
@@ -580,21 +586,7 @@ def _serve_all(args: argparse.Namespace) -> int:
     for method, url in urls.items():
         _console().print(f"serving {method} ({runs.runs[method].name}) at {url}/predict")
     _console().print(f"{len(urls)} applications on one port (ingress {args.ingress}); Ctrl-C stops")
-    import signal
-    import time
-
-    def _stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        from ray import serve
-
-        serve.shutdown()
-    return 0
+    return _serve_until_stopped()
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
