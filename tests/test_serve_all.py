@@ -89,6 +89,7 @@ def test_write_config_is_one_application_per_method_without_the_token(runs_dir, 
         (["tail"], "give no METHOD or --checkpoint"),
         (["--conformal", "caos"], "prediction sets are per application"),
         (["--ingress", "direct"], "every application on one port"),
+        (["--autoscale", "3:1"], "autoscale '3:1'"),
     ],
 )
 def test_bad_all_arguments_are_one_line_errors(runs_dir, extra, message, capsys):

@@ -469,15 +469,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
     args.ingress = args.ingress or ingress.default_mode()
     ingress.check(args.ingress, token)  # HAProxy without a token or its binary: before Ray
-    if args.autoscale is not None:
-        from nshot.serve.app import parse_autoscale
-
-        if args.replicas != 1:
-            raise NshotError("--autoscale MIN:MAX replaces --replicas: give one of them")
-        try:
-            parse_autoscale(args.autoscale)
-        except ValueError as err:
-            raise NshotError(f"--{err}") from None
+    _check_autoscale(args)
     # the checkpoint is resolved (and verified) here, before Ray starts; the app gets its path
     checkpoint = resolve_checkpoint(args.checkpoint, **_earlier(args))
     load_checkpoint(checkpoint, method=method.name)
@@ -524,6 +516,18 @@ def _serve_until_stopped() -> int:
     return 0
 
 
+def _check_autoscale(args: argparse.Namespace) -> None:
+    if args.autoscale is not None:
+        from nshot.serve.app import parse_autoscale
+
+        if args.replicas != 1:
+            raise NshotError("--autoscale MIN:MAX replaces --replicas: give one of them")
+        try:
+            parse_autoscale(args.autoscale)
+        except ValueError as err:
+            raise NshotError(f"--{err}") from None
+
+
 def _serve_options(args: argparse.Namespace, token: str | None):
     from nshot.serve.app import ServeOptions
 
@@ -554,8 +558,7 @@ def _serve_all(args: argparse.Namespace) -> int:
             "--conformal with --all: prediction sets are per application; write the config "
             "(--write-config FILE) and set `conformal: caos` in the args of the classifiers"
         )
-    if args.autoscale is not None and args.replicas != 1:
-        raise NshotError("--autoscale MIN:MAX replaces --replicas: give one of them")
+    _check_autoscale(args)
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
     args.ingress = args.ingress or "proxy"
     runs = find_runs(args.all)
