@@ -59,14 +59,12 @@ class FrontRequest(StrictRequest):
                         raise ValueError(
                             f"{name}[{i}]: value {v} is outside the {self.scale} scale [0, {top:g}]"
                         )
-        if (self.support_images is None) != (self.support_labels is None):
+        images, labels = self.support_images, self.support_labels
+        if (images is None) != (labels is None):
             raise ValueError("support_labels: give support_images and support_labels together")
-        if self.support_images is not None and len(self.support_images) != len(
-            self.support_labels or []
-        ):
+        if images is not None and labels is not None and len(images) != len(labels):
             raise ValueError(
-                f"support_labels: {len(self.support_labels or [])} labels for "
-                f"{len(self.support_images)} support images"
+                f"support_labels: {len(labels)} labels for {len(images)} support images"
             )
         return self
 
@@ -112,7 +110,9 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
         stroke = [1.0 if r == c else 0.0 for r in range(side) for c in range(side)]
         return {"images": [[0.0] * (side * side), stroke], "scale": "unit"}
 
-    def _logits(self, images: list[list[float]], scale: str) -> torch.Tensor:
+    def _pixels(self, images: list[list[float]], scale: str) -> torch.Tensor:
+        """``images`` as the model's input batch (unit scale), or a ``ValueError`` naming
+        ``images`` when their size is not the model's."""
         side = self.model.img_size
         if len(images[0]) != side * side:
             raise ValueError(
@@ -120,10 +120,11 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
                 f"got {len(images[0])} values"
             )
         x = torch.tensor(images, dtype=torch.float32).view(-1, 1, side, side)
-        if scale == "sklearn":
-            x = x / 16.0
+        return x / 16.0 if scale == "sklearn" else x
+
+    def _logits(self, images: list[list[float]], scale: str) -> torch.Tensor:
         with torch.no_grad():
-            return self.model(x)
+            return self.model(self._pixels(images, scale))
 
     def _response(self, probs: torch.Tensor) -> FrontResponse:
         return FrontResponse(
@@ -149,19 +150,14 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
         for i, label in enumerate(request.support_labels):
             if not 0 <= label < classes:
                 raise ValueError(f"support_labels[{i}]: {label} is not a class in [0, {classes})")
-        side = self.model.img_size
-        self._logits(request.images[:1], request.scale)  # the size check, with its message
-        rows = [*request.support_images, *request.images]
-        x = torch.tensor(rows, dtype=torch.float32).view(-1, 1, side, side)
-        if request.scale == "sklearn":
-            x = x / 16.0
+        x = self._pixels([*request.images, *request.support_images], request.scale)
         with torch.no_grad():
             emb = self.model.features(x).double().numpy()
-        n = len(request.support_images)
+        q = len(request.images)
         return OneShotEpisode(
-            support_emb=emb[:n],
+            support_emb=emb[q:],
             support_labels=np.array(request.support_labels),
-            query_emb=emb[n:],
+            query_emb=emb[:q],
             classes=list(range(classes)),
         )
 

@@ -207,15 +207,20 @@ def _baseline_sets(
     run = cfg.replace(target=target)
     t = load_target(run, k, seed)
     shots, real = t.scaler.scale(t.shots), t.scaler.scale(t.reference)
+    fakes = _baseline_samples(cfg, shots, seed)
+    if full:
+        return {row: _score(run, fake, real, seed) for row, fake in fakes.items()}
+    return {row: {"disc": _disc(run, fake, real, seed)} for row, fake in fakes.items()}
+
+
+def _baseline_samples(cfg: TimeModeConfig, shots: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The classical rows' generated windows from the few-shot ``shots`` (scaled units)."""
     n = cfg.n_generate
-    fakes = {
+    return {
         "timevae": timevae_samples(shots, n, steps=cfg.scratch_steps, seed=seed),
         "ar_sim": ar_samples(shots, n, seed=seed),
         "marginal_noise": marginal_noise_samples(shots, n, seed=seed),
     }
-    if full:
-        return {row: _score(run, fake, real, seed) for row, fake in fakes.items()}
-    return {row: {"disc": _disc(run, fake, real, seed)} for row, fake in fakes.items()}
 
 
 def _baselines_job(cfg_dict: dict, seed: int) -> dict:
@@ -237,15 +242,8 @@ def roughness_report(cfg: TimeModeConfig, seed: int = 0) -> dict[str, dict[str, 
     scores.pop("_state")
     t = load_target(base, base.n_shot, seed)
     shots, real = t.scaler.scale(t.shots), t.scaler.scale(t.reference)
-    n = base.n_generate
-    sets = {
-        "real_reference": real,
-        "real_shots": shots,
-        "from_scratch": fake,
-        "ar_sim": ar_samples(shots, n, seed=seed),
-        "marginal_noise": marginal_noise_samples(shots, n, seed=seed),
-        "timevae": timevae_samples(shots, n, steps=base.scratch_steps, seed=seed),
-    }
+    sets = {"real_reference": real, "real_shots": shots, "from_scratch": fake,
+            **_baseline_samples(base, shots, seed)}  # fmt: skip
     out = {}
     for name, x in sets.items():
         row = roughness(x)

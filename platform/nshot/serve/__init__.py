@@ -65,12 +65,10 @@ def start_urls(
     from ray import serve
 
     from nshot.serve import ingress as ing
-    from nshot.serve.app import ServeOptions, build_app
+    from nshot.serve.app import build_app
     from nshot.train import ensure_ray
 
-    opts = options or ServeOptions()
-    if opts.token is None:
-        opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
+    opts = _options(options)
     ing.check(ingress, opts.token)
     app = build_app(method, checkpoint, opts)
     direct = ingress in ("direct", "throughput")
@@ -118,7 +116,7 @@ def start_all(
 
     from nshot.errors import NshotError
     from nshot.serve import ingress as ing
-    from nshot.serve.app import ServeOptions, build_app
+    from nshot.serve.app import build_app
     from nshot.train import ensure_ray
 
     if ingress not in ("proxy", "haproxy"):
@@ -129,9 +127,7 @@ def start_all(
         )
     if not checkpoints:
         raise NshotError("nothing to serve: no checkpoint was given")
-    opts = options or ServeOptions()
-    if opts.token is None:
-        opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
+    opts = _options(options)
     ing.check(ingress, opts.token)
     apps = {method: build_app(method, ckpt, opts) for method, ckpt in checkpoints.items()}
     ing.prepare(ingress, opts.token)
@@ -155,3 +151,14 @@ def _logging_config() -> dict[str, str]:
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     return {"log_level": "INFO" if verbose else "WARNING"}
+
+
+def _options(options: Any) -> Any:
+    """``options`` (default :class:`~nshot.serve.app.ServeOptions`), its token from
+    ``$NSHOT_SERVE_TOKEN`` when unset (needed before the app is built: the ingress checks it)."""
+    from nshot.serve.app import ServeOptions
+
+    opts = options or ServeOptions()
+    if opts.token is None:
+        opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
+    return opts
