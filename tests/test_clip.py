@@ -3,6 +3,7 @@ pre-training (resumable, on two Ray Train workers), the safetensors cache and ze
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -23,8 +24,9 @@ from nshot.data.shapes import (
     shapes_arrays,
     shapes_table,
 )
-from nshot.errors import CheckpointError
+from nshot.errors import CheckpointError, ConfigError
 from nshot.nn.clip import (
+    CLIPConfig,
     TinyCLIP,
     WordTokenizer,
     ZeroShotClassifier,
@@ -32,8 +34,10 @@ from nshot.nn.clip import (
     load_clip,
     save_clip,
 )
+from nshot.nn.vit import ViT
 from nshot.train.clip import (
     EXTRA_WORDS,
+    PRESETS,
     _batch_captions,
     clip_config,
     digits_split,
@@ -135,6 +139,46 @@ def test_model_shapes_tokenizer_and_loss():
     )
     shared = torch.tensor([[10.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
     assert clip_contrastive_loss(shared, torch.tensor([0, 0, 1])) < 0.01 + math.log(2) / 2
+
+
+def test_conv_stem_keeps_the_token_grid_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    plain = ViT(img_size=32, patch=4, in_chans=3, width=16, depth=1, heads=2)
+    conv = ViT(img_size=32, patch=4, in_chans=3, width=16, depth=1, heads=2, stem="conv")
+    assert not any(k.startswith("patch_embed.stem") for k in plain.state_dict())
+    assert "stem" not in plain.shape() and conv.shape()["stem"] == "conv"
+    assert [k for k in conv.state_dict() if k.startswith("patch_embed.")] == [
+        "patch_embed.stem.0.weight", "patch_embed.stem.0.bias",
+        "patch_embed.stem.1.weight", "patch_embed.stem.1.bias",
+        "patch_embed.stem.3.weight", "patch_embed.stem.3.bias",
+        "patch_embed.stem.4.weight", "patch_embed.stem.4.bias",
+        "patch_embed.proj.weight", "patch_embed.proj.bias",
+    ]  # two stride-2 3x3 convolutions (8, then 16 channels), GroupNorms, the 1x1 projection
+    x = torch.rand(3, 3, 32, 32)
+    assert conv.patch_embed(x).shape == plain.patch_embed(x).shape == (3, 64, 16)
+    again = ViT(**conv.shape())
+    again.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(again(x), conv(x), rtol=0, atol=0)
+    for bad in (3, 6):
+        with pytest.raises(ValueError, match="power of two"):
+            ViT(img_size=24, patch=bad, in_chans=3, width=16, depth=1, heads=2, stem="conv")
+    with pytest.raises(ValueError, match="stem"):
+        ViT(img_size=32, patch=4, stem="resnet")
+
+    # the tiny CLIP: small uses the stem (recipe version 6); the config saves and loads it
+    assert PRESETS["small"].stem == "conv" and PRESETS["small"].version == "6"
+    assert PRESETS["digits"].stem == "patch" and PRESETS["digits"].version == "5"
+    cfg = clip_config("small", text="word")
+    assert cfg.stem == "conv" and CLIPConfig.from_dict(cfg.to_dict()) == cfg
+    model = TinyCLIP(dataclasses.replace(clip_config("smoke", text="word"), stem="conv"))
+    save_clip(model, tmp_path / "c")
+    loaded = load_clip(tmp_path / "c")
+    assert loaded.cfg.stem == "conv"
+    torch.testing.assert_close(loaded.encode_image(x), model.encode_image(x), rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="stem"):
+        dataclasses.replace(cfg, stem="dense")
+    with pytest.raises(ConfigError, match="power of two"):
+        CLIPConfig(img_size=30, patch=3, stem="conv", vocab=("a",))
 
 
 def test_digits_preset_serves_8x8_grey_images(nshot_cache):

@@ -3,7 +3,8 @@ Visual Models From Natural Language Supervision", §2.4–2.5).
 
 Two towers map images and texts into one joint space where matching pairs have a high cosine:
 
-* the image tower is :class:`nshot.nn.vit.ViT` (timm's parameter names) without its head: the
+* the image tower is :class:`nshot.nn.vit.ViT` (timm's parameter names; ``stem="conv"`` for its
+  convolutional stem) without its head: the
   class token (``pool="token"``, CLIP's choice) or the mean of the patch tokens (``pool="avg"``)
   after the final LayerNorm (``visual.norm``, CLIP's ``ln_post``) times the projection
   ``visual_proj`` (CLIP's ``proj``, no bias); :meth:`TinyCLIP.image_tokens` gives every
@@ -58,7 +59,7 @@ from nshot.errors import CheckpointError, ConfigError
 from nshot.fileio import atomic_path, atomic_write
 from nshot.hashing import sha256_file
 from nshot.nn.transformer import Encoder
-from nshot.nn.vit import ViT
+from nshot.nn.vit import STEMS, ViT
 
 __all__ = [
     "CLIPConfig",
@@ -91,6 +92,7 @@ class CLIPConfig:
     vision_depth: int = 4
     vision_heads: int = 4
     pool: str = "token"
+    stem: str = "patch"
     text: str = "word"
     vocab: tuple[str, ...] = ()
     context: int = 16
@@ -107,6 +109,10 @@ class CLIPConfig:
     def __post_init__(self) -> None:
         if self.pool not in ("token", "avg"):
             raise ConfigError(f"pool: {self.pool!r} is not 'token' or 'avg'")
+        if self.stem not in STEMS:
+            raise ConfigError(f"stem: {self.stem!r} is not one of {STEMS}")
+        if self.stem == "conv" and (self.patch < 2 or self.patch & (self.patch - 1)):
+            raise ConfigError(f"stem: 'conv' needs a patch that is a power of two, got {self.patch}")
         if self.text not in TEXT_TOWERS:
             raise ConfigError(f"text: {self.text!r} is not one of {TEXT_TOWERS}")
         if self.text == "word" and not self.vocab:
@@ -275,6 +281,7 @@ class TinyCLIP(nn.Module):
             width=cfg.vision_width,
             depth=cfg.vision_depth,
             heads=cfg.vision_heads,
+            stem=cfg.stem,
         )
         self.visual.head = nn.Identity()  # the CLIP projection below replaces the classifier
         self.visual_proj = nn.Parameter(
