@@ -279,3 +279,13 @@ def test_example(run_example, tmp_path, capsys, nshot_cache):
     report = json.loads(out.read_text())["results"]["word"]
     assert 0 <= report["acc_src_8way"] <= 1 and report["steps"] == 60
     assert "acc_src_8way" in capsys.readouterr().out
+
+
+def test_vit_stems_example(run_example, tmp_path):
+    out = tmp_path / "stems.json"
+    run_example("vit_stems", ["--steps", "6", "--every", "3", "--batch", "16", "--images", "64",
+                              "--test-images", "32", "--output", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert sorted(results) == ["conv", "patch"]
+    for rows in results.values():
+        assert [r["step"] for r in rows] == [3, 6] and all(0 <= r["acc"] <= 1 for r in rows)
