@@ -75,6 +75,32 @@ def tiny_smoke_lm(nshot_cache):
     return ensure_tiny_lm("smoke")
 
 
+def assert_caos_coverage(cp, episodes, alpha: float) -> float:
+    """Marginal coverage of ``cp`` (a :class:`nshot.serve.conformal.ConformalPredictor`) over
+    ``episodes``, pairs ``(request, true class names of its queries)``: the share of queries
+    whose true class is in their set must not fall below the 0.1 % quantile of
+    Binomial(queries, 1 - alpha) (a bug in the wiring — labels, class order, which rows are
+    support — lowers it far more). Only the sets are computed (:meth:`ConformalPredictor.sets`);
+    returns the coverage."""
+    from scipy.stats import binom
+
+    hits = total = 0
+    for request, truth in episodes:
+        out = cp.sets(request)
+        assert len(out["sets"]) == len(truth) and out["empty"] == [not s for s in out["sets"]]
+        hits += sum(int(t in s) for t, s in zip(truth, out["sets"], strict=True))
+        total += len(truth)
+    floor = binom.ppf(0.001, total, 1 - alpha) / total
+    assert hits / total >= floor, (hits, total, floor)
+    return hits / total
+
+
+@pytest.fixture
+def caos_coverage():
+    """:func:`assert_caos_coverage`, for the methods' coverage tests."""
+    return assert_caos_coverage
+
+
 @pytest.fixture
 def run_example(monkeypatch):
     """``run_example("front", ["--output", d])``: import ``examples/front.py`` as a module (it

@@ -16,6 +16,8 @@ The response is the wrapped predictor's response plus ``sets`` (the class names 
 set), ``set_sizes``, ``empty`` (per query: its set is empty), ``q_hat`` (``null`` when the set is trivial: fewer than
 ``ceil((1 - alpha)(n + 1))`` support rows), ``trivial``, ``alpha``, ``k`` and ``n_calibration``.
 A request may override the served ``alpha`` with its own ``conformal_alpha``.
+:meth:`ConformalPredictor.sets` gives these fields alone, from the embeddings, without the
+wrapped predictor's answer.
 
 An empty set is a valid answer, not an error: CAOS keeps a class when its aggregated score is at
 most the calibrated threshold, and when ``alpha`` is large and the one-shot scores are sharp a
@@ -95,7 +97,11 @@ class ConformalPredictor(Predictor):
             "conformal": {"method": self.method, "alpha": self.alpha, "k": self.k},
         }
 
-    def _sets(self, request: BaseModel) -> dict[str, Any]:
+    def sets(self, request: BaseModel) -> dict[str, Any]:
+        """The conformal fields of one request's answer (``sets``, ``set_sizes``, ``empty``,
+        ``q_hat``, ``trivial``, ``alpha``, ``k``, ``n_calibration``) from the wrapped
+        predictor's one-shot embeddings alone, without its own answer: what a coverage check
+        needs, at the cost of the embeddings only (an adapting predictor is not adapted)."""
         ep: OneShotEpisode = self.inner.one_shot_embeddings(request)
         alpha = getattr(request, "conformal_alpha", None) or self.alpha
         n = len(ep.support_labels)
@@ -124,7 +130,7 @@ class ConformalPredictor(Predictor):
 
     def batch(self, requests: list[BaseModel]) -> list[BaseModel]:
         base = self.inner.batch(requests)
-        return [self.Response(**b.model_dump(), **self._sets(r)) for b, r in zip(base, requests)]
+        return [self.Response(**b.model_dump(), **self.sets(r)) for b, r in zip(base, requests)]
 
 
 def wrap(predictor: Predictor, method: str | None, alpha: float, k: int) -> Predictor:
