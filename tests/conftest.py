@@ -75,7 +75,7 @@ def tiny_smoke_lm(nshot_cache):
     return ensure_tiny_lm("smoke")
 
 
-def assert_caos_coverage(cp, episodes, alpha: float) -> float:
+def assert_caos_coverage(cp, episodes, alpha: float, informative: int | None = None) -> float:
     """Marginal coverage of ``cp`` (a :class:`nshot.serve.conformal.ConformalPredictor`) over
     ``episodes``, pairs ``(request, true class names of its queries)``: the share of queries
     whose true class is in their set must not fall below the 0.1 % quantile of

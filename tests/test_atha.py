@@ -244,6 +244,31 @@ def test_conformal_sets_wrap_the_predictor(checkpoint):
     assert answer.probs == inner(req).probs
 
 
+def test_conformal_sets_cover_over_fresh_shape_episodes(checkpoint, caos_coverage):
+    """`--conformal caos` on atha: marginal coverage over 5-way 3-shot episodes of fresh
+    source-style shapes (arrays of 0–255), sets from the frozen encoder's features."""
+    from nshot.data.shapes import SHAPES, render_shapes
+    from nshot.serve.conformal import ConformalPredictor
+
+    cp = ConformalPredictor(get("atha").predictor(checkpoint), "caos", alpha=0.2, k=1)
+    d = render_shapes(400, seed=11, side=32)
+    images, shapes = d["image"], d["shape"]
+    rng = np.random.default_rng(4)
+    episodes = []
+    for _ in range(8):
+        classes = rng.choice(len(SHAPES), 5, replace=False)
+        names = [SHAPES[c] for c in classes]
+        support, queries, truth = [], [], []
+        for c, name in zip(classes, names):
+            rows = rng.choice(np.flatnonzero(shapes == c), 5, replace=False)
+            support += [{"image": images[i].tolist(), "label": name} for i in rows[:3]]
+            queries += [images[i].tolist() for i in rows[3:]]
+            truth += [name, name]
+        body = {"class_names": names, "support": support, "queries": queries}
+        episodes.append((cp.Request.model_validate(body), truth))
+    caos_coverage(cp, episodes, 0.2, informative=5)
+
+
 def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate

@@ -326,6 +326,36 @@ def test_conformal_sets_wrap_the_predictor(trained, smoke):
     assert answer.predictions == inner(inner.Request.model_validate(body)).predictions
 
 
+def test_conformal_sets_cover_over_test_digit_episodes(trained, smoke, caos_coverage):
+    """`--conformal caos` on dirclip: marginal coverage over 5-way 3-shot episodes of the test
+    digits (support and queries drawn from the same split), from g's unit image features."""
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, _, res = trained
+    _, _, splits = smoke
+    inner = get("dirclip").predictor(load_checkpoint(res.checkpoint, method="dirclip"))
+    cp = ConformalPredictor(inner, "caos", alpha=0.2, k=1)
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    x, y = splits.x_test.reshape(len(splits.x_test), -1), splits.y_test
+    rng = np.random.default_rng(6)
+    episodes = []
+    for _ in range(8):
+        classes = rng.choice(10, 5, replace=False)
+        names = [words[c] for c in classes]
+        sup, qry, truth = [], [], []
+        for c, name in zip(classes, names):
+            rows = rng.choice(np.flatnonzero(y == c), 5, replace=False)
+            sup += rows[:3].tolist()
+            qry += rows[3:].tolist()
+            truth += [name, name]
+        body = {"images": x[qry].tolist(), "class_names": names,
+                "support_images": x[sup].tolist(),
+                "support_labels": [words[int(y[i])] for i in sup]}  # fmt: skip
+        episodes.append((cp.Request.model_validate(body), truth))
+    caos_coverage(cp, episodes, 0.2, informative=5)
+
+
 def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, nshot_cache, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate

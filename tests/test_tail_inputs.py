@@ -157,6 +157,45 @@ def test_wide_answer_does_not_depend_on_the_support_order(predictor):
     assert np.abs(_probs(predictor, body) - _probs(predictor, shuffled)).max() < 1e-4
 
 
+def test_conformal_embeddings_use_every_coordinate_and_keep_exchangeability(
+    predictor, caos_coverage
+):
+    """`--conformal caos` on wide inputs: a row's feature is the same whether it is a support
+    row or a query (a symmetric function of all rows), coordinates beyond ``d_data`` change
+    it, and the sets cover over mixed-Gaussian episodes of 500 features."""
+    from nshot.serve.conformal import ConformalPredictor
+
+    d = 500
+    assert d > predictor.cfg.d_data
+    body = _body(d, seed=2, K=3, shots=3, queries=2)
+    ref = predictor.one_shot_embeddings(predictor.Request(**body))
+    rows = body["support_x"] + body["query_x"]
+    emb = np.concatenate([ref.support_emb, ref.query_emb])
+    swapped = {  # query 0 joins the support (class 0), support row 1 becomes a query
+        "support_x": [rows[9]] + [r for i, r in enumerate(body["support_x"]) if i != 1],
+        "support_y": [body["support_y"][0]] + [y for i, y in enumerate(body["support_y"]) if i != 1],
+        "query_x": [rows[1]] + body["query_x"][1:],
+    }
+    ep = predictor.one_shot_embeddings(predictor.Request(**swapped))
+    order = [9, 0, 2, 3, 4, 5, 6, 7, 8, 1, 10, 11, 12, 13, 14]
+    got = np.concatenate([ep.support_emb, ep.query_emb])
+    assert np.abs(got - emb[order]).max() < 1e-4
+    far = [list(r) for r in rows]
+    far[0][d - 1] += 5.0  # a coordinate beyond d_data
+    moved = predictor.one_shot_embeddings(predictor.Request(
+        support_x=far[:9], support_y=body["support_y"], query_x=far[9:]))  # fmt: skip
+    assert np.abs(moved.support_emb[0] - ref.support_emb[0]).max() > 1e-3
+
+    cp = ConformalPredictor(predictor, "caos", alpha=0.2, k=1)
+    rng = np.random.default_rng(8)
+    episodes = []
+    for _ in range(12):
+        xs, ys, xq, yq = MixedGaussianModality(d).sample(4, 4, 2, rng)
+        req = cp.Request(support_x=xs.tolist(), support_y=ys.tolist(), query_x=xq.tolist())
+        episodes.append((req, yq.tolist()))
+    caos_coverage(cp, episodes, 0.2)
+
+
 def test_metadata_states_the_input_contract(predictor):
     meta = json.loads(json.dumps(predictor.metadata()))
     assert meta["max_features"] == MAX_FEATURES == 4096

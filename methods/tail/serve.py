@@ -280,12 +280,18 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
     def one_shot_embeddings(self, request: TailRequest, kind: str | None = None):
         """Frozen per-row features for conformal prediction sets (``nshot.serve.conformal``).
 
-        Support and query rows are centred by the mean of **all** rows of the request (support
-        and queries, labels unused: a symmetric function of the rows, so exchangeability and
-        hence the CAOS guarantee are kept), row-normalised like TAIL's inputs, placed in the
-        model's ``d_data`` coordinates by the fixed identity map (zero padding or truncation),
-        and, for ``kind="encoder"`` (default), passed one row at a time through TAIL's encoder
-        as a lone query token: a row's feature depends on no other row's label.
+        Every step is a symmetric function of **all** rows of the request (support and
+        queries together, labels unused), so a row's feature does not depend on whether it is a
+        support row or a query, nor on any label: exchangeability, and hence the CAOS guarantee,
+        are kept. The steps follow the answer's input path with the support set replaced by all
+        rows: (``standardise``, default on) every feature standardised by the mean and standard
+        deviation of all rows, then each row scaled to norm ``sqrt(d_T)`` (without
+        standardisation: centred by the mean of all rows first); features wider than the
+        model's ``d_data`` are written in a basis of the span of all rows plus each row's
+        residual norm (:func:`episodes.span_embedding` with a fixed seed: every coordinate
+        counts, and distances between rows are exact while the request has at most ``d_data``
+        rows); narrower ones are zero-padded. For ``kind="encoder"`` (default) each row then
+        passes through TAIL's encoder on its own, as a lone query token.
         """
         from nshot.serve.conformal import OneShotEpisode
 
@@ -294,8 +300,17 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
         kind = kind or self.conformal_embedding
         classes = list(dict.fromkeys(request.support_y))
         index = {c: i for i, c in enumerate(classes)}
-        x = _safe_scale(np.asarray(request.support_x + request.query_x, dtype=np.float32))
-        f = preprocess(x, x.mean(axis=0, keepdims=True))
+        rows = request.support_x + request.query_x
+        if request.standardise:
+            z, _ = standardise(np.asarray(rows, dtype=np.float64), np.zeros((0, len(rows[0]))))
+            f = normalise_rows(z)  # every feature's mean over the rows is 0 already
+        else:
+            x = _safe_scale(np.asarray(rows, dtype=np.float32))
+            f = preprocess(x, x.mean(axis=0, keepdims=True))
+        if f.shape[-1] > self.cfg.d_data:
+            with _one_blas_thread():
+                f, _ = span_embedding(f, f[:0], self.cfg.d_data, np.random.default_rng(0))
+            f = f.astype(np.float32)
         f = project(f, self.cfg.d_data, "none", np.random.default_rng(0))
         if kind == "encoder":
             t = torch.cat(
