@@ -226,6 +226,34 @@ def test_conformal_sets_wrap_the_predictor(trained):
     )
 
 
+def test_conformal_sets_over_held_out_targets_cover(trained, caos_coverage):
+    """CAOS sets on recog's embeddings cover held-out targets' exchangeable queries at 1 - alpha."""
+    from nshot.methods.recog.data import track_for
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, cfg, res = trained
+    inner = get("recog").predictor(load_checkpoint(res.checkpoint, method="recog"))
+    cp = ConformalPredictor(inner, "caos", alpha=0.2, k=1)
+    track = track_for(cfg)
+    rng = np.random.default_rng(7)
+    episodes = []
+    for _ in range(16):
+        # 8 molecules of each class of one held-out target, shuffled: the first 12 are the
+        # support, the other 4 the queries (exchangeable; the support keeps >= 4 of each class)
+        t = int(rng.choice(track.test_targets))
+        mols = track.labelled(t)
+        y = track.labels[mols, t]
+        pick = rng.permutation(np.concatenate(
+            [rng.choice(mols[y == c], 8, replace=False) for c in (0, 1)]))  # fmt: skip
+        label = [int(track.labels[i, t]) for i in pick]
+        body = {"support": [{"smiles": track.smiles[i], "label": c}
+                            for i, c in zip(pick[:12], label[:12])],
+                "query": [track.smiles[i] for i in pick[12:]]}  # fmt: skip
+        episodes.append((cp.Request.model_validate(body), label[12:]))
+    caos_coverage(cp, episodes, 0.2, informative=2)  # not every set is {0, 1}
+
+
 def test_the_paper_presets_gin_encoder_trains_and_predicts(smoke):
     """encoder=gin (the paper preset's molecule encoder) on the molecular graphs."""
     from nshot.methods.recog.data import sample_episode

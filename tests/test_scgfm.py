@@ -217,6 +217,29 @@ def test_predictor_http_422s_and_conformal(scgfm_run):
     assert len(got.sets) == 2 and got.n_calibration == 4
 
 
+def test_conformal_sets_cover_target_graphs(scgfm_run, caos_coverage):
+    """CAOS sets around scgfm cover the family of held-out target graphs at alpha = 0.2."""
+    from nshot.methods.scgfm.data import TARGET_FAMILIES, load_split
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, cfg, res = scgfm_run
+    inner = get("scgfm").predictor(load_checkpoint(res.checkpoint, method="scgfm"))
+    cp = ConformalPredictor(inner, "caos", alpha=0.2, k=1)
+    graphs, labels = load_split(cfg, "target")  # 8 graphs of each of the 4 families
+    names = [TARGET_FAMILIES[c] for c in labels]
+    js = [{"num_nodes": g.n, "edges": g.edges.tolist(), "x": g.x.tolist()} for g in graphs]
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(12):  # the 32 graphs split at random (exchangeable): 24 support, 8 queries
+        rows = rng.permutation(len(graphs))
+        sup, q = rows[:24], rows[24:]
+        body = {"graphs": [js[i] for i in q],
+                "support": [{"graph": js[i], "label": names[i]} for i in sup]}  # fmt: skip
+        episodes.append((cp.Request.model_validate(body), [names[i] for i in q]))
+    caos_coverage(cp, episodes, 0.2, informative=4)  # every support holds the 4 families
+
+
 def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.methods.scgfm.experiments import METRICS, SYSTEMS, run_experiments

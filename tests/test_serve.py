@@ -876,3 +876,41 @@ def test_bench_serve_ratios_are_medians_with_paired_spread():
     data = {"levels": list(levels), "blocks": blocks, **r, "written_to": "x.json"}
     table = serve_table(data)
     assert "| haproxy | unavailable: no binary |" in table and "240 (200-300)" in table
+
+
+def test_bench_serve_ramp_summary_windows_phases_and_upscale():
+    """`nshot bench serve-ramp`'s figures from raw records: windows start at each phase's
+    start, a window's replicas are those running at its end, the upscale delay is counted from
+    the busiest phase's start, and the throughput ratio compares that phase's full windows."""
+    from nshot import cli
+    from nshot.bench import ramp_summary
+
+    phases = ((1, 4.0), (8, 10.0), (1, 3.0))
+    bounds = [(0.0, 4.0), (4.0, 14.0), (14.0, 17.0)]
+    timeline = [(t / 2, 1 if t / 2 < 9.5 else 2) for t in range(35)]  # a replica added at 9.5 s
+    records = []
+    for i, ((clients, _), (a, b)) in enumerate(zip(phases, bounds)):
+        rate = 10 if i != 1 else 40  # requests per second, doubled on two replicas
+        t = a
+        while t < b:
+            step = 1 / (rate * (2 if i == 1 and t >= 9.5 else 1))
+            t += step
+            if t < b:
+                records.append((t, 0.02, "200", i))
+    records.append((5.0, 0.5, "503", 1))
+    s = ramp_summary(records, timeline, bounds, phases, lo=1, window_s=5.0)
+    assert [(w["phase"], w["start_s"], w["seconds"]) for w in s["windows"]] == [
+        (0, 0.0, 4.0), (1, 4.0, 5.0), (1, 9.0, 5.0), (2, 14.0, 3.0)]  # fmt: skip
+    assert [w["replicas"] for w in s["windows"]] == [1, 1, 2, 2]
+    assert s["upscale_after_s"] == 5.5 and s["replicas_max"] == 2 and s["replicas_at_end"] == 2
+    assert s["per_phase"][1]["not_200"] == 1 and s["per_phase"][1]["replicas_max"] == 2
+    w1, w2 = s["windows"][1], s["windows"][2]
+    assert w1["requests_per_s"] == pytest.approx(40, rel=0.02)
+    assert w2["requests_per_s"] == pytest.approx((0.5 * 40 + 4.5 * 80) / 5, rel=0.02)
+    ratio = s["busy_phase_throughput_most_over_fewest_replicas"]
+    assert ratio == pytest.approx(w2["requests_per_s"] / w1["requests_per_s"])
+    flat = ramp_summary(records, [(0.0, 1)], bounds, phases, lo=1)
+    assert flat["upscale_after_s"] is None and flat["busy_phase_throughput_most_over_fewest_replicas"] is None
+    assert cli.main(["bench", "serve-ramp", "--phases", "8x"]) == 2
+    assert cli.main(["bench", "serve-ramp", "--phases", "0x5"]) == 2
+    assert cli.main(["bench", "serve-ramp", "--autoscale", "2:1"]) == 2

@@ -7,7 +7,8 @@ process twice the samples per step) and reports the group's samples/s and their 
 on 1 and 2 replicas, and a bare FastAPI app, with the predictor's own example request (levels
 repeated and interleaved, medians and spread); ``nshot bench serve-sustained`` sends 10,000
 requests (5 % malformed) at 64 clients and checks the answers, the status codes and the
-replica's memory; ``nshot bench deepspeed`` measures ZeRO's memory per rank.
+replica's memory; ``nshot bench serve-ramp`` ramps the load on an autoscaled app and records
+its replicas; ``nshot bench deepspeed`` measures ZeRO's memory per rank.
 ``nshot bench <method>`` runs the method's own benchmark
 (:meth:`~nshot.method.Method.benchmark`, e.g. TAIL's inline against per-query inference), which
 writes through :func:`write_result` like the others.
@@ -747,6 +748,220 @@ def sustained(
     )
 
 
+RAMP_PHASES: tuple[tuple[int, float], ...] = ((1, 20.0), (64, 90.0), (1, 30.0))
+
+
+def _timed_load(
+    url: str, payload: bytes, clients: int, seconds: float, token: str | None, t0: float
+) -> list[tuple[float, float, str]]:
+    """``clients`` closed-loop clients (each its own keep-alive connection) posting until
+    ``seconds`` have passed; every request as ``(end time since t0, latency, status)``."""
+    import http.client
+    import threading
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    out: list[tuple[float, float, str]] = []
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        mine = []
+        while time.perf_counter() < stop_at:
+            t = time.perf_counter()
+            try:
+                conn.request("POST", u.path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                code = str(resp.status)
+            except (http.client.HTTPException, OSError) as err:
+                conn.close()
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+                code = type(err).__name__
+            end = time.perf_counter()
+            mine.append((end - t0, end - t, code))
+        conn.close()
+        with lock:
+            out.extend(mine)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def serve_ramp(
+    method_name: str = "tail",
+    *,
+    checkpoint: str | None = None,
+    autoscale: str = "1:2",
+    phases: tuple[tuple[int, float], ...] = RAMP_PHASES,
+    window_s: float = 5.0,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Issue 26, point 4: Serve autoscaling under a load ramp. The app (default options with a
+    token, batching, ``--autoscale MIN:MAX``, proxy ingress on this process's Ray) is driven by
+    closed-loop clients in ``phases`` of ``(clients, seconds)`` (default 1 client for 20 s, 64
+    for 90 s, 1 for 30 s); a sampler records the running replicas every 0.5 s. Reports the
+    replica timeline, throughput and p50/p99 per ``window_s`` window and per phase, the seconds
+    from the start of the busiest phase to the first added replica, and that phase's
+    throughput on the most replicas over its throughput on the fewest (one run: a ratio of
+    windows, not of repeats). Serve's autoscaling delays are its defaults (an upscale after 30 s
+    above target, a downscale after 600 s below), so the last phase shows how long the added
+    replica stays."""
+    import secrets
+    import threading
+
+    from ray import serve as ray_serve
+
+    from nshot.serve import start
+    from nshot.serve.app import ServeOptions, parse_autoscale
+    from nshot.train import ensure_ray, fit
+
+    from nshot.errors import NshotError
+
+    try:
+        lo, _ = parse_autoscale(autoscale)
+    except ValueError as err:
+        raise NshotError(f"--{err}") from None
+    if not phases or any(c < 1 or sec <= 0 for c, sec in phases):
+        raise NshotError("--phases: give CLIENTSxSECONDS pairs with clients >= 1, seconds > 0")
+    tmp = tempfile.TemporaryDirectory(prefix="nshot-bench-ramp-")
+    ensure_ray()
+    if checkpoint is None:
+        cfg = get(method_name).config("smoke")
+        checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
+    payload = _bench_payload(method_name, checkpoint)
+    token = secrets.token_urlsafe(16)
+    opts = ServeOptions(token=token, autoscale=autoscale)
+    url = start(method_name, checkpoint, port=_free_port(), options=opts)
+    timeline: list[tuple[float, int]] = []
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def running() -> int:
+        app = ray_serve.status().applications.get(method_name)
+        if app is None:
+            return 0
+        return sum(
+            n
+            for dep in app.deployments.values()
+            for state, n in dep.replica_states.items()
+            if str(getattr(state, "value", state)) == "RUNNING"
+        )
+
+    def sample() -> None:
+        while not done.is_set():
+            timeline.append((time.perf_counter() - t0, running()))
+            done.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    records: list[tuple[float, float, str, int]] = []
+    bounds: list[tuple[float, float]] = []
+    try:
+        sampler.start()
+        for i, (clients, seconds) in enumerate(phases):
+            start_s = time.perf_counter() - t0
+            got = _timed_load(url + "/predict", payload, clients, seconds, token, t0)
+            records += [(end, lat, code, i) for end, lat, code in got]
+            bounds.append((start_s, time.perf_counter() - t0))
+            print(f"[nshot bench serve-ramp] phase {i}: {clients} clients for {seconds:.0f} s, "
+                  f"replicas now {timeline[-1][1] if timeline else '?'}", flush=True)
+    finally:
+        done.set()
+        sampler.join(timeout=5)
+        ray_serve.shutdown()
+        tmp.cleanup()
+
+    summary = ramp_summary(records, timeline, bounds, phases, lo, window_s)
+    data: dict[str, Any] = {
+        "benchmark": "serve-ramp",
+        "method": method_name,
+        "autoscale": autoscale,
+        "phases": [{"clients": c, "seconds": sec} for c, sec in phases],
+        **summary,
+        "timeline": [(round(ts, 2), n) for ts, n in timeline],
+        "load_after": os.getloadavg()[0],
+        "environment": _environment(),
+    }
+    return write_result(
+        f"bench-results/serve-ramp-{method_name}.json", out, data,
+        ["upscale_after_s", "busy_phase_throughput_most_over_fewest_replicas"],
+    )
+
+
+def ramp_summary(
+    records: list[tuple[float, float, str, int]],
+    timeline: list[tuple[float, int]],
+    bounds: list[tuple[float, float]],
+    phases: tuple[tuple[int, float], ...],
+    lo: int,
+    window_s: float = 5.0,
+) -> dict[str, Any]:
+    """The figures of :func:`serve_ramp` from its raw data: ``records`` ``(end time, latency,
+    status, phase)`` per request, ``timeline`` ``(time, running replicas)`` samples, ``bounds``
+    ``(start, end)`` per phase (seconds since the start), ``lo`` the minimum replicas. Windows
+    of ``window_s`` start at each phase's start (the last one of a phase may be shorter); a
+    window's replicas are those running at its end. A request counts in the window where it
+    ended."""
+    import numpy as np
+
+    def replicas_at(t: float) -> int:
+        before = [n for ts, n in timeline if ts <= t]
+        return before[-1] if before else (timeline[0][1] if timeline else 0)
+
+    def stats(rows: list[tuple[float, float, str, int]], span: float) -> dict[str, Any]:
+        lat = np.asarray([r[1] for r in rows if r[2] == "200"])
+        return {
+            "ok": int(lat.size),
+            "not_200": sum(1 for r in rows if r[2] != "200"),
+            "requests_per_s": float(lat.size / span) if span > 0 else None,
+            "p50_ms": float(np.percentile(lat, 50) * 1000) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99) * 1000) if lat.size else None,
+        }
+
+    windows, per_phase = [], []
+    for i, ((clients, seconds), (a, b)) in enumerate(zip(phases, bounds, strict=True)):
+        mine = [r for r in records if r[3] == i]
+        per_phase.append({"clients": clients, "seconds": seconds, "start_s": round(a, 2),
+                          "replicas_max": max([n for ts, n in timeline if a <= ts <= b] or
+                                              [replicas_at(a)]),
+                          **stats(mine, b - a)})  # fmt: skip
+        w = a
+        while w < b - 1e-9:
+            end = min(w + window_s, b)
+            rows = [r for r in mine if w <= r[0] < end or (end == b and r[0] >= end)]
+            windows.append({"phase": i, "start_s": round(w, 2), "seconds": round(end - w, 2),
+                            "clients": clients, "replicas": replicas_at(end),
+                            **stats(rows, end - w)})  # fmt: skip
+            w = end
+    busy = max(range(len(phases)), key=lambda i: phases[i][0])
+    a, b = bounds[busy]
+    first_up = next((ts for ts, n in timeline if a <= ts <= b and n > lo), None)
+    full = [x for x in windows if x["phase"] == busy and x["seconds"] >= window_s - 1e-9]
+    most_n = max([x["replicas"] for x in full] or [lo])
+    fewest = [x["requests_per_s"] for x in full if x["replicas"] == lo and x["ok"]]
+    most = [x["requests_per_s"] for x in full if x["replicas"] == most_n and x["ok"]]
+    return {
+        "upscale_after_s": None if first_up is None else round(first_up - a, 1),
+        "replicas_max": max([n for _, n in timeline] or [0]),
+        "replicas_at_end": timeline[-1][1] if timeline else None,
+        "busy_phase_replicas_most": most_n,
+        "busy_phase_windows_on_most": len(most),
+        "busy_phase_throughput_most_over_fewest_replicas": (
+            float(np.median(most) / np.median(fewest)) if most and fewest and most_n > lo else None
+        ),
+        "per_phase": per_phase,
+        "windows": windows,
+    }
+
+
 def _bench_payload(method_name: str, checkpoint: str) -> bytes:
     """A representative request: the served predictor's own example request."""
     from nshot.train import load_checkpoint
@@ -775,7 +990,8 @@ def method(name: str, *, preset: str = "small", out: str | os.PathLike | None = 
 
     def choices() -> str:
         return ", ".join(
-            ["train", "serve", "deepspeed", "serve-sustained", *methods_with_benchmarks()]
+            ["train", "serve", "deepspeed", "serve-sustained", "serve-ramp",
+             *methods_with_benchmarks()]
         )
 
     try:

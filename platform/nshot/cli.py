@@ -323,6 +323,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
             clients=args.clients,
             out=args.out,
         )
+    elif args.what == "serve-ramp":
+        try:
+            phases = tuple(
+                (int(c), float(sec)) for c, sec in (p.split("x") for p in args.phases.split(","))
+            )
+        except ValueError:
+            raise NshotError(
+                f"--phases {args.phases!r}: give CLIENTSxSECONDS pairs, e.g. 1x20,64x90,1x30"
+            ) from None
+        data = bench.serve_ramp(
+            args.method,
+            checkpoint=args.checkpoint,
+            autoscale=args.autoscale,
+            phases=phases,
+            out=args.out,
+        )
     else:  # a method's own benchmark (nshot bench tail), or one error line naming the choices
         data = bench.method(args.what, preset=args.preset, out=args.out)
     _emit(args, data, json.dumps(data, indent=1))
@@ -784,8 +800,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "what",
         metavar="WHAT",
-        help="train, serve, serve-sustained, deepspeed, or a method with its own benchmark "
-        "(e.g. tail)",
+        help="train, serve, serve-sustained, serve-ramp, deepspeed, or a method with its own "
+        "benchmark (e.g. tail)",
     )
     s.add_argument("--method", default="tail")
     s.add_argument("--preset", default="small")
@@ -811,6 +827,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ingress",
         default="proxy,direct,throughput,haproxy",
         help="serve: ingress modes, one block each (proxy also runs the unbatched app)",
+    )
+    s.add_argument("--autoscale", default="1:2", help="serve-ramp: MIN:MAX replicas")
+    s.add_argument(
+        "--phases",
+        default="1x20,64x90,1x30",
+        help="serve-ramp: CLIENTSxSECONDS load phases, in order",
     )
     s.add_argument("--checkpoint", default=None, help="serve: checkpoint (default: train smoke)")
     s.add_argument("--out", default=None, help="JSON file to write")
