@@ -80,18 +80,24 @@ def assert_caos_coverage(cp, episodes, alpha: float, informative: int | None = N
     ``episodes``, pairs ``(request, true class names of its queries)``: the share of queries
     whose true class is in their set must not fall below the 0.1 % quantile of
     Binomial(queries, 1 - alpha) (a bug in the wiring — labels, class order, which rows are
-    support — lowers it far more). Only the sets are computed (:meth:`ConformalPredictor.sets`);
-    returns the coverage."""
+    support — lowers it far more). Only the sets are computed (:meth:`ConformalPredictor.sets`).
+    With ``informative`` = the number of classes, at least one set must be smaller (sets of
+    every class would cover whatever the wiring). Returns the coverage."""
     from scipy.stats import binom
 
     hits = total = 0
+    smallest: int | None = None
     for request, truth in episodes:
         out = cp.sets(request)
         assert len(out["sets"]) == len(truth) and out["empty"] == [not s for s in out["sets"]]
         hits += sum(int(t in s) for t, s in zip(truth, out["sets"], strict=True))
         total += len(truth)
+        least = min(out["set_sizes"])
+        smallest = least if smallest is None else min(smallest, least)
     floor = binom.ppf(0.001, total, 1 - alpha) / total
     assert hits / total >= floor, (hits, total, floor)
+    if informative is not None:
+        assert smallest is not None and smallest < informative, "every set holds every class"
     return hits / total
 
 

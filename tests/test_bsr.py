@@ -100,6 +100,32 @@ def test_predictor_answers_any_montage_refuses_bad_input_with_422_and_gives_sets
     assert set(answer.sets[0]) <= {"feet", "left_hand", "rest", "right_hand"}
 
 
+def test_caos_sets_cover_held_out_subjects_trials(trained, caos_coverage):
+    """`--conformal caos` on bsr: marginal coverage over a target subject's own trials (montage B)."""
+    import numpy as np
+
+    from nshot.methods.bsr.data import CLASSES, MONTAGE_B, load_dataset, montage_channels
+    from nshot.serve.conformal import ConformalPredictor
+    from nshot.train import load_checkpoint
+
+    _, cfg, res = trained
+    inner = get("bsr").predictor(load_checkpoint(res.checkpoint, method="bsr"))
+    cp = ConformalPredictor(inner, "caos", alpha=0.2, k=1)
+    data, chans = load_dataset(cfg), montage_channels("B")
+    uv = lambda x: (x[chans].astype(np.float64) * 1e6).tolist()  # noqa: E731
+    rng = np.random.default_rng(11)
+    episodes = []
+    for i in range(64):  # one query per request (bsr answers one trial)
+        # 17 of one target subject's 24 trials, shuffled: 16 support, the last the query
+        # (exchangeable: the same subject, montage and session; no class balancing)
+        x, y = data.subject(data.names("target")[i % 2])
+        *sup, q = rng.permutation(len(y))[:17]
+        body = {"eeg": uv(x[q]), "ch_names": list(MONTAGE_B), "sfreq": cfg.sfreq, "unit": "uV",
+                "support": [{"eeg": uv(x[j]), "label": CLASSES[y[j]]} for j in sup]}  # fmt: skip
+        episodes.append((cp.Request.model_validate(body), [CLASSES[y[q]]]))
+    caos_coverage(cp, episodes, 0.2, informative=len(CLASSES))
+
+
 def _json_with_nan(body: dict) -> str:
     import json
 

@@ -209,13 +209,15 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
             )
         return x[..., :need]
 
-    def _videos(self, request: BsrRequest) -> tuple[torch.Tensor, str]:
+    def _videos(self, request: BsrRequest, all_rows: bool = False) -> tuple[torch.Tensor, str]:
         pos = (np.asarray(request.positions, np.float64) if request.positions is not None
                else positions_for(list(request.ch_names or [])))  # fmt: skip
         xy = project(pos)
         m, _ = interpolation_matrix(xy, self.cfg.grid)
         p = band_powers(self._signals(request), self.cfg.sfreq, self.cfg.window, self.cfg.frames)
-        stats = self._stored_stats(request.subject_id) or NormStats.fit(p[1:])  # never the query
+        # the answer normalises by the support's statistics (never the query's); the conformal
+        # features by all trials', a symmetric function of support and query (exchangeability)
+        stats = self._stored_stats(request.subject_id) or NormStats.fit(p if all_rows else p[1:])
         v = render(stats.apply(p), m, self.cfg.grid)
         return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)), montage_hash(
             xy, self.cfg.grid
@@ -237,16 +239,19 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
         return dict((self.extra.get("renderer") or {}).get("subject_stats") or {})
 
     @torch.no_grad()
-    def _embed(self, request: BsrRequest) -> tuple[np.ndarray, str]:
-        v, h = self._videos(request)
+    def _embed(self, request: BsrRequest, all_rows: bool = False) -> tuple[np.ndarray, str]:
+        v, h = self._videos(request, all_rows)
         emb = [encode(self.model, v[s : s + ENCODE_BATCH]) for s in range(0, len(v), ENCODE_BATCH)]
         return torch.cat(emb).numpy().astype(np.float64), h
 
     def one_shot_embeddings(self, request: BsrRequest, kind: str | None = None):
-        """The frozen encoder's mean-pooled embedding of each support trial and of the query."""
+        """The frozen encoder's mean-pooled embedding of each support trial and of the query,
+        rendered with the normalisation statistics of all the request's trials (support and
+        query together; a stored subject's when ``subject_id`` names one): a trial's feature is
+        the same whether it is a support trial or the query, as CAOS's guarantee needs."""
         from nshot.serve.conformal import OneShotEpisode
 
-        emb, _ = self._embed(request)
+        emb, _ = self._embed(request, all_rows=True)
         labels = [t.label for t in request.support]
         classes = sorted(set(labels), key=str)
         return OneShotEpisode(
