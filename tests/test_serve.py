@@ -909,6 +909,8 @@ def test_bench_serve_ramp_summary_windows_phases_and_upscale():
     assert w2["requests_per_s"] == pytest.approx((0.5 * 40 + 4.5 * 80) / 5, rel=0.02)
     ratio = s["busy_phase_throughput_most_over_fewest_replicas"]
     assert ratio == pytest.approx(w2["requests_per_s"] / w1["requests_per_s"])
+    late = ramp_summary(records, timeline, [(0.0, 4.0), (4.0, 14.2), (14.2, 17.0)], phases, lo=1)
+    assert [(w["start_s"], w["seconds"]) for w in late["windows"]][1:3] == [(4.0, 5.0), (9.0, 5.2)]
     flat = ramp_summary(records, [(0.0, 1)], bounds, phases, lo=1)
     assert flat["upscale_after_s"] is None and flat["busy_phase_throughput_most_over_fewest_replicas"] is None
     assert cli.main(["bench", "serve-ramp", "--phases", "8x"]) == 2

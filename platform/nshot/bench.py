@@ -907,8 +907,9 @@ def ramp_summary(
     """The figures of :func:`serve_ramp` from its raw data: ``records`` ``(end time, latency,
     status, phase)`` per request, ``timeline`` ``(time, running replicas)`` samples, ``bounds``
     ``(start, end)`` per phase (seconds since the start), ``lo`` the minimum replicas. Windows
-    of ``window_s`` start at each phase's start (the last one of a phase may be shorter); a
-    window's replicas are those running at its end. A request counts in the window where it
+    of ``window_s`` start at each phase's start; a phase's last window runs to its end (from
+    half a window to one and a half long: no slivers whose rate means nothing); a window's
+    replicas are those running at its end. A request counts in the window where it
     ended."""
     import numpy as np
 
@@ -935,7 +936,7 @@ def ramp_summary(
                           **stats(mine, b - a)})  # fmt: skip
         w = a
         while w < b - 1e-9:
-            end = min(w + window_s, b)
+            end = b if b - (w + window_s) < window_s / 2 else w + window_s  # no slivers
             rows = [r for r in mine if w <= r[0] < end or (end == b and r[0] >= end)]
             windows.append({"phase": i, "start_s": round(w, 2), "seconds": round(end - w, 2),
                             "clients": clients, "replicas": replicas_at(end),
