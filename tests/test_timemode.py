@@ -111,6 +111,33 @@ def test_model_unit_checks():
     assert abs(u["analytic_sample_mean"]) < 0.05 and abs(u["analytic_sample_var"] - 1) < 0.05
 
 
+def test_samplers_on_gaussian_data():
+    """With the exact ε̂ of N(0, I) data (ε̂ = √(1 − ᾱ_t) x_t): the σ² = β chain ends in N(0, I)
+    (its exact case), DDIM close to it (discretisation error at T = 100), the posterior-variance
+    chain under-dispersed (β̃ is exact for a point mass, not a Gaussian); DDIM is deterministic
+    given the initial noise; an unknown sampler is refused."""
+    from nshot.methods.timemode.model import SAMPLERS, Diffusion
+
+    var = {}
+    for sampler in SAMPLERS:
+        d = Diffusion(100, sampler=sampler)
+
+        def eps(x, t, d=d):
+            return (1 - d._at(d.abar, t)).sqrt() * x
+
+        x = d.sample(eps, (4000, 8, 1), torch.Generator().manual_seed(0))
+        assert abs(x.mean().item()) < 0.05, sampler
+        var[sampler] = x.var().item()
+    assert abs(var["ddpm"] - 1) < 0.03 and abs(var["ddim"] - 1) < 0.08
+    assert var["ddpm_posterior"] < var["ddpm"] - 0.03
+    d = Diffusion(50, sampler="ddim")
+    a = d.sample(lambda x, t: 0.3 * x, (5, 8, 1), torch.Generator().manual_seed(1))
+    b = d.sample(lambda x, t: 0.3 * x, (5, 8, 1), torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="sampler"):
+        Diffusion(10, sampler="euler")
+
+
 def test_one_chain_over_several_sets_equals_each_set_alone():
     from nshot.methods.timemode.experiments import randomise
     from nshot.methods.timemode.model import Denoiser, Diffusion, generate, generate_many
@@ -246,10 +273,11 @@ def test_roughness_example_reports_every_set_on_smoke(run_example, tmp_path, cap
     import json
 
     out = tmp_path / "roughness.json"
-    run_example("timemode_roughness", ["--preset", "smoke", "--out", str(out)])
+    run_example("timemode_roughness", ["--preset", "smoke", "--samplers", "ddim", "--out", str(out)])
     report = json.loads(out.read_text())["report"]
     assert set(report) == {
-        "real_reference", "real_shots", "from_scratch", "ar_sim", "marginal_noise", "timevae"
+        "real_reference", "real_shots", "from_scratch", "from_scratch[ddim]", "ar_sim",
+        "marginal_noise", "timevae",
     }  # fmt: skip
     assert "disc" not in report["real_reference"] and 0 <= report["from_scratch"]["disc"] <= 0.5
     assert "dx_ratio" in capsys.readouterr().out

@@ -231,19 +231,29 @@ def _baselines_job(cfg_dict: dict, seed: int) -> dict:
     return _timed(run)
 
 
-def roughness_report(cfg: TimeModeConfig, seed: int = 0) -> dict[str, dict[str, float]]:
+def roughness_report(
+    cfg: TimeModeConfig, seed: int = 0, samplers: tuple[str, ...] = ()
+) -> dict[str, dict[str, float]]:
     """The diagnosis of the disc claims: :func:`~.evaluation.roughness` of the target's real
     reference windows, its few-shot windows, a from-scratch TimeMoDE trained on them (the
     ``from_scratch`` row's recipe, seed ``seed``; no pre-training, so it runs in about a
-    minute) and the classical baselines' samples, each with its disc and fid_feat."""
+    minute) and the classical baselines' samples, each with its disc and fid_feat. Each of
+    ``samplers`` (:data:`~.model.SAMPLERS` other than the default ``ddpm``) adds a row
+    ``from_scratch[<sampler>]``: the same trained model sampled by that reverse chain."""
     torch.set_num_threads(1)
     base = _target_cfg(cfg.model_dump(), system="timemode", stage="pretrain")
     fake, scores = _tuned(base, "scratch", base.target, base.n_shot, seed, None, "timemode")
-    scores.pop("_state")
+    state = scores.pop("_state")
     t = load_target(base, base.n_shot, seed)
     shots, real = t.scaler.scale(t.shots), t.scaler.scale(t.reference)
-    sets = {"real_reference": real, "real_shots": shots, "from_scratch": fake,
-            **_baseline_samples(base, shots, seed)}  # fmt: skip
+    sets = {"real_reference": real, "real_shots": shots, "from_scratch": fake}
+    for sampler in samplers:
+        if sampler != "ddpm":
+            diffusion = Diffusion(base.diffusion_steps, sampler=sampler)
+            sets[f"from_scratch[{sampler}]"] = generate(
+                state.ema, diffusion, torch.from_numpy(shots), base.n_generate, seed + 1111
+            ).numpy()
+    sets.update(_baseline_samples(base, shots, seed))
     out = {}
     for name, x in sets.items():
         row = roughness(x)

@@ -271,11 +271,24 @@ class Denoiser(nn.Module):
         return ortho, bal
 
 
+SAMPLERS = ("ddpm", "ddpm_posterior", "ddim")
+
+
 class Diffusion:
     """DDPM with ε-prediction and the fixed reverse variance σ_t² = β_t (Ho et al. 2020; exact
-    for N(0, I) data, see the unit check); linear β schedule rescaled to T."""
+    for N(0, I) data, see the unit check); linear β schedule rescaled to T.
 
-    def __init__(self, steps: int) -> None:
+    ``sampler`` picks the reverse chain (the model is trained the same way for all three):
+    ``"ddpm"`` (default) the ancestral chain with σ_t² = β_t; ``"ddpm_posterior"`` the same with
+    the posterior variance σ_t² = β̃_t = β_t (1 − ᾱ_{t−1}) / (1 − ᾱ_t) (Ho et al. 2020 §3.2, the
+    smaller choice); ``"ddim"`` the deterministic DDIM chain (Song et al. 2021, η = 0) over all T
+    steps, from the same clipped x̂0. The alternatives exist for the diagnosis of rough samples
+    (:func:`~.experiments.roughness_report`)."""
+
+    def __init__(self, steps: int, sampler: str = "ddpm") -> None:
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler: {sampler!r} is not one of {SAMPLERS}")
+        self.sampler = sampler
         self.T = steps
         scale = 1000.0 / steps
         b = torch.linspace(1e-4 * scale, 2e-2 * scale, steps, dtype=torch.float64).clamp(max=0.999)
@@ -324,11 +337,21 @@ class Diffusion:
         x = draw()
         for step in reversed(range(self.T)):
             t = torch.full((len(x),), step, dtype=torch.long)
-            mean = self.reverse_mean(x, t, eps_fn(x, t))
-            if step > 0:
+            eps = eps_fn(x, t)
+            if self.sampler == "ddim":  # x_{t-1} = √ᾱ_{t-1} x̂0 + √(1 − ᾱ_{t-1}) ε̂(x̂0)
+                x0 = self.predict_x0(x, t, eps)
+                e = (x - self._at(self.abar, t).sqrt() * x0) / (1 - self._at(self.abar, t)).sqrt()
+                ap = self._at(self.abar_prev, t)
+                x = ap.sqrt() * x0 + (1 - ap).sqrt() * e
+                continue
+            mean = self.reverse_mean(x, t, eps)
+            if step == 0:
+                x = mean
+            elif self.sampler == "ddpm":
                 x = mean + self._at(self.betas, t).sqrt() * draw()
             else:
-                x = mean
+                var = self.betas * (1 - self.abar_prev) / (1 - self.abar)
+                x = mean + self._at(var, t).sqrt() * draw()
         return x
 
 
