@@ -39,8 +39,9 @@ def probe(stem: str, args: argparse.Namespace) -> list[dict]:
     x, xt = (torch.from_numpy(x) - 0.5) / 0.25, (torch.from_numpy(xt) - 0.5) / 0.25
     y, yt = torch.from_numpy(y), torch.from_numpy(yt)
     torch.manual_seed(args.seed)
-    model = ViT(img_size=32, patch=4, in_chans=3, num_classes=8, width=64, depth=4, heads=4,
-                stem=stem)
+    model = ViT(
+        img_size=32, patch=4, in_chans=3, num_classes=8, width=64, depth=4, heads=4, stem=stem
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, betas=(0.9, 0.98))
     order = torch.Generator().manual_seed(args.seed)
     warm, rows, t0 = max(1, args.steps // 8), [], time.perf_counter()
@@ -59,10 +60,19 @@ def probe(stem: str, args: argparse.Namespace) -> list[dict]:
             with torch.no_grad():
                 acc = (model(xt).argmax(1) == yt).float().mean().item()
             model.train()
-            rows.append({"step": step + 1, "loss": round(loss.item(), 4), "acc": round(acc, 4),
-                         "seconds": round(time.perf_counter() - t0, 1)})
-            print(f"{stem:5s} step {step + 1:4d}  loss {loss.item():.3f}  held-out shape acc "
-                  f"{acc:.3f}", flush=True)
+            rows.append(
+                {
+                    "step": step + 1,
+                    "loss": round(loss.item(), 4),
+                    "acc": round(acc, 4),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
+            print(
+                f"{stem:5s} step {step + 1:4d}  loss {loss.item():.3f}  held-out shape acc "
+                f"{acc:.3f}",
+                flush=True,
+            )
     return rows
 
 

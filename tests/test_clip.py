@@ -148,11 +148,16 @@ def test_conv_stem_keeps_the_token_grid_and_round_trips(tmp_path):
     assert not any(k.startswith("patch_embed.stem") for k in plain.state_dict())
     assert "stem" not in plain.shape() and conv.shape()["stem"] == "conv"
     assert [k for k in conv.state_dict() if k.startswith("patch_embed.")] == [
-        "patch_embed.stem.0.weight", "patch_embed.stem.0.bias",
-        "patch_embed.stem.1.weight", "patch_embed.stem.1.bias",
-        "patch_embed.stem.3.weight", "patch_embed.stem.3.bias",
-        "patch_embed.stem.4.weight", "patch_embed.stem.4.bias",
-        "patch_embed.proj.weight", "patch_embed.proj.bias",
+        "patch_embed.stem.0.weight",
+        "patch_embed.stem.0.bias",
+        "patch_embed.stem.1.weight",
+        "patch_embed.stem.1.bias",
+        "patch_embed.stem.3.weight",
+        "patch_embed.stem.3.bias",
+        "patch_embed.stem.4.weight",
+        "patch_embed.stem.4.bias",
+        "patch_embed.proj.weight",
+        "patch_embed.proj.bias",
     ]  # two stride-2 3x3 convolutions (8, then 16 channels), GroupNorms, the 1x1 projection
     x = torch.rand(3, 3, 32, 32)
     assert conv.patch_embed(x).shape == plain.patch_embed(x).shape == (3, 64, 16)
@@ -283,8 +288,23 @@ def test_example(run_example, tmp_path, capsys, nshot_cache):
 
 def test_vit_stems_example(run_example, tmp_path):
     out = tmp_path / "stems.json"
-    run_example("vit_stems", ["--steps", "6", "--every", "3", "--batch", "16", "--images", "64",
-                              "--test-images", "32", "--output", str(out)])
+    run_example(
+        "vit_stems",
+        [
+            "--steps",
+            "6",
+            "--every",
+            "3",
+            "--batch",
+            "16",
+            "--images",
+            "64",
+            "--test-images",
+            "32",
+            "--output",
+            str(out),
+        ],
+    )
     results = json.loads(out.read_text())["results"]
     assert sorted(results) == ["conv", "patch"]
     for rows in results.values():

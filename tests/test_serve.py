@@ -889,7 +889,7 @@ def test_bench_serve_ramp_summary_windows_phases_and_upscale():
     bounds = [(0.0, 4.0), (4.0, 14.0), (14.0, 17.0)]
     timeline = [(t / 2, 1 if t / 2 < 9.5 else 2) for t in range(35)]  # a replica added at 9.5 s
     records = []
-    for i, ((clients, _), (a, b)) in enumerate(zip(phases, bounds)):
+    for i, (a, b) in enumerate(bounds):
         rate = 10 if i != 1 else 40  # requests per second, doubled on two replicas
         t = a
         while t < b:
@@ -912,7 +912,10 @@ def test_bench_serve_ramp_summary_windows_phases_and_upscale():
     late = ramp_summary(records, timeline, [(0.0, 4.0), (4.0, 14.2), (14.2, 17.0)], phases, lo=1)
     assert [(w["start_s"], w["seconds"]) for w in late["windows"]][1:3] == [(4.0, 5.0), (9.0, 5.2)]
     flat = ramp_summary(records, [(0.0, 1)], bounds, phases, lo=1)
-    assert flat["upscale_after_s"] is None and flat["busy_phase_throughput_most_over_fewest_replicas"] is None
+    assert (
+        flat["upscale_after_s"] is None
+        and flat["busy_phase_throughput_most_over_fewest_replicas"] is None
+    )
     assert cli.main(["bench", "serve-ramp", "--phases", "8x"]) == 2
     assert cli.main(["bench", "serve-ramp", "--phases", "0x5"]) == 2
     assert cli.main(["bench", "serve-ramp", "--autoscale", "2:1"]) == 2

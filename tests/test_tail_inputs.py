@@ -173,7 +173,8 @@ def test_conformal_embeddings_use_every_coordinate_and_keep_exchangeability(
     emb = np.concatenate([ref.support_emb, ref.query_emb])
     swapped = {  # query 0 joins the support (class 0), support row 1 becomes a query
         "support_x": [rows[9]] + [r for i, r in enumerate(body["support_x"]) if i != 1],
-        "support_y": [body["support_y"][0]] + [y for i, y in enumerate(body["support_y"]) if i != 1],
+        "support_y": [body["support_y"][0]]
+        + [y for i, y in enumerate(body["support_y"]) if i != 1],
         "query_x": [rows[1]] + body["query_x"][1:],
     }
     ep = predictor.one_shot_embeddings(predictor.Request(**swapped))

@@ -273,7 +273,9 @@ def test_roughness_example_reports_every_set_on_smoke(run_example, tmp_path, cap
     import json
 
     out = tmp_path / "roughness.json"
-    run_example("timemode_roughness", ["--preset", "smoke", "--samplers", "ddim", "--out", str(out)])
+    run_example(
+        "timemode_roughness", ["--preset", "smoke", "--samplers", "ddim", "--out", str(out)]
+    )
     report = json.loads(out.read_text())["report"]
     assert set(report) == {
         "real_reference", "real_shots", "from_scratch", "from_scratch[ddim]", "ar_sim",

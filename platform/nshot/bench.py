@@ -820,11 +820,10 @@ def serve_ramp(
 
     from ray import serve as ray_serve
 
+    from nshot.errors import NshotError
     from nshot.serve import start
     from nshot.serve.app import ServeOptions, parse_autoscale
     from nshot.train import ensure_ray, fit
-
-    from nshot.errors import NshotError
 
     try:
         lo, _ = parse_autoscale(autoscale)
@@ -871,8 +870,11 @@ def serve_ramp(
             got = _timed_load(url + "/predict", payload, clients, seconds, token, t0)
             records += [(end, lat, code, i) for end, lat, code in got]
             bounds.append((start_s, time.perf_counter() - t0))
-            print(f"[nshot bench serve-ramp] phase {i}: {clients} clients for {seconds:.0f} s, "
-                  f"replicas now {timeline[-1][1] if timeline else '?'}", flush=True)
+            print(
+                f"[nshot bench serve-ramp] phase {i}: {clients} clients for {seconds:.0f} s, "
+                f"replicas now {timeline[-1][1] if timeline else '?'}",
+                flush=True,
+            )
     finally:
         done.set()
         sampler.join(timeout=5)
@@ -891,7 +893,9 @@ def serve_ramp(
         "environment": _environment(),
     }
     return write_result(
-        f"bench-results/serve-ramp-{method_name}.json", out, data,
+        f"bench-results/serve-ramp-{method_name}.json",
+        out,
+        data,
         ["upscale_after_s", "busy_phase_throughput_most_over_fewest_replicas"],
     )
 
@@ -991,8 +995,14 @@ def method(name: str, *, preset: str = "small", out: str | os.PathLike | None = 
 
     def choices() -> str:
         return ", ".join(
-            ["train", "serve", "deepspeed", "serve-sustained", "serve-ramp",
-             *methods_with_benchmarks()]
+            [
+                "train",
+                "serve",
+                "deepspeed",
+                "serve-sustained",
+                "serve-ramp",
+                *methods_with_benchmarks(),
+            ]
         )
 
     try:

@@ -112,7 +112,9 @@ class CLIPConfig:
         if self.stem not in STEMS:
             raise ConfigError(f"stem: {self.stem!r} is not one of {STEMS}")
         if self.stem == "conv" and (self.patch < 2 or self.patch & (self.patch - 1)):
-            raise ConfigError(f"stem: 'conv' needs a patch that is a power of two, got {self.patch}")
+            raise ConfigError(
+                f"stem: 'conv' needs a patch that is a power of two, got {self.patch}"
+            )
         if self.text not in TEXT_TOWERS:
             raise ConfigError(f"text: {self.text!r} is not one of {TEXT_TOWERS}")
         if self.text == "word" and not self.vocab:
