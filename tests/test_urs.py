@@ -185,6 +185,32 @@ def test_every_decoded_solution_is_feasible_on_every_variant():
         assert check(inst, sv["routes"], sv["depots"], i).feasible, inst.variants[i]
 
 
+def test_masks_skip_absent_constraints_without_changing_them():
+    """A batch of one variant skips the constraints it lacks; the masks equal the full
+    evaluation at every step of random rollouts, on every variant."""
+    from nshot.methods.urs.env import Env
+
+    gen = torch.Generator().manual_seed(0)
+    for variant in ALL_VARIANTS:
+        inst = generate(variant, 12, 2, 7)
+        fast, full = Env(inst, 6), Env(inst, 6)
+        full._any_cap = full._any_back = full._any_tw = full._any_limit = True
+        flags = (fast._any_cap, fast._any_back, fast._any_tw, fast._any_limit)
+        expect = {"TSP": (False,) * 4, "CVRP": (True, False, False, False),
+                  "VRPTW": (True, False, True, False), "VRPBLTW": (True,) * 4}  # fmt: skip
+        assert flags == expect.get(variant, flags), variant
+        for _ in range(2 * fast.V + 2):
+            m = fast.mask()
+            assert torch.equal(m, full.mask()), variant
+            if bool(fast.done.all()):
+                break
+            act = torch.multinomial(m.reshape(-1, fast.V).float(), 1, generator=gen)
+            act = act.reshape(fast.B, fast.R)
+            fast.step(act)
+            full.step(act)
+        assert bool(fast.done.all()) and torch.equal(fast.cost, full.cost), variant
+
+
 def test_reference_solvers_express_the_variants():
     """PyVRP 0.14 keywords (pickup, max_distance, multi-depot) and OR-Tools classic backhauls
     (a dependency: without it the reference fails rather than fall back to a weaker one)."""

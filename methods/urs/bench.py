@@ -2,10 +2,14 @@
 
     python -m nshot.methods.urs.bench --checkpoint RUN_OR_CKPT --out scaling.json \
         --sizes 50 100 200 500 1000
+    python -m nshot.methods.urs.bench --untrained --starts 50 --sizes 500 1000   # no checkpoint
 
 Each size is decoded once (greedy, ``min(N, starts)`` POMO starts × ``aug`` augmentations, one
 torch thread) and verified by the independent checker. ``peak_rss_mb`` is the process's peak
 resident memory after that size (sizes run in increasing order, so it is the peak up to it).
+``--untrained`` decodes with the ``small`` config's initial weights instead of a checkpoint:
+the time of the decoding machinery (the masks, the decoder) without a trained policy, for
+comparing code versions on a machine that has no checkpoint (costs are not a policy's).
 """
 
 from __future__ import annotations
@@ -53,14 +57,23 @@ def main() -> None:
     from nshot.train import load_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint")
+    src.add_argument("--untrained", action="store_true", help="the small config's initial weights")
     ap.add_argument("--out", default="urs-scaling.json")
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200, 500, 1000])
     ap.add_argument("--starts", type=int, default=100)
     ap.add_argument("--aug", type=int, default=8, choices=[1, 8])
     ap.add_argument("--variant", default="CVRP")
     args = ap.parse_args()
-    net, _ = load_model(load_checkpoint(args.checkpoint, method="urs"))
+    if args.untrained:
+        from nshot.method import get
+
+        from .model import build_model
+
+        net = build_model(get("urs").config("small")).eval()
+    else:
+        net, _ = load_model(load_checkpoint(args.checkpoint, method="urs"))
     res = scaling_benchmark(net, args.sizes, variant=args.variant, starts=args.starts,
                             aug=args.aug)  # fmt: skip
     with open(args.out, "w") as f:

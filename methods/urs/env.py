@@ -68,6 +68,12 @@ class Env:
         lim = self.limit[:, :, 0]
         self._lim_inv = torch.where(torch.isfinite(lim), 1.0 / lim, 0.0)
         self._cache: dict[str, torch.Tensor] | None = None
+        # which constraints any instance of the batch has: an absent one is skipped in the mask
+        # (the same mask; the checks it would make hold everywhere)
+        self._any_cap = bool(torch.isfinite(self.cap).any())
+        self._any_back = bool((self.back != 0).any() or (self.lin < 0).any())
+        self._any_tw = bool(torch.isfinite(self.l).any())
+        self._any_limit = bool(torch.isfinite(self.limit).any())
         self.is_dep = torch.zeros(V, dtype=torch.bool, device=device)
         self.is_dep[:M] = True
         z = torch.zeros(B, R, **f64)
@@ -113,40 +119,45 @@ class Env:
 
     # ------------------------------------------------------------------ masks
     def mask(self) -> torch.Tensor:
-        """Feasible actions [B, R, V] (bool). Rollouts that are done may only stay put."""
+        """Feasible actions [B, R, V] (bool). Rollouts that are done may only stay put.
+
+        A constraint no instance of the batch has (capacity, backhauls, time windows, a
+        distance limit) is not evaluated: its check holds for every candidate (with no
+        backhaul and no negative linehaul both capacity rules reduce to ``Lin + q_j ≤ Q``)."""
         empty = self.empty[:, :, None]
         d_to, dep, d_ret = self._leg()
-        lin = self.lin[:, None, :]
-        back = self.back[:, None, :]
         zero = torch.zeros((), dtype=torch.float64, device=d_to.device)
-        if self.M == 1:
-            e_dep = self.e[:, :1, None]
-        else:
-            e_dep = torch.gather(self.e, 1, dep.reshape(self.B, -1)).reshape(dep.shape)
-        t0 = torch.where(empty, e_dep, self.t[:, :, None])
-        len0 = torch.where(empty, zero, self.length[:, :, None])
-        ll = torch.where(empty, zero, self.load_lin[:, :, None])
-        lb = torch.where(empty, zero, self.load_back[:, :, None])
-        mx = torch.where(empty, zero, self.mx[:, :, None])
-        hb = self.has_back[:, :, None] & ~empty
-        # capacity
-        classic_ok = ((lin <= 0) | ~hb) & (ll + lin <= self.cap) & (lb + back <= self.cap)
-        lin_new = ll + lin
-        mx_new = torch.maximum(mx, lb + back - lin_new)
-        mixed_ok = lin_new + mx_new <= self.cap
-        cap_ok = torch.where(self.classic, classic_ok, mixed_ok)
-        # time windows
-        arrive = torch.maximum(t0 + d_to, self.e[:, None, :])
-        if self.M == 1:
-            l_dep = self.l[:, :1, None]
-        else:
-            l_dep = torch.gather(self.l, 1, dep.reshape(self.B, -1)).reshape(dep.shape)
-        tw_ok = (arrive <= self.l[:, None, :]) & (
-            ~self.closed | (arrive + self.svc[:, None, :] + d_ret <= l_dep)
-        )
-        # distance limit
-        lim_ok = len0 + d_to + torch.where(self.closed, d_ret, zero) <= self.limit
-        cust = ~self.visited & cap_ok & tw_ok & lim_ok & ~self.is_dep
+        cust = ~self.visited & ~self.is_dep
+        if self._any_cap:
+            lin = self.lin[:, None, :]
+            ll = torch.where(empty, zero, self.load_lin[:, :, None])
+            if self._any_back:
+                back = self.back[:, None, :]
+                lb = torch.where(empty, zero, self.load_back[:, :, None])
+                mx = torch.where(empty, zero, self.mx[:, :, None])
+                hb = self.has_back[:, :, None] & ~empty
+                classic_ok = ((lin <= 0) | ~hb) & (ll + lin <= self.cap) & (lb + back <= self.cap)
+                lin_new = ll + lin
+                mx_new = torch.maximum(mx, lb + back - lin_new)
+                mixed_ok = lin_new + mx_new <= self.cap
+                cust &= torch.where(self.classic, classic_ok, mixed_ok)
+            else:
+                cust &= ll + lin <= self.cap
+        if self._any_tw:
+            if self.M == 1:
+                e_dep = self.e[:, :1, None]
+                l_dep = self.l[:, :1, None]
+            else:
+                e_dep = torch.gather(self.e, 1, dep.reshape(self.B, -1)).reshape(dep.shape)
+                l_dep = torch.gather(self.l, 1, dep.reshape(self.B, -1)).reshape(dep.shape)
+            t0 = torch.where(empty, e_dep, self.t[:, :, None])
+            arrive = torch.maximum(t0 + d_to, self.e[:, None, :])
+            cust &= (arrive <= self.l[:, None, :]) & (
+                ~self.closed | (arrive + self.svc[:, None, :] + d_ret <= l_dep)
+            )
+        if self._any_limit:
+            len0 = torch.where(empty, zero, self.length[:, :, None])
+            cust &= len0 + d_to + torch.where(self.closed, d_ret, zero) <= self.limit
         any_cust = cust.any(-1, keepdim=True)
         dep_ok = ~empty & (self.rdep[:, :, None] == torch.arange(self.V, device=d_to.device))
         dep_ok = dep_ok & ~(self.tsp[:, :, None] & any_cust)
@@ -155,6 +166,8 @@ class Env:
         stuck = ~m.any(-1) & ~self.done
         self.stuck |= stuck
         self.done |= stuck
+        if not bool(self.done.any()):
+            return m
         stay = torch.nn.functional.one_hot(self.cur, self.V).bool()
         return torch.where(self.done[:, :, None], stay, m)
 
@@ -195,8 +208,8 @@ class Env:
         self.mx = torch.where(to_cust, mx2, torch.where(to_dep, 0.0, self.mx))
         self.has_back = torch.where(to_cust, hb | (back > 0), self.has_back & ~to_dep)
         self.rdep = torch.where(to_cust, new_dep, self.rdep)
-        self.visited = self.visited | (
-            torch.nn.functional.one_hot(action, self.V).bool() & to_cust[:, :, None]
+        self.visited = self.visited.scatter(
+            2, act, torch.gather(self.visited, 2, act) | to_cust[:, :, None]
         )
         self.empty = torch.where(to_cust, False, torch.where(to_dep, True, self.empty))
         self.cur = torch.where(active, action, self.cur)
