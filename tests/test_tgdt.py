@@ -73,6 +73,16 @@ def test_config_names_the_field():
         not small.replace(system="tgdt_no_tbm").tbm
         and not small.replace(system="naive_text_dt").cross
     )
+    # `rows`: a reported sub-run trains only the rows named (the MiniLM comparison)
+    from nshot.methods.tgdt.experiments import trained_rows
+
+    sub = small.replace(minilm_row=True, rows=["tgdt", "tgdt_minilm", "naive_text_dt"])
+    assert list(trained_rows(sub)) == ["tgdt", "tgdt_minilm", "naive_text_dt"]
+    assert trained_rows(sub)["tgdt_minilm"] == {"system": "tgdt", "text_encoder": "minilm"}
+    assert "tgdt_minilm" not in trained_rows(small) and len(trained_rows(small)) == 7
+    for bad in (["tgdt_minilm"], [], ["tgdt", "dt"]):
+        with pytest.raises(ConfigError, match="rows"):
+            trained_rows(small.replace(rows=bad))
 
 
 def test_model_checks_padding_causality_and_tbm_negatives():

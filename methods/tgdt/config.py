@@ -82,6 +82,12 @@ class TGDTConfig(MethodConfig):
         description="the reproduction also trains TG-DT on frozen MiniLM embeddings "
         "(the tgdt_minilm row)",
     )
+    rows: list[str] | None = Field(
+        None,
+        description="train only these rows of the reproduction (default: all), for a reported "
+        "sub-run such as the MiniLM comparison; the tgdt row also gives its share and "
+        "shuffled-text rows",
+    )
 
     TUNE: ClassVar[TuneSpec] = TuneSpec(
         space={

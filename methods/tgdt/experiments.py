@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nshot.experiment import Job, aggregate, run_jobs
+from nshot.errors import ConfigError
 from nshot.method import ResultsTable
 
 from .config import TGDTConfig
@@ -42,6 +43,14 @@ def trained_rows(cfg: TGDTConfig) -> dict[str, dict[str, str]]:
     rows = {s: {"system": s} for s in SYSTEMS}
     if cfg.minilm_row:
         rows["tgdt_minilm"] = {"system": "tgdt", "text_encoder": "minilm"}
+    if cfg.rows is not None:
+        unknown = [r for r in cfg.rows if r not in rows]
+        if unknown or not cfg.rows:
+            raise ConfigError(
+                f"field 'rows': {unknown or 'empty'}; choose among {sorted(rows)}"
+                + ("" if cfg.minilm_row else " (tgdt_minilm needs minilm_row=true)")
+            )
+        rows = {r: rows[r] for r in cfg.rows}
     return rows
 
 
