@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
 from nshot.errors import ConfigError
+from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 
 from .config import TGDTConfig
