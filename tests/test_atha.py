@@ -293,6 +293,10 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["head_tail_overlap"] == 0.0
     assert unit["anchor_rel_error"] <= 1e-4
     assert len(table.extra["rates_per_block"]["atha"]["head"]) == 2
+    san = table.extra["sanity"]  # the claim's figure and the paired diagnostic beside it
+    paired = san["paired_5shot_minus_1shot"]
+    assert set(paired) == {"atha", "coop_lora"} and set(paired["atha"]) == {"sketch"}
+    assert san["paired_min_5shot_minus_1shot"] == min(min(v.values()) for v in paired.values())
     tiny = table.extra["tiny_clip"]  # clip_workers=0: the in-process CLIP the fixtures share
     assert tiny["folder"] == f"tinyclip-smoke-word-s0-v{VERSION}" and tiny["world_size"] == 1
     results = table.to_json()
