@@ -59,7 +59,7 @@ from nshot.errors import CheckpointError, ConfigError
 from nshot.fileio import atomic_path, atomic_write
 from nshot.hashing import sha256_file
 from nshot.nn.transformer import Encoder
-from nshot.nn.vit import STEMS, ViT
+from nshot.nn.vit import ViT, stem_error
 
 __all__ = [
     "CLIPConfig",
@@ -109,12 +109,8 @@ class CLIPConfig:
     def __post_init__(self) -> None:
         if self.pool not in ("token", "avg"):
             raise ConfigError(f"pool: {self.pool!r} is not 'token' or 'avg'")
-        if self.stem not in STEMS:
-            raise ConfigError(f"stem: {self.stem!r} is not one of {STEMS}")
-        if self.stem == "conv" and (self.patch < 2 or self.patch & (self.patch - 1)):
-            raise ConfigError(
-                f"stem: 'conv' needs a patch that is a power of two, got {self.patch}"
-            )
+        if (why := stem_error(self.stem, self.patch)) is not None:
+            raise ConfigError(f"stem: {why}")
         if self.text not in TEXT_TOWERS:
             raise ConfigError(f"text: {self.text!r} is not one of {TEXT_TOWERS}")
         if self.text == "word" and not self.vocab:

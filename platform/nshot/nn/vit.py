@@ -11,8 +11,9 @@ weights and tokens, zero biases, LayerNorm weights one.
 al. 2021, "Early convolutions help transformers see better"): log2(patch) stride-2 3×3
 convolutions, each followed by a per-image GroupNorm of one group and GELU, then a 1×1
 convolution to the width (``patch_embed.stem.*``, then ``patch_embed.proj``; these keep
-PyTorch's Kaiming-uniform convolution init). Same tokens, same grid; on small from-scratch data it learns object shape much sooner (the tiny CLIP of
-:mod:`nshot.train.clip`). The default ``stem="patch"`` is timm's.
+PyTorch's Kaiming-uniform convolution init). Same tokens, same grid; on small from-scratch
+data it learns object shape much sooner (the tiny CLIP of :mod:`nshot.train.clip`). The
+default ``stem="patch"`` is timm's.
 
 ::
 
@@ -26,10 +27,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ViT", "vit_flops_per_image"]
+__all__ = ["STEMS", "ViT", "stem_error", "vit_flops_per_image"]
 
 
 STEMS = ("patch", "conv")
+
+
+def stem_error(stem: str, patch: int) -> str | None:
+    """Why ``stem`` cannot embed patches of side ``patch`` (``None`` when it can): for the
+    model and for configs that check it before building one."""
+    if stem not in STEMS:
+        return f"stem {stem!r} is not one of {STEMS}"
+    if stem == "conv" and (patch < 2 or patch & (patch - 1)):
+        return f"stem 'conv' needs a patch that is a power of two >= 2, got {patch}"
+    return None
 
 
 class PatchEmbed(nn.Module):
@@ -39,16 +50,14 @@ class PatchEmbed(nn.Module):
         super().__init__()
         if img_size % patch:
             raise ValueError(f"img_size {img_size} is not divisible by patch {patch}")
-        if stem not in STEMS:
-            raise ValueError(f"stem {stem!r} is not one of {STEMS}")
+        if (why := stem_error(stem, patch)) is not None:
+            raise ValueError(why)
         self.num_patches = (img_size // patch) ** 2
         self.stem: nn.Sequential | None = None
         if stem == "patch":
             self.proj = nn.Conv2d(in_chans, width, kernel_size=patch, stride=patch)
             return
-        n = patch.bit_length() - 1
-        if patch < 2 or 1 << n != patch:
-            raise ValueError(f"stem 'conv' needs a patch that is a power of two >= 2, got {patch}")
+        n = patch.bit_length() - 1  # stride-2 convolutions: patch = 2 ** n
         layers: list[nn.Module] = []
         c_in = in_chans
         for i in range(n):
