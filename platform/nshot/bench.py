@@ -133,6 +133,38 @@ def train(
 SERVE_LEVELS = (1, 8, 32, 128)
 
 
+def _poster(url: str, payload: bytes, token: str | None):
+    """``(split url, send)`` for the load drivers: ``send(conn)`` POSTs ``payload`` with the
+    bearer ``token`` on a keep-alive ``http.client`` connection and returns the status as text,
+    or the exception's name for a failed connection (a keep-alive connection the server closed
+    is reopened once; a timeout is not retried)."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+
+    def send(conn: http.client.HTTPConnection) -> str:
+        for attempt in (0, 1):
+            try:
+                conn.request("POST", u.path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                return str(resp.status)
+            except (http.client.HTTPException, ConnectionError) as err:
+                conn.close()
+                if attempt:
+                    return type(err).__name__
+            except OSError as err:  # a timeout
+                conn.close()
+                return type(err).__name__
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return u, send
+
+
 def _load(
     url: str,
     payload: bytes,
@@ -148,36 +180,16 @@ def _load(
     import http.client
     import math
     import threading
-    import urllib.parse
     from collections import Counter
 
     import numpy as np
 
-    u = urllib.parse.urlsplit(url)
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
+    u, send = _poster(url, payload, token)
     per = max(1, math.ceil(requests / clients))
     lat: list[float] = []
     statuses: Counter[str] = Counter()
     lock = threading.Lock()
     start = threading.Barrier(clients + 1)
-
-    def send(conn: http.client.HTTPConnection) -> str:
-        for attempt in (0, 1):  # a keep-alive connection the server closed is reopened once
-            try:
-                conn.request("POST", u.path, body=payload, headers=headers)
-                resp = conn.getresponse()
-                resp.read()
-                return str(resp.status)
-            except (http.client.HTTPException, ConnectionError) as err:
-                conn.close()
-                if attempt:
-                    return type(err).__name__
-            except OSError as err:  # a timeout
-                conn.close()
-                return type(err).__name__
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def client() -> None:
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
@@ -758,12 +770,8 @@ def _timed_load(
     ``seconds`` have passed; every request as ``(end time since t0, latency, status)``."""
     import http.client
     import threading
-    import urllib.parse
 
-    u = urllib.parse.urlsplit(url)
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
+    u, send = _poster(url, payload, token)
     out: list[tuple[float, float, str]] = []
     lock = threading.Lock()
     stop_at = time.perf_counter() + seconds
@@ -773,15 +781,7 @@ def _timed_load(
         mine = []
         while time.perf_counter() < stop_at:
             t = time.perf_counter()
-            try:
-                conn.request("POST", u.path, body=payload, headers=headers)
-                resp = conn.getresponse()
-                resp.read()
-                code = str(resp.status)
-            except (http.client.HTTPException, OSError) as err:
-                conn.close()
-                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-                code = type(err).__name__
+            code = send(conn)
             end = time.perf_counter()
             mine.append((end - t0, end - t, code))
         conn.close()
