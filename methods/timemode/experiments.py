@@ -68,8 +68,10 @@ def _disc(cfg: TimeModeConfig, fake: np.ndarray, real: np.ndarray, seed: int) ->
                       lr=cfg.disc_lr)  # fmt: skip
 
 
-def _sample(cfg: TimeModeConfig, state: TimeModeState, shots: np.ndarray, seed: int) -> np.ndarray:
-    diffusion = Diffusion(cfg.diffusion_steps)
+def _sample(
+    cfg: TimeModeConfig, state: TimeModeState, shots: np.ndarray, seed: int, sampler: str = "ddpm"
+) -> np.ndarray:
+    diffusion = Diffusion(cfg.diffusion_steps, sampler=sampler)
     ex = torch.from_numpy(shots)
     return generate(state.ema, diffusion, ex, cfg.n_generate, seed + 1111).numpy()
 
@@ -249,10 +251,7 @@ def roughness_report(
     sets = {"real_reference": real, "real_shots": shots, "from_scratch": fake}
     for sampler in samplers:
         if sampler != "ddpm":
-            diffusion = Diffusion(base.diffusion_steps, sampler=sampler)
-            sets[f"from_scratch[{sampler}]"] = generate(
-                state.ema, diffusion, torch.from_numpy(shots), base.n_generate, seed + 1111
-            ).numpy()
+            sets[f"from_scratch[{sampler}]"] = _sample(base, state, shots, seed, sampler)
     sets.update(_baseline_samples(base, shots, seed))
     out = {}
     for name, x in sets.items():

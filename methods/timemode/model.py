@@ -298,6 +298,7 @@ class Diffusion:
         self.betas, self.alphas, self.abar, self.abar_prev = b, a, abar, prev
         self.coef_x0 = b * prev.sqrt() / (1 - abar)
         self.coef_xt = (1 - prev) * a.sqrt() / (1 - abar)
+        self.post_var = b * (1 - prev) / (1 - abar)  # β̃_t, the ddpm_posterior chain's σ_t²
 
     def _at(self, v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return v[t].float()[:, None, None]
@@ -350,8 +351,7 @@ class Diffusion:
             elif self.sampler == "ddpm":
                 x = mean + self._at(self.betas, t).sqrt() * draw()
             else:
-                var = self.betas * (1 - self.abar_prev) / (1 - self.abar)
-                x = mean + self._at(var, t).sqrt() * draw()
+                x = mean + self._at(self.post_var, t).sqrt() * draw()
         return x
 
 
