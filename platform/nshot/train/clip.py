@@ -33,8 +33,10 @@ Presets (:data:`PRESETS`):
   5 seconds, for the dirclip method's tests (zero-shot about 0.3 on the test digits).
 
 Text towers: ``"word"`` (no extra dependency) and ``"minilm"`` (frozen MiniLM + projection,
-``nshot[tail-text]``); :data:`DEFAULT_TEXT` is the one that measured better (see
-:data:`TEXT_TOWER_MEASUREMENT`).
+``nshot[tail-text]``); :data:`DEFAULT_TEXT` is the one that measured better (below; the
+runs' reports: ``methods/atha/results/small.json`` ``extra.tiny_clip`` for MiniLM,
+``methods/atha/results/tiny-clip-word.json`` for the word tower, written by
+``python examples/tiny_clip.py --preset small --text word --workers 2``).
 
 Measured (``small``, recipe version 6, seed 0, 1,500 steps on two Ray Train workers, a quiet
 2-core machine): zero-shot 8-way shape accuracy on source-style images (``acc_src_8way``, the
@@ -289,33 +291,9 @@ PRESETS: dict[str, ClipPreset] = {
 }
 
 #: The text tower of :func:`pretrained_clip` when none is named: the one that measured better
-#: (:data:`TEXT_TOWER_MEASUREMENT`). It needs ``nshot[tail-text]``; pass ``text="word"`` for
+#: (module docstring). It needs ``nshot[tail-text]``; pass ``text="word"`` for
 #: the tower without extra dependencies.
 DEFAULT_TEXT = "minilm"
-#: What chose :data:`DEFAULT_TEXT`: recipe version 6, seed 0, 1,500 steps on two Ray Train
-#: workers; zero-shot accuracy on 2,000 fresh test images (267 of held-out pairs). MiniLM from
-#: the atha method's cold ``small`` run, the word tower from ``python examples/tiny_clip.py
-#: --preset small --text word --workers 2``. Both meet the atha method's precondition
-#: ``acc_src_8way >= 0.80``; MiniLM is better on every figure, most on class names never used
-#: in pre-training. (Version 5, the patch embedding: MiniLM 0.771, word 0.233.)
-TEXT_TOWER_MEASUREMENT: dict[str, dict[str, float]] = {
-    "word": {
-        "acc_src_8way": 0.987,
-        "acc_heldout_combo_8way": 0.921,
-        "acc_colour_8way": 0.841,
-        "acc_plural_names_8way": 0.122,
-        "acc_synonym_names_8way": 0.108,
-        "pretrain_wall_s": 362,
-    },
-    "minilm": {
-        "acc_src_8way": 0.998,
-        "acc_heldout_combo_8way": 0.985,
-        "acc_colour_8way": 1.0,
-        "acc_plural_names_8way": 0.998,
-        "acc_synonym_names_8way": 0.274,
-        "pretrain_wall_s": 332,
-    },
-}
 
 
 def clip_config(preset: str, text: str = DEFAULT_TEXT) -> CLIPConfig:
