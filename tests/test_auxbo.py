@@ -249,11 +249,14 @@ def test_experiments_smoke_has_every_row_control_and_claim(monkeypatch, tmp_path
     assert any("set-only control" in n and "aux-BO below it" in n for n in res.notes)
     claims = with_claims(res.to_json())["claims"]
     assert [c["id"] for c in claims] == [c.id for c in get("auxbo").claims]
-    assert all(c["holds"] is None and "small/paper" in c["note"] for c in claims)  # smoke scale
+    main = [c for c in claims if c["id"] != "history_pays_off_on_sweeps"]
+    assert all(c["holds"] is None and "small/paper" in c["note"] for c in main)  # smoke scale
+    assert claims[-1]["note"] == "stated for the history_curve experiment"
     # at the small preset every synthetic claim finds its rows, metrics and extra numbers
     as_small = with_claims({**res.to_json(), "preset": "small"})["claims"]
     for c in as_small:
-        assert (c["holds"] is None) == c["id"].endswith("_lcbench"), c
+        other = c["id"].endswith("_lcbench") or c["id"] == "history_pays_off_on_sweeps"
+        assert (c["holds"] is None) == other, c
     info = res.extra["set_information"]["synthetic"]
     assert set(info["optimum"]) == set(info["profile"]) == {"1", "2", "5", "10", "20"}
     assert (tmp_path / "regret_curves.png").is_file()
@@ -269,8 +272,11 @@ def test_claims_on_the_committed_small_results():
 
     path = Path(__file__).parents[1] / "methods" / "auxbo" / "results" / "small.json"
     data = json.loads(path.read_text())
-    holds = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
+    claims = with_claims(data)["claims"]
+    holds = {c["id"]: c["holds"] for c in claims if c.get("applies", True)}
     assert None not in holds.values()
+    other = [c for c in claims if not c.get("applies", True)]  # the history curve's claim
+    assert [c["id"] for c in other] == ["history_pays_off_on_sweeps"]
     assert holds["below_every_baseline_lcbench"] and holds["reads_h_per_design_synthetic"]
     assert holds["h_shuffle_within_10pct_synthetic"] is False  # measured, reported, kept
     data["extra"]["pvalues"]["lcbench"]["f_only@20"] = 0.06

@@ -108,16 +108,38 @@ def test_a_claim_stated_for_some_presets_is_not_evaluated_on_others():
     assert smoke["holds"] is None and "small/paper" in smoke["note"]
     both = evaluate([c, _claim("tail.acc > 0.5")], {**RESULTS, "preset": "smoke"})
     assert summary(both) == {
-        "held": 1, "failed": 0, "unevaluated": 0, "total": 1, "other_presets": 1
+        "held": 1, "failed": 0, "unevaluated": 0, "total": 1, "other_presets": 1,
+        "other_experiments": 0,
     }  # fmt: skip
     assert summary_line(both) == "claims: 1 of 1 hold; 1 stated for other presets"
+
+
+def test_a_claim_scoped_to_an_experiment_reads_only_its_results():
+    """``Claim.experiment``: read on results whose ``experiment`` field names it; the method's
+    other claims read only its main comparison (results without the field)."""
+    scoped = _claim("tail.acc > base.acc", experiment="curve")
+    main = _claim("tail.acc > 0.5")
+    on_curve = evaluate([scoped, main], {**RESULTS, "experiment": "curve"})
+    assert on_curve[0]["holds"] is True
+    assert on_curve[1]["holds"] is None and on_curve[1]["note"] == "stated for the main comparison"
+    on_main = evaluate([scoped, main], RESULTS)
+    assert on_main[1]["holds"] is True
+    assert on_main[0]["holds"] is None and on_main[0]["note"] == "stated for the curve experiment"
+    assert summary(on_main) == {
+        "held": 1, "failed": 0, "unevaluated": 0, "total": 1, "other_presets": 1,
+        "other_experiments": 1,
+    }  # fmt: skip
+    assert summary_line(on_main) == "claims: 1 of 1 hold; 1 for another experiment"
+    other = evaluate([scoped], {**RESULTS, "experiment": "another"})
+    assert other[0]["holds"] is None and other[0]["applies"] is False
 
 
 def test_summary_table_and_line():
     claims = [_claim("tail.acc > base.acc"), _claim("tail.acc < base.acc"), _claim("x.y > 0")]
     evaluated = evaluate(claims, RESULTS)
     assert summary(evaluated) == {
-        "held": 1, "failed": 1, "unevaluated": 1, "total": 3, "other_presets": 0
+        "held": 1, "failed": 1, "unevaluated": 1, "total": 3, "other_presets": 0,
+        "other_experiments": 0,
     }  # fmt: skip
     assert summary_line(evaluated) == "claims: 1 of 3 hold (1 fail, 1 not evaluable)"
     md = to_markdown(evaluated)
@@ -126,21 +148,24 @@ def test_summary_table_and_line():
 
 def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
     """A method's claims read only rows its experiments produce and metrics it declares
-    (checked against its committed small results where they exist)."""
+    (checked against its committed small results where they exist: ``small.json``, or
+    ``small-<experiment>.json`` for a claim scoped to another experiment)."""
     from pathlib import Path
 
     from nshot.method import available, get
+    from nshot.reproduce import committed_results_name
 
     root = Path(__file__).parents[1] / "methods"
     for name in available():
         method = get(name)
         ids = [c.id for c in method.claims]
         assert len(ids) == len(set(ids)), f"{name}: duplicate claim ids"
-        committed = root / name / "results" / "small.json"
-        if not method.claims or not committed.is_file():
-            continue
-        data = json.loads(committed.read_text())
         for claim in method.claims:
+            committed = root / name / "results" / committed_results_name("small", claim.experiment)
+            if not committed.is_file():
+                continue
+            data = json.loads(committed.read_text())
+            assert data.get("experiment") == claim.experiment, committed
             for system, metric in claim.references():
                 assert system in data["rows"], f"{name}.{claim.id}: no row {system!r}"
                 assert metric in data["metrics"], f"{name}.{claim.id}: no metric {metric!r}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 
 import pytest
 
@@ -37,6 +38,12 @@ def test_presets_and_declared_parts(name):
     assert method.Config.EVAL_FIELDS <= set(method.Config.model_fields)
     ids = [c.id for c in method.claims]
     assert all(isinstance(c, Claim) for c in method.claims) and len(ids) == len(set(ids))
+    # a claim scoped to an experiment names one the config's `experiment` field can select
+    for c in method.claims:
+        if c.experiment is not None:
+            field = method.Config.model_fields.get("experiment")
+            assert field is not None, f"{name}: claim {c.id} needs a config field 'experiment'"
+            assert c.experiment in typing.get_args(field.annotation), (name, c.id)
     if method.Config.TUNE is not None:
         assert set(method.Config.TUNE.space) <= set(method.Config.model_fields)
     # the packages whose versions `nshot reproduce` records: distribution names

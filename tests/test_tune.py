@@ -152,6 +152,31 @@ def test_sweep_reports_f_and_h_into_the_history(ray_session, tmp_path, capfd):
              history_dir=tmp_path / "hist", verbose=0)  # fmt: skip
 
 
+@pytest.mark.ray
+def test_trials_reusing_a_process_give_the_results_of_fresh_processes(ray_session, tmp_path):
+    """In-process trials reuse a finished trial's process by default (no start-up and imports
+    per trial); every trial seeds itself from its config, so the objective is the same as with
+    a new process per trial (`--no-reuse-actors`)."""
+    from nshot.tune.run import tune
+
+    cfg = get("tail").config("smoke", steps=10, log_every=5, checkpoint_every=10)
+    runs = {}
+    for reuse in (None, False):  # one trial at a time: trial 2 reuses trial 1's process
+        res = tune("tail", cfg, search="random", num_samples=2, max_concurrent=1,
+                   storage=tmp_path / "runs", name=f"reuse-{reuse}", save_history=False,
+                   reuse_actors=reuse, progress=False)  # fmt: skip
+        runs[reuse] = sorted((json.dumps(t.config, sort_keys=True), t.f) for t in res.trials)
+    assert runs[None] == runs[False] and all(f is not None for _, f in runs[None])
+
+
+def test_trials_are_listed_in_the_order_they_were_proposed():
+    """A searcher's trials have random ids; the proposal index is the head of Tune's tag."""
+    from nshot.tune.run import _trial_index
+
+    assert _trial_index("15_depth=1,lr=0.0002") == 15 and _trial_index("0") == 0
+    assert _trial_index(None) is None and _trial_index("lr=0.1") is None
+
+
 def test_unknown_searcher_is_rejected():
     from nshot.tune.searchers import SearchContext, UnknownSearcherError, build_searcher
 

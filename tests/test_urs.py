@@ -96,6 +96,44 @@ def test_config_rejects_unknown_variant_and_field():
         URSConfig.from_preset("smoke", seen_variants=["MDVRP"])
 
 
+def test_clustered_layout_test_sets_and_training_mix():
+    """``"<variant>@clustered"``: customers in Gaussian clusters around 3–8 seeds (the X
+    benchmark's clustered layout), seeded like the uniform sets; the uniform stream is
+    unchanged by the layouts (a one-layout mix draws nothing more)."""
+    from nshot.methods.urs.representation import generate_mixed, split_layout, test_set
+
+    assert split_layout("VRPTW@clustered") == ("VRPTW", "clustered")
+    assert split_layout("CVRP") == ("CVRP", "uniform")
+    with pytest.raises(ValueError, match="unknown layout 'grid'"):
+        split_layout("CVRP@grid")
+    with pytest.raises(ValueError, match="unknown variant"):
+        split_layout("VRPX@clustered")
+    clu = test_set("VRPTW@clustered", 100, 4, 10_000)
+    uni = test_set("VRPTW", 100, 4, 10_000)
+    assert np.array_equal(clu.locs, test_set("VRPTW@clustered", 100, 4, 10_000).locs)
+    assert clu.variants == ["VRPTW"] * 4 and np.isfinite(clu.tw[:, 1:, 1]).all()
+    assert (clu.locs >= 0).all() and (clu.locs <= 1).all()
+
+    def mean_nn(inst):  # mean distance from a customer to its nearest other customer
+        c = inst.locs[:, 1:]
+        d = np.linalg.norm(c[:, :, None] - c[:, None], axis=-1) + np.eye(c.shape[1]) * 9
+        return float(d.min(-1).mean())
+
+    assert mean_nn(clu) < 0.6 * mean_nn(uni)  # clustered: customers much closer together
+    a = generate_mixed(["CVRP", "VRPTW"], 20, 16, np.random.default_rng(5))
+    b = generate_mixed(["CVRP", "VRPTW"], 20, 16, np.random.default_rng(5), ["uniform"])
+    assert np.array_equal(a.locs, b.locs)
+    mixed = generate_mixed(["CVRP"], 30, 64, np.random.default_rng(5), ["uniform", "clustered"])
+    spread = [float(np.linalg.norm(x[1:] - x[1:].mean(0), axis=-1).mean()) for x in mixed.locs]
+    assert min(spread) < 0.25 < max(spread)  # both layouts in one batch
+    cfg = URSConfig.from_preset("smoke", clustered_variants=["CVRP"])
+    from nshot.methods.urs.experiments import split_of, test_sets
+
+    assert test_sets(cfg)[-1] == "CVRP@clustered" and split_of(cfg, "CVRP@clustered") == "clustered"
+    with pytest.raises(ConfigError, match="clustered_variants.*unknown variant"):
+        URSConfig.from_preset("smoke", clustered_variants=["VRPQ"])
+
+
 # --------------------------------------------------------------------------- checker
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -99,6 +99,37 @@ class AuxBOConfig(MethodConfig):
         "h can tell it about the task but never about the design; it measures how much of "
         "aux-BO's advantage the h-shuffle control cannot remove",
     )
+    # experiments(): the comparison above, or the history curve on nshot's own sweeps
+    experiment: Literal["comparison", "history_curve"] = Field(
+        "comparison",
+        description="experiments(): 'comparison' (the paper's: prediction and BO regret on the "
+        "synthetic and mini-LCBench families) or 'history_curve' (sweeps of `history_method` "
+        "through `nshot tune`: the best objective after 5 / 10 / 20 trials on held-out tasks for "
+        "random search, TPE, the GP and aux-BO meta-trained on `curve_history` earlier sweeps)",
+    )
+    curve_preset: str = Field("smoke", description="history_curve: the swept method's preset")
+    curve_set: dict[str, Any] = Field(
+        default_factory=dict, description="history_curve: fields set on every swept config"
+    )
+    curve_vary: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="history_curve: what makes the tasks differ besides the seed: per field, "
+        "the values one task draws from (seeded, one draw per task)",
+    )
+    curve_history: list[int] = Field(
+        default_factory=lambda: [5, 20],
+        min_length=1,
+        description="history_curve: earlier sweeps each aux-BO row is meta-trained on (and "
+        "warm-started from); with none, aux-BO is the GP row",
+    )
+    curve_history_trials: int = Field(20, ge=4, le=10_000, description="trials per history sweep")
+    curve_tasks: int = Field(10, ge=2, le=10_000, description="history_curve: held-out tasks")
+    curve_trials: int = Field(20, ge=5, le=10_000, description="trials per held-out sweep")
+    curve_concurrency: int = Field(2, ge=1, le=1024, description="trials at once in a sweep")
+    curve_surrogate_steps: int = Field(1000, ge=1, le=1_000_000)
+    curve_m_targets: int = Field(
+        5, ge=1, le=10_000, description="history_curve: targets per history task and batch"
+    )
 
     # `nshot tune auxbo`: the surrogate's own meta-training can be swept too
     TUNE: ClassVar[TuneSpec] = TuneSpec(
@@ -147,6 +178,19 @@ class AuxBOConfig(MethodConfig):
             raise ValueError(f"field 'heads': d={self.d} is not divisible by heads={self.heads}")
         if self.family == "history" and not self.history_method:
             raise ValueError("field 'history_method': family=history needs the swept method")
+        if self.experiment == "history_curve":
+            if not self.history_method:
+                raise ValueError(
+                    "field 'history_method': experiment=history_curve needs the swept method"
+                )
+            if any(k < 1 for k in self.curve_history) or len(set(self.curve_history)) != len(
+                self.curve_history
+            ):
+                raise ValueError("field 'curve_history': distinct sweep counts >= 1")
+            if any(not v for v in self.curve_vary.values()):
+                raise ValueError("field 'curve_vary': every field needs at least one value")
+            if self.curve_m_targets >= self.curve_history_trials:
+                raise ValueError("field 'curve_m_targets': must be below curve_history_trials")
         if self.n_init > self.budget:
             raise ValueError("field 'n_init': must not exceed budget")
         return self

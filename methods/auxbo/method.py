@@ -112,6 +112,12 @@ class AuxBOMethod(Method):
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
+        """The paper's comparison, or (``experiment=history_curve``) the history curve on the
+        sweeps of ``history_method`` (:mod:`.history_curve`)."""
+        if cfg.experiment == "history_curve":
+            from .history_curve import run_history_curve
+
+            return run_history_curve(cfg, workdir)
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)

@@ -73,6 +73,8 @@ class AuxBOSearcher(Searcher):
         fallback: ``"auto"`` (default): a GP when no surrogate for the space exists, unless
             ``checkpoint`` names one (then a mismatch is an error); ``"gp"``: a GP whenever no
             compatible surrogate exists; ``None``: refuse without one.
+        surrogate: ``False``: the GP alone, even where a surrogate exists (what aux-BO is with
+            no history; the baseline of ``experiment=history_curve``).
         n_init: warm-start/random suggestions before the model is used.
         xi: PI margin (in the surrogate's z-scored units).
         candidates: optional discrete candidate configs (``optimize_acqf_discrete``).
@@ -97,6 +99,7 @@ class AuxBOSearcher(Searcher):
         warm_start: list[Any] | None = None,
         seed: int = 0,
         h_key: str = "h",
+        surrogate: bool = True,
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         if fallback == "auto":  # a GP unless a surrogate was named explicitly
@@ -107,6 +110,9 @@ class AuxBOSearcher(Searcher):
             raise ConfigError("auxbo: n_init must be >= 1")
         if not (0.0 <= xi < 10.0):
             raise ConfigError("auxbo: xi must be in [0, 10)")
+        if not surrogate and checkpoint:
+            raise ConfigError("auxbo: surrogate=False takes no checkpoint")
+        self._use_surrogate = bool(surrogate)
         self._checkpoint = str(checkpoint) if checkpoint else None
         self._fallback = fallback
         self._n_init = int(n_init)
@@ -145,6 +151,9 @@ class AuxBOSearcher(Searcher):
     def _make_backend(self, space: SearchSpace) -> Any:
         from .backends import GPBackend, TNPBackend
 
+        if not self._use_surrogate:
+            self._backend_name = "gp"
+            return GPBackend()
         folder = Path(self._checkpoint) if self._checkpoint else default_surrogate_dir(space)
         explicit = self._checkpoint is not None
         if folder.exists():
@@ -334,11 +343,12 @@ def _warm_configs(tasks: list[Any], space: SearchSpace) -> list[dict[str, Any]]:
 
 
 def searcher_factory(ctx: Any) -> AuxBOSearcher:
-    """``nshot tune --search auxbo``: options checkpoint, fallback, n_init, xi, n_raw, warm."""
+    """``nshot tune --search auxbo``: options checkpoint, fallback, surrogate, n_init, xi, n_raw,
+    restarts, warm."""
     from nshot.tune.history import load_tasks
 
     opts = dict(ctx.options)
-    known = {"checkpoint", "fallback", "n_init", "xi", "n_raw", "restarts", "warm"}
+    known = {"checkpoint", "fallback", "surrogate", "n_init", "xi", "n_raw", "restarts", "warm"}
     unknown = set(opts) - known
     if unknown:
         raise ConfigError(
@@ -350,7 +360,8 @@ def searcher_factory(ctx: Any) -> AuxBOSearcher:
     if fallback in ("none", "", None):
         fallback = None
     warm = []
-    if opts.get("warm", True):
+    surrogate = _flag(opts.get("surrogate", True), "surrogate")
+    if _flag(opts.get("warm", True), "warm"):
         warm = load_tasks(ctx.history_dir, method=ctx.method, space_hash=ctx.space.schema_hash())
     s = AuxBOSearcher(
         metric=ctx.metric,
@@ -363,7 +374,17 @@ def searcher_factory(ctx: Any) -> AuxBOSearcher:
         restarts=int(opts.get("restarts", 4)),
         warm_start=warm,
         seed=ctx.seed,
+        surrogate=surrogate,
     )
     # the space comes from the method (Tune passes the same one through param_space)
     s._set_space(ctx.space)
     return s
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A boolean search option: a bool, or (from the command line) true/false/1/0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ConfigError(f"--search auxbo: option {name} must be true or false, got {value!r}")

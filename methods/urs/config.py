@@ -48,9 +48,20 @@ class URSConfig(MethodConfig):
     )
     train_starts: int = Field(20, ge=1, le=4096, description="POMO rollouts per instance")
     seen_variants: list[str] = Field(default_factory=lambda: list(SEEN_SMALL), min_length=1)
+    train_layouts: list[Literal["uniform", "clustered"]] = Field(
+        default_factory=lambda: ["uniform"],
+        min_length=1,
+        description="customer layouts of the training instances, each instance's drawn "
+        "uniformly among them ('clustered': Gaussian clusters, as the X benchmark's generator)",
+    )
     val_instances: int = Field(16, ge=1, le=100_000, description="validation instances / report")
     # ---- evaluation / experiments
     unseen_variants: list[str] = Field(default_factory=lambda: list(UNSEEN_SMALL))
+    clustered_variants: list[str] = Field(
+        default_factory=list,
+        description="variants also tested with customers in Gaussian clusters (test sets "
+        "'<variant>@clustered', their own reference solutions and rows)",
+    )
     eval_sizes: list[int] = Field(default_factory=lambda: [50, 100], min_length=1)
     eval_instances: int = Field(8, ge=1, le=100_000, description="test instances per variant/size")
     eval_starts: int = Field(100, ge=1, le=4096, description="max POMO starts at inference")
@@ -60,9 +71,9 @@ class URSConfig(MethodConfig):
         0.02, gt=0.0, le=60.0, description="reference solver seconds per customer"
     )
     ref_time_min: float = Field(0.2, gt=0.0, le=3600.0)
-    systems: list[Literal["urs", "urs_no_mbm", "urs_no_generator", "mtpomo"]] = Field(
-        default_factory=lambda: ["urs", "urs_no_mbm", "urs_no_generator"], min_length=1
-    )
+    systems: list[
+        Literal["urs", "urs_no_mbm", "urs_no_generator", "mtpomo", "urs_clustered_train"]
+    ] = Field(default_factory=lambda: ["urs", "urs_no_mbm", "urs_no_generator"], min_length=1)
     scaling_sizes: list[int] = Field(default_factory=lambda: [50, 100, 200, 500, 1000])
     test_seed: int = Field(
         10_000, ge=0, description="seed of the test sets (distinct from training)"
@@ -78,6 +89,7 @@ class URSConfig(MethodConfig):
         "augment",
         "eval_batch",
         "unseen_variants",
+        "clustered_variants",
         "ref_time_per_node",
         "ref_time_min",
     }
@@ -93,7 +105,8 @@ class URSConfig(MethodConfig):
             d=64, layers=3, ff=256, gen_rank=4, batch_size=32, train_sizes=[20],
             train_starts=20, steps=1000, log_every=100, checkpoint_every=250, lr=5e-4,
             seen_variants=SEEN_SMALL, unseen_variants=UNSEEN_SMALL, eval_sizes=[50, 100],
-            eval_instances=8, eval_starts=50, augment=8,
+            eval_instances=8, eval_starts=50, augment=8, clustered_variants=["CVRP", "VRPTW"],
+            systems=["urs", "urs_no_mbm", "urs_no_generator", "urs_clustered_train"],
         ),
         "paper": dict(
             d=128, layers=12, ff=512, gen_rank=4, gen_hidden=256, batch_size=128,
@@ -106,7 +119,7 @@ class URSConfig(MethodConfig):
         ),
     }  # fmt: skip
 
-    @field_validator("seen_variants", "unseen_variants")
+    @field_validator("seen_variants", "unseen_variants", "clustered_variants")
     @classmethod
     def _variants(cls, v: list[str]) -> list[str]:
         for name in v:

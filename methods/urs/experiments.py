@@ -36,6 +36,8 @@ SYSTEM_OVERRIDES: dict[str, dict[str, Any]] = {
     "urs_no_mbm": {"mbm": False},
     "urs_no_generator": {"generator": False},
     "mtpomo": {"mbm": False, "generator": False, "encoding": "flags"},
+    # URS trained on half uniform, half clustered instances (the X benchmark's layouts)
+    "urs_clustered_train": {"train_layouts": ["uniform", "clustered"]},
 }
 HEURISTICS = ("nearest_neighbour", "savings", "random")
 METRICS = {
@@ -45,8 +47,27 @@ METRICS = {
     "gap_pct_unseen": False,
     "feasible_pct_seen": True,
     "feasible_pct_unseen": True,
+    "cost_clustered": False,
+    "gap_pct_clustered": False,
+    "feasible_pct_clustered": True,
     "time_s": False,
 }
+
+
+def clustered_sets(cfg: URSConfig) -> list[str]:
+    """The clustered test sets' names (``"<variant>@clustered"``)."""
+    return [f"{v}@clustered" for v in cfg.clustered_variants]
+
+
+def test_sets(cfg: URSConfig) -> list[str]:
+    """Every test set: the seen and unseen variants (uniform), then the clustered ones."""
+    return [*cfg.seen_variants, *cfg.unseen_variants, *clustered_sets(cfg)]
+
+
+def split_of(cfg: URSConfig, name: str) -> str:
+    if "@" in name:
+        return "clustered"
+    return "seen" if name in cfg.seen_variants else "unseen"
 
 
 def _log(msg: str) -> None:
@@ -103,10 +124,10 @@ def reference_results(cfg: URSConfig, variant: str, n: int) -> list[dict]:
 
     from .baselines import reference
     from .checker import check
-    from .data import load_test_set
+    from .data import cache_name, load_test_set
 
     seconds = max(cfg.ref_time_min, cfg.ref_time_per_node * n)
-    key = f"urs-ref-{variant}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}-t{int(seconds * 1000)}ms"
+    key = f"urs-ref-{cache_name(variant)}-n{n}-k{cfg.eval_instances}-s{cfg.test_seed}-t{int(seconds * 1000)}ms"
 
     def build() -> pa.Table:
         inst = load_test_set(cfg, variant, n)
@@ -183,7 +204,9 @@ def _gaps(rows: list, refs: list[dict]) -> list[float]:
 def summarise(res: dict, refs: dict, cfg: URSConfig) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     times = []
-    for split, variants in (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)):
+    splits = (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants),
+              ("clustered", clustered_sets(cfg)))  # fmt: skip
+    for split, variants in splits:
         costs, gaps, feas = [], [], []
         for v in variants:
             for n in cfg.eval_sizes:
@@ -223,7 +246,7 @@ def _first_jobs(cfg: URSConfig, storage: str, gpus: float, chunks: list) -> list
             .model_dump(), storage, f"urs-{cfg.preset}-{s}"), num_cpus=1, num_gpus=gpus)
         for s in cfg.systems
     ]  # fmt: skip
-    variants = [*cfg.seen_variants, *cfg.unseen_variants]
+    variants = test_sets(cfg)
     jobs += [
         Job(("ref", v, n), _ref_task, (cfg_dict, v, n)) for v, n in grid(variants, cfg.eval_sizes)
     ]
@@ -251,7 +274,7 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     t_start = time.time()
     ensure_ray()
     cfg_dict = cfg.model_dump()
-    variants = [*cfg.seen_variants, *cfg.unseen_variants]
+    variants = test_sets(cfg)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
     chunks = [variants[i::2] for i in range(2)] if len(variants) > 1 else [variants]
     first = run_jobs(_first_jobs(cfg, str(workdir / "runs"), gpus, chunks),
@@ -305,12 +328,12 @@ def _violations(results: dict) -> list[str]:
 
 def _per_variant(results: dict, refs: dict, cfg: URSConfig, order: list[str]) -> list[dict]:
     out = []
-    for v in [*cfg.seen_variants, *cfg.unseen_variants]:
+    for v in test_sets(cfg):
         for n in cfg.eval_sizes:
             row: dict[str, Any] = {
                 "variant": v,
                 "n": n,
-                "split": "seen" if v in cfg.seen_variants else "unseen",
+                "split": split_of(cfg, v),
                 "reference": refs[(v, n)][0]["solver"],
             }
             for s in order:
@@ -332,6 +355,8 @@ def gap_by_size(per_variant: list[dict], system: str, sizes: list[int]) -> dict[
     """``{split: {str(N): mean gap (%)}}`` of ``system`` over the variants of each split, per
     evaluation size (sizes where it has no gap are left out)."""
     out: dict[str, dict[str, float]] = {"seen": {}, "unseen": {}}
+    if any(r["split"] == "clustered" for r in per_variant):
+        out["clustered"] = {}
     for split, by_n in out.items():
         for n in sizes:
             gs = [r[system]["gap_pct"] for r in per_variant
@@ -387,11 +412,32 @@ def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str
     if by_n:
         notes.append("urs unseen gap by size: "
                      + ", ".join(f"N={n}: {v:.2f}%" for n, v in by_n.items()))  # fmt: skip
+    notes += _clustered_notes(cfg, per_variant)
     if scaling:
         notes.append("inference scaling (CVRP, one instance, urs): " + ", ".join(
             f"N={s['n']}: {s['time_s']:.1f}s, peak RSS {s['peak_rss_mb']:.0f} MB"
             for s in scaling))  # fmt: skip
     return notes
+
+
+def _clustered_notes(cfg: URSConfig, per_variant: list[dict]) -> list[str]:
+    """Per clustered test set and size: the gap of each URS model there and on the same
+    variant's uniform test set (same size, same reference solver and time limit)."""
+    cells = {(r["variant"], r["n"]): r for r in per_variant}
+    out = []
+    for v in cfg.clustered_variants:
+        for n in cfg.eval_sizes:
+            uni, clu = cells.get((v, n)), cells.get((f"{v}@clustered", n))
+            if not uni or not clu:
+                continue
+            parts = []
+            for s in ("urs", "urs_clustered_train"):
+                if uni.get(s) and clu.get(s) and None not in (uni[s]["gap_pct"], clu[s]["gap_pct"]):
+                    parts.append(f"{s} {uni[s]['gap_pct']:.2f}% uniform → "
+                                 f"{clu[s]['gap_pct']:.2f}% clustered")  # fmt: skip
+            if parts:
+                out.append(f"{v} N={n}: " + "; ".join(parts))
+    return out
 
 
 def _markdown(per_variant: list[dict], cfg: URSConfig, order: list[str], scaling: list) -> str:

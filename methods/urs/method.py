@@ -31,10 +31,16 @@ class URSMethod(Method):
     packages = ("pyvrp", "ortools")  # the reference solvers the gaps are measured against
 
     def data(self, cfg: URSConfig) -> dict[str, pa.Table]:
-        """Test splits: ``seen`` (training variants) and ``unseen`` (zero-shot), all sizes.
+        """Test splits: ``seen`` (training variants), ``unseen`` (zero-shot) and, when the config
+        names clustered variants, ``clustered`` (customers in Gaussian clusters), all sizes.
         Training instances are generated per step and never stored."""
+        from .experiments import clustered_sets
+
         out = {}
-        for split, variants in (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)):
+        splits = [("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)]
+        if cfg.clustered_variants:
+            splits.append(("clustered", clustered_sets(cfg)))
+        for split, variants in splits:
             parts = [
                 instances_table(load_test_set(cfg, v, n), n)
                 for v in variants
@@ -84,10 +90,10 @@ class URSMethod(Method):
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: URSConfig) -> dict[str, float]:
         """Mean cost, gap to the reference solver (%), feasible share (%) and time per
         instance on the seen and unseen test variants, plus nearest neighbour's cost."""
-        from .experiments import evaluate_system, reference_results, summarise
+        from .experiments import evaluate_system, reference_results, summarise, test_sets
 
         net, _ = load_model(checkpoint)
-        variants = [*cfg.seen_variants, *cfg.unseen_variants]
+        variants = test_sets(cfg)
         res = {
             "urs": evaluate_system(net, cfg, variants),
             "nearest_neighbour": evaluate_system("nearest_neighbour", cfg, variants),

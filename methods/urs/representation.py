@@ -28,6 +28,12 @@ demands U{1..9}, capacity 30 (N ≤ 20), 30 + ⌊N/5⌋ (N ≤ 1000), 230 + ⌊(
 backhaul customers with p = 0.2; service U[0.15, 0.18], window length U[0.18, 0.2], window start
 (1 + (h_max − 1)u)·d_i with h_max = (4.6 − s − len)/d_i − 1 (d_i: distance to the nearest
 depot), depot window [0, 4.6]; distance limit U[2·max d_i, 2.8].
+
+Besides uniform locations, a ``clustered`` layout places customers in Gaussian clusters around
+S ~ U{3..8} seeds, as the X benchmark's generator (Uchoa et al.) does for its clustered
+instances: seeds uniform in [0.1, 0.9]², each customer around a random seed with a spread
+σ ~ U[0.03, 0.07] per instance (clipped to the unit square); depots stay uniform. A test set of
+that layout is named ``"<variant>@clustered"`` (e.g. ``"VRPTW@clustered"``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import numpy as np
 
 HORIZON = 4.6
 MD_DEPOTS = 3
+LAYOUTS = ("uniform", "clustered")
 _VARIANT = re.compile(r"^(MD)?(O)?VRP(MB|B)?(L)?(TW)?$")
 
 
@@ -245,13 +252,47 @@ def distances(locs: np.ndarray) -> np.ndarray:
     return np.sqrt((diff**2).sum(-1))
 
 
-def generate(variant: str, n: int, num: int, seed: int | np.random.Generator) -> Instances:
-    """``num`` instances of ``variant`` with ``n`` customers (RouteFinder conventions)."""
+def split_layout(name: str) -> tuple[str, str]:
+    """``"VRPTW@clustered"`` → ``("VRPTW", "clustered")``; a bare variant is ``uniform``."""
+    variant, _, layout = name.partition("@")
+    layout = layout or "uniform"
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} in {name!r}; known: {', '.join(LAYOUTS)}")
+    parse_variant(variant)
+    return variant, layout
+
+
+def clustered_locations(rng: np.random.Generator, num: int, M: int, n: int) -> np.ndarray:
+    """[num, M + n, 2]: depots uniform, customers in Gaussian clusters around 3–8 seeds."""
+    locs = np.empty((num, M + n, 2))
+    locs[:, :M] = rng.uniform(0.0, 1.0, (num, M, 2))
+    for b in range(num):
+        seeds = rng.uniform(0.1, 0.9, (int(rng.integers(3, 9)), 2))
+        sigma = rng.uniform(0.03, 0.07)
+        which = rng.integers(0, len(seeds), n)
+        locs[b, M:] = np.clip(seeds[which] + rng.normal(0.0, sigma, (n, 2)), 0.0, 1.0)
+    return locs
+
+
+def generate(
+    variant: str,
+    n: int,
+    num: int,
+    seed: int | np.random.Generator,
+    layout: str = "uniform",
+) -> Instances:
+    """``num`` instances of ``variant`` with ``n`` customers (RouteFinder conventions), their
+    customers placed uniformly or (``layout="clustered"``) in Gaussian clusters."""
     spec = parse_variant(variant)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     M = spec.num_depots
     V = M + n
-    locs = rng.uniform(0.0, 1.0, (num, V, 2))
+    if layout == "uniform":
+        locs = rng.uniform(0.0, 1.0, (num, V, 2))
+    elif layout == "clustered":
+        locs = clustered_locations(rng, num, M, n)
+    else:
+        raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     dist = distances(locs)
     d_near = dist[:, :, :M].min(-1)  # [num, V]
     lin = np.zeros((num, V))
@@ -296,10 +337,26 @@ def generate(variant: str, n: int, num: int, seed: int | np.random.Generator) ->
     )
 
 
-def generate_mixed(variants: list[str], n: int, num: int, rng: np.random.Generator) -> Instances:
-    """A training batch mixing single-depot ``variants`` uniformly."""
+def generate_mixed(
+    variants: list[str],
+    n: int,
+    num: int,
+    rng: np.random.Generator,
+    layouts: tuple[str, ...] | list[str] = ("uniform",),
+) -> Instances:
+    """A training batch mixing single-depot ``variants`` uniformly (and, with more than one
+    layout, each instance's layout uniformly among ``layouts``)."""
     picks = rng.integers(0, len(variants), num)
-    parts = [generate(variants[v], n, int((picks == v).sum()), rng) for v in np.unique(picks)]
+    if len(layouts) == 1:  # the uniform-only stream draws nothing more
+        parts = [generate(variants[v], n, int((picks == v).sum()), rng, layouts[0])
+                 for v in np.unique(picks)]  # fmt: skip
+        return Instances.concat(parts)
+    lay = rng.integers(0, len(layouts), num)
+    parts = []
+    for v in np.unique(picks):
+        for k in np.unique(lay[picks == v]):
+            count = int(((picks == v) & (lay == k)).sum())
+            parts.append(generate(variants[v], n, count, rng, layouts[k]))
     return Instances.concat(parts)
 
 
@@ -360,7 +417,9 @@ def flag_features(inst: Instances) -> np.ndarray:
     ).astype(np.float32)
 
 
-def test_set(variant: str, n: int, num: int, seed: int) -> Instances:
-    """The fixed test instances of (variant, n): seeded by name and size, distinct from training."""
-    key = int(hashlib.sha256(f"{variant}/{n}".encode()).hexdigest()[:8], 16)
-    return generate(variant, n, num, np.random.default_rng([seed, key]))
+def test_set(name: str, n: int, num: int, seed: int) -> Instances:
+    """The fixed test instances of (``name``, n): seeded by name and size, distinct from
+    training; ``name`` is a variant, or ``"<variant>@clustered"`` for the clustered layout."""
+    variant, layout = split_layout(name)
+    key = int(hashlib.sha256(f"{name}/{n}".encode()).hexdigest()[:8], 16)
+    return generate(variant, n, num, np.random.default_rng([seed, key]), layout)

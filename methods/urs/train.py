@@ -39,7 +39,7 @@ def train_step(
 ) -> dict[str, float]:
     rng = np.random.default_rng([cfg.seed, step, rank])
     n, batch = size_at(cfg, step, rng)
-    inst = generate_mixed(cfg.seen_variants, n, batch, rng)
+    inst = generate_mixed(cfg.seen_variants, n, batch, rng, cfg.train_layouts)
     for group in opt.param_groups:
         group["lr"] = lr_at(cfg, step)
     dev = next(model.parameters()).device

@@ -25,6 +25,11 @@ results hold in ``samples[system][metric]``, one-sided in the comparison's direc
 A claim that cannot be evaluated (a row or metric that was not run, a value that is ``null``,
 samples missing for its test, results of a preset the claim is not stated for) is ``None``,
 never ``True``.
+
+A method with more than one experiment (its main comparison and, say, a measurement of the
+platform around it) scopes a claim to one with ``experiment="name"``: the claim is then read on
+results whose ``experiment`` field is that name, and counted nowhere else (like a claim stated
+for other presets); claims without it read the main comparison (results without the field).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class Claim:
     # the presets whose results the claim speaks of (None: every preset); on the results of
     # another preset (e.g. ``smoke``, too small to show the effect) the claim is not evaluated
     presets: tuple[str, ...] | None = None
+    # the experiment whose results the claim speaks of (None: the method's main comparison)
+    experiment: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.statement or not self.source:
@@ -282,8 +289,18 @@ def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
     if claim.test is not None:
         out["test"] = claim.test
         out["alpha"] = claim.alpha
+    if results.get("experiment") != claim.experiment:
+        out["applies"] = False  # not counted: it speaks of another experiment's results
+        out["other"] = "experiment"
+        out["note"] = (
+            f"stated for the {claim.experiment} experiment"
+            if claim.experiment
+            else "stated for the main comparison"
+        )
+        return out
     if claim.presets is not None and results.get("preset") not in claim.presets:
         out["applies"] = False  # not counted: it speaks of other presets
+        out["other"] = "preset"
         out["note"] = f"stated for the {'/'.join(claim.presets)} preset(s)"
         return out
     body = tree.body
@@ -316,9 +333,10 @@ def evaluate(claims: Iterable[Claim], results: dict[str, Any]) -> list[dict[str,
 
 
 def summary(evaluated: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Counts over the claims that speak of these results' preset: ``{"held", "failed",
-    "unevaluated", "total"}``, and ``"other_presets"``: claims stated for other presets only
-    (not counted in ``total``)."""
+    """Counts over the claims that speak of these results' preset and experiment: ``{"held",
+    "failed", "unevaluated", "total"}``, ``"other_presets"``: claims stated for other presets or
+    other experiments only (not counted in ``total``), and ``"other_experiments"``: those of them
+    stated for another experiment."""
     applying = [c for c in evaluated if c.get("applies", True)]
     held = sum(1 for c in applying if c["holds"] is True)
     failed = sum(1 for c in applying if c["holds"] is False)
@@ -328,6 +346,9 @@ def summary(evaluated: Sequence[dict[str, Any]]) -> dict[str, int]:
         "unevaluated": len(applying) - held - failed,
         "total": len(applying),
         "other_presets": len(evaluated) - len(applying),
+        "other_experiments": sum(
+            1 for c in evaluated if not c.get("applies", True) and c.get("other") == "experiment"
+        ),
     }
 
 
@@ -336,8 +357,11 @@ def summary_line(evaluated: Sequence[dict[str, Any]]) -> str:
     line = f"claims: {s['held']} of {s['total']} hold"
     if s["failed"] or s["unevaluated"]:
         line += f" ({s['failed']} fail, {s['unevaluated']} not evaluable)"
-    if s["other_presets"]:
-        line += f"; {s['other_presets']} stated for other presets"
+    by_preset = s["other_presets"] - s["other_experiments"]
+    if by_preset:
+        line += f"; {by_preset} stated for other presets"
+    if s["other_experiments"]:
+        line += f"; {s['other_experiments']} for another experiment"
     return line
 
 

@@ -405,6 +405,7 @@ def _run_tune(tune, cfg, space, args: argparse.Namespace):
         seed=args.seed,
         verbose=1 if args.verbose and not args.json else 0,
         progress=not args.json,
+        reuse_actors=False if args.no_reuse_actors else None,
     )
 
 
@@ -714,7 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="searcher option (repeatable), e.g. auxbo: checkpoint=DIR, fallback=gp, n_init=2",
+        help="searcher option (repeatable), e.g. auxbo: checkpoint=DIR, fallback=gp, "
+        "surrogate=false (the GP alone), n_init=2",
     )
     s.add_argument("--seed", type=int, default=None, help="searcher seed (default: config seed)")
     s.add_argument(
@@ -736,6 +738,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--history", default=None, help="history directory (default $NSHOT_CACHE/history)"
     )
     s.add_argument("--no-history", action="store_true", help="do not save the sweep to the history")
+    s.add_argument(
+        "--no-reuse-actors",
+        action="store_true",
+        help="start every in-process trial in a new process (default: the next trial reuses a "
+        "finished trial's process, with the same results and no start-up per trial)",
+    )
     s.add_argument(
         "--verbose",
         action="store_true",

@@ -209,6 +209,10 @@ class ResultsTable:
     # per-seed (or per-episode) values behind a mean, for the claims' paired tests:
     # samples[system][metric] = [v_seed0, v_seed1, ...], paired by position across systems
     samples: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
+    # which of the method's experiments this is, when it has more than its main comparison
+    # (``None``: the main one); claims scoped to an experiment (``Claim.experiment``) read only
+    # its results, the others only the main comparison's
+    experiment: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         rows: dict[str, dict[str, float | None]] = {}
@@ -227,6 +231,7 @@ class ResultsTable:
             "runtime_s": float(self.runtime_s),
             "notes": list(self.notes),
             "extra": self.extra,
+            **({"experiment": self.experiment} if self.experiment else {}),
             **(
                 {
                     "samples": {

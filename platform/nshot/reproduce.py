@@ -40,7 +40,7 @@ def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
     method = get(method_name)
     out = Path(out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for line in version_drift(method_name, cfg.preset):
+    for line in version_drift(method_name, cfg.preset, experiment_of(cfg)):
         print(f"[nshot reproduce] warning: {line}", file=sys.stderr, flush=True)
     t0 = time.time()
     table = method.experiments(cfg, out)
@@ -83,11 +83,27 @@ def method_results_dir(name: str) -> Path:
     return Path(inspect.getfile(type(get(name)))).parent / "results"
 
 
-def version_drift(method_name: str, preset: str) -> list[str]:
+def experiment_of(cfg: MethodConfig) -> str | None:
+    """The experiment ``cfg`` selects through its ``experiment`` field, if the method has more
+    than one; ``None`` for the main comparison (the field's default) or a method without it."""
+    field = type(cfg).model_fields.get("experiment")
+    value = getattr(cfg, "experiment", None)
+    return None if field is None or value == field.default else str(value)
+
+
+def committed_results_name(preset: str, experiment: str | None = None) -> str:
+    """``<preset>.json``, or ``<preset>-<experiment>.json`` for another experiment."""
+    return f"{preset}-{experiment}.json" if experiment else f"{preset}.json"
+
+
+def version_drift(method_name: str, preset: str, experiment: str | None = None) -> list[str]:
     """One line per package whose version here differs from the committed results of
-    ``method_name`` at ``preset`` (none when nothing is committed or it records no versions)."""
+    ``method_name`` at ``preset`` (and ``experiment``; none when nothing is committed or it
+    records no versions)."""
     try:
-        committed_file = method_results_dir(method_name) / f"{preset}.json"
+        committed_file = method_results_dir(method_name) / committed_results_name(
+            preset, experiment
+        )
         committed = json.loads(committed_file.read_text())["run"]["versions"]
     except (OSError, ValueError, KeyError, TypeError):
         return []

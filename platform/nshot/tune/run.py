@@ -44,6 +44,9 @@ class TrialOutcome:
     h: list[list[float]]
     reports: int
     error: str | None = None
+    # the order the searcher proposed the trial in (0 first; Tune's experiment tag), which its
+    # random trial id does not show
+    index: int | None = None
 
 
 @dataclass
@@ -139,11 +142,15 @@ def tune(
     seed: int | None = None,
     verbose: int = 0,
     progress: bool = True,
+    reuse_actors: bool | None = None,
 ) -> TuneResult:
     """Sweep ``cfg``'s method over its declared search space (or ``space``).
 
     ``verbose`` is Tune's own verbosity (0: silent, 1: its status tables); ``progress`` prints
-    nshot's line per finished trial to stderr when Tune is silent."""
+    nshot's line per finished trial to stderr when Tune is silent. ``reuse_actors`` (default:
+    when trials run in-process, ``workers=0``) runs the next trial in the finished trial's
+    process instead of starting a new one: the same results (every trial seeds itself from its
+    config) without a process start and imports per trial."""
     from ray import tune as rtune
 
     method = get(method_name)
@@ -223,6 +230,7 @@ def tune(
         scheduler=sched,
         num_samples=num_samples,
         max_concurrent_trials=max_concurrent,
+        reuse_actors=scaling.workers == 0 if reuse_actors is None else bool(reuse_actors),
     )
     from nshot.tune.progress import SweepProgress
 
@@ -271,8 +279,11 @@ def tune(
                 h=[list(map(float, row)) for row in (m.get("h") or [])],
                 reports=int(m.get("training_iteration", 0) or 0),
                 error=str(r.error) if r.error else None,
+                index=_trial_index(m.get("experiment_tag")),
             )
         )
+    # in the order the searcher proposed them (Tune's result grid has its own order)
+    outcomes.sort(key=lambda o: (o.index is None, o.index or 0))
     done = [o for o in outcomes if o.f is not None]
     best = None
     if done:
@@ -306,6 +317,12 @@ def tune(
         wall_s=wall,
         extra=extra,
     )
+
+
+def _trial_index(tag: Any) -> int | None:
+    """The proposal index Tune puts at the start of a trial's experiment tag (``"15_lr=..."``)."""
+    head = str(tag or "").split("_", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def _h_array(h: list[list[float]]):
