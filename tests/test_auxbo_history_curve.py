@@ -148,3 +148,30 @@ def test_history_curve_end_to_end_and_a_rerun_reads_its_records(ray_session, tmp
     other = cfg.replace(curve_set={**cfg.curve_set, "steps": 9})  # not what the records hold
     with pytest.raises(NshotError, match="a sweep of other settings is recorded"):
         run_history_curve(other, tmp_path / "run")
+
+
+def test_the_example_builds_the_experiment_from_its_arguments(
+    run_example, monkeypatch, tmp_path, capsys
+):
+    """examples/auxbo_history_curve.py: TAIL's committed settings by default, `--quick` a small
+    history, any method and task variation from the command line; it prints every row."""
+    import nshot.reproduce
+
+    seen = []
+
+    def fake_run(method, cfg, out):
+        seen.append(cfg)
+        rows = {s: {f"norm_at_{k}": 0.5 for k in (5, 10)} for s in ("random", "gp")}
+        return {"metrics": {"norm_at_5": {}, "norm_at_10": {}}, "rows": rows, "notes": ["n"]}
+
+    monkeypatch.setattr(nshot.reproduce, "run", fake_run)
+    run_example("auxbo_history_curve", ["--quick", "--out", str(tmp_path)])
+    run_example("auxbo_history_curve",
+                ["--method", "timemode", "--vary", '{"data_seed": [0, 1]}', "--out", str(tmp_path)])  # fmt: skip
+    quick, other = seen
+    assert quick.experiment == "history_curve" and quick.history_method == "tail"
+    assert quick.curve_history == [3] and quick.curve_set["steps"] == 150
+    assert "train_tasks" in quick.curve_vary
+    assert other.history_method == "timemode" and other.curve_vary == {"data_seed": [0, 1]}
+    assert other.curve_set == {} and other.curve_history == [5, 20]
+    assert "gp" in capsys.readouterr().out
