@@ -272,22 +272,27 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         raise NshotError(f"history_curve: {cfg.history_method!r} declares no search space")
     mode = spec.mode
     n_hist = max(cfg.curve_history)
-    hist_all = workdir / "history" / "all"
     phases: dict[str, float] = {}
 
     # 1. the history: one random-search sweep per history task
     t0 = time.time()
     history_sweeps = []
+    files = []
     for i in range(n_hist):
         task = task_spec(cfg, i)
+        name = f"history-{i:03d}"
+        own = workdir / "history" / "sweeps" / name  # this sweep's history file, alone
+        if not (workdir / "records" / f"{name}.json").is_file() and own.exists():
+            shutil.rmtree(own)  # an attempt that did not finish
         history_sweeps.append(
-            _sweep(cfg, workdir, f"history-{i:03d}", task, _label(i, task), "random",
-                   cfg.curve_history_trials, history_dir=hist_all, save_history=True)
+            _sweep(cfg, workdir, name, task, _label(i, task), "random",
+                   cfg.curve_history_trials, history_dir=own, save_history=True)
         )  # fmt: skip
+        saved = sorted(own.glob("*.parquet"))
+        if len(saved) != 1:
+            raise NshotError(f"history_curve: {own} holds {len(saved)} sweeps, 1 expected")
+        files.append(saved[0])
     phases["history_sweeps_s"] = time.time() - t0
-    files = sorted(hist_all.glob("*.parquet"), key=lambda p: p.stat().st_mtime)
-    if len(files) < n_hist:
-        raise NshotError(f"history_curve: {len(files)} history sweeps saved, {n_hist} expected")
 
     # 2. a surrogate per history size, on the first k sweeps
     t0 = time.time()
@@ -296,7 +301,7 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     for k in sorted(cfg.curve_history):
         hist_k = workdir / "history" / f"h{k}"
         hist_k.mkdir(parents=True, exist_ok=True)
-        for p in files[:k]:
+        for p in files[:k]:  # the first k sweeps, in the order they ran
             if not (hist_k / p.name).exists():
                 shutil.copy2(p, hist_k / p.name)  # keeps the mtime: the history's order
         surrogates[k] = workdir / "surrogates" / f"h{k}"
