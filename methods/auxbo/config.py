@@ -123,6 +123,10 @@ class AuxBOConfig(MethodConfig):
         "warm-started from); with none, aux-BO is the GP row",
     )
     curve_history_trials: int = Field(20, ge=4, le=10_000, description="trials per history sweep")
+    curve_baselines: list[Literal["random", "optuna_tpe", "gp"]] = Field(
+        default_factory=lambda: ["random", "optuna_tpe", "gp"],
+        description="history_curve: the searchers without a history that are compared",
+    )
     curve_tasks: int = Field(10, ge=2, le=10_000, description="history_curve: held-out tasks")
     curve_trials: int = Field(20, ge=5, le=10_000, description="trials per held-out sweep")
     curve_concurrency: int = Field(2, ge=1, le=1024, description="trials at once in a sweep")

@@ -50,8 +50,10 @@ def _log(msg: str) -> None:
 
 
 def curve_systems(cfg: AuxBOConfig) -> tuple[str, ...]:
-    """The rows: the baselines, then aux-BO per history size (ascending)."""
-    return (*BASELINES, *(f"auxbo_h{k}" for k in sorted(cfg.curve_history)))
+    """The rows: the baselines ``cfg.curve_baselines`` (in :data:`BASELINES` order), then aux-BO
+    per history size (ascending)."""
+    baselines = tuple(b for b in BASELINES if b in cfg.curve_baselines)
+    return (*baselines, *(f"auxbo_h{k}" for k in sorted(cfg.curve_history)))
 
 
 def checkpoints(cfg: AuxBOConfig) -> tuple[int, ...]:
@@ -312,17 +314,18 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     empty = workdir / "history" / "none"
     empty.mkdir(parents=True, exist_ok=True)
-    plan: dict[str, tuple[str, dict[str, Any] | None, Path]] = {
+    every: dict[str, tuple[str, dict[str, Any] | None, Path]] = {
         "random": ("random", None, empty),
         "optuna_tpe": ("optuna", None, empty),
         "gp": ("auxbo", {"surrogate": False, "warm": False}, empty),
     }
     for k in sorted(cfg.curve_history):
-        plan[f"auxbo_h{k}"] = (
+        every[f"auxbo_h{k}"] = (
             "auxbo",
             {"checkpoint": str(surrogates[k])},
             workdir / "history" / f"h{k}",
         )
+    plan = {s: every[s] for s in curve_systems(cfg)}
     sweeps: dict[str, list[dict[str, Any]]] = {s: [] for s in plan}
     for j in range(cfg.curve_tasks):
         i = n_hist + j
@@ -360,12 +363,12 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     for s in plan:
         if not s.startswith("auxbo_h"):
             continue
-        for b in BASELINES:
+        for b in (b for b in BASELINES if b in plan):
             for k in ks:
                 pvalues[f"{s}@{k}>{b}@{k}"] = _wilcoxon_greater(
                     summ["norm"][s][k], summ["norm"][b][k]
                 )
-        if 10 in ks:
+        if 10 in ks and "gp" in plan:
             pvalues[f"{s}@10>gp@{last}"] = _wilcoxon_greater(
                 summ["norm"][s][10], summ["norm"]["gp"][last]
             )
@@ -384,7 +387,7 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             "steps": base.steps,
         },
         "history_tasks": [r["task"] for r in history_sweeps],
-        "heldout_tasks": [r["task"] for r in sweeps["random"]],
+        "heldout_tasks": [r["task"] for r in next(iter(sweeps.values()))],
         "history_best": [
             None if not r["f"] else float(best_so_far(r["f"], mode)[-1]) for r in history_sweeps
         ],
@@ -407,7 +410,7 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         "the worst and best value any system found there (1 = the best anyone found).",
     ]
     for s in plan:
-        if s.startswith("auxbo_h"):
+        if s.startswith("auxbo_h") and "gp" in plan:
             notes.append(
                 f"{s} at {k10} trials: {rows[s][f'norm_at_{k10}']:.3f} vs the GP at {last}: "
                 f"{rows['gp'][f'norm_at_{last}']:.3f} (one-sided Wilcoxon over tasks, "
