@@ -15,8 +15,9 @@ path a user takes:
    reads it.
 3. **Held-out sweeps.** ``curve_tasks`` new tasks, each swept by every system with
    ``curve_trials`` trials and ``curve_concurrency`` trials at once: random search, Optuna's TPE,
-   the GP (aux-BO with no history: no surrogate, no warm start), and ``auxbo_h<k>`` (aux-BO with
-   the surrogate of ``k`` sweeps and their best configs as warm starts).
+   the GP (aux-BO with no history: no surrogate, no warm start) — those of ``curve_baselines`` —
+   and ``auxbo_h<k>`` (aux-BO with the surrogate of ``k`` sweeps and their best configs as warm
+   starts).
 
 Rows: ``random``, ``optuna_tpe``, ``gp``, ``auxbo_h<k>``. Metrics: ``best_at_<t>``, the best
 objective among a sweep's first ``t`` trials (in the objective's own units, in the order the
