@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from nshot.errors import NshotError
-from nshot.method import ResultsTable
+from nshot.method import MethodConfig, ResultsTable
 
 from .config import AuxBOConfig
 
@@ -81,7 +81,7 @@ def _sweep(
     cfg: AuxBOConfig,
     workdir: Path,
     name: str,
-    spec: dict[str, Any],
+    swept: MethodConfig,
     label: str,
     search: str,
     num_samples: int,
@@ -90,15 +90,11 @@ def _sweep(
     save_history: bool,
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``nshot tune`` sweep of the swept method on task ``spec``; its trials (config, f) in
-    the order they were proposed. A sweep that finished in an earlier attempt of the same run
-    is read back from its record instead of run again."""
-    from nshot.method import get
+    """One ``nshot tune`` sweep of ``history_method`` from the task's config ``swept``; its
+    trials (config, f) in the order they were proposed. A sweep that finished in an earlier
+    attempt of the same run is read back from its record instead of run again."""
     from nshot.tune.run import tune
 
-    method = get(cfg.history_method)  # type: ignore[arg-type]
-    base = method.config(cfg.curve_preset, **cfg.curve_set)
-    swept = base.replace(**spec)
     config = json.loads(json.dumps(swept.model_dump(), default=str))
     record = workdir / "records" / f"{name}.json"
     if record.is_file():
@@ -119,7 +115,7 @@ def _sweep(
         shutil.rmtree(storage / name)
     t0 = time.time()
     res = tune(
-        method.name,
+        cfg.history_method,  # type: ignore[arg-type]
         swept,
         search=search,
         num_samples=num_samples,
@@ -130,7 +126,7 @@ def _sweep(
         save_history=save_history,
         search_options=options,
         dataset=label,
-        seed=int(spec["seed"]),
+        seed=swept.seed,
         progress=False,
     )
 
@@ -141,7 +137,6 @@ def _sweep(
         "name": name,
         "task": label,
         "search": search,
-        "mode": res.mode,
         "index": [t.index for t in trials],
         "f": [t.f for t in trials],
         "configs": [t.config for t in trials],
@@ -206,14 +201,9 @@ def _surrogate(cfg: AuxBOConfig, history: Path, folder: Path) -> dict[str, Any]:
 def best_so_far(f: list[float | None], mode: str) -> np.ndarray:
     """Running best of ``f`` (failed trials, ``None``, change nothing; NaN until the first)."""
     sign = 1.0 if mode == "max" else -1.0
-    out, best = [], -np.inf
-    for v in f:
-        if v is not None and np.isfinite(v):
-            best = max(best, sign * float(v))
-        out.append(best)
-    y = np.asarray(out, dtype=np.float64)
+    y = np.asarray([np.nan if v is None else float(v) for v in f], dtype=np.float64)
     y[~np.isfinite(y)] = np.nan
-    return sign * y
+    return sign * np.fmax.accumulate(sign * y) if y.size else y
 
 
 def summarise(
@@ -234,19 +224,16 @@ def summarise(
             curves[i, : len(c)] = c
             curves[i, len(c) :] = c[-1] if len(c) else np.nan
         best[s] = curves
+    # per task, the worst and best value any system found there (oriented: higher is better)
+    lo, hi = np.full(n_tasks, np.nan), np.full(n_tasks, np.nan)
     for i in range(n_tasks):
-        pool = np.asarray(
-            [
-                sign * v
-                for s in systems
-                for v in sweeps[s][i]["f"]
-                if v is not None and np.isfinite(v)
-            ]
-        )
-        lo, hi = (pool.min(), pool.max()) if pool.size else (np.nan, np.nan)
-        span = hi - lo if hi > lo else 1.0
-        for s in systems:
-            norm.setdefault(s, np.full_like(best[s], np.nan))[i] = (sign * best[s][i] - lo) / span
+        y = sign * np.asarray([v for s in systems for v in sweeps[s][i]["f"] if v is not None])
+        y = y[np.isfinite(y)]
+        if y.size:
+            lo[i], hi[i] = y.min(), y.max()
+    span = np.where(hi > lo, hi - lo, 1.0)
+    for s in systems:
+        norm[s] = (sign * best[s] - lo[:, None]) / span[:, None]
     out: dict[str, Any] = {"best": {}, "norm": {}, "curves": {}}
     for s in systems:
         out["best"][s] = {k: best[s][:, k - 1] for k in ks}
@@ -270,7 +257,8 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
     t_start = time.time()
     workdir = Path(workdir)
     method = get(cfg.history_method)
-    spec = type(method.config(cfg.curve_preset, **cfg.curve_set)).TUNE
+    base = method.config(cfg.curve_preset, **cfg.curve_set)
+    spec = type(base).TUNE
     if spec is None:
         raise NshotError(f"history_curve: {cfg.history_method!r} declares no search space")
     mode = spec.mode
@@ -288,7 +276,7 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         if not (workdir / "records" / f"{name}.json").is_file() and own.exists():
             shutil.rmtree(own)  # an attempt that did not finish
         history_sweeps.append(
-            _sweep(cfg, workdir, name, task, _label(i, task), "random",
+            _sweep(cfg, workdir, name, base.replace(**task), _label(i, task), "random",
                    cfg.curve_history_trials, history_dir=own, save_history=True)
         )  # fmt: skip
         saved = sorted(own.glob("*.parquet"))
@@ -333,7 +321,7 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         task = task_spec(cfg, i)
         for s, (search, options, hdir) in plan.items():
             sweeps[s].append(
-                _sweep(cfg, workdir, f"{s}-task{i:03d}", task, _label(i, task), search,
+                _sweep(cfg, workdir, f"{s}-task{i:03d}", base.replace(**task), _label(i, task), search,
                        cfg.curve_trials, history_dir=hdir, save_history=False, options=options)
             )  # fmt: skip
     phases["heldout_sweeps_s"] = time.time() - t0
@@ -375,7 +363,6 @@ def run_history_curve(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
             )
     errors = sum(len(r["errors"]) for rs in sweeps.values() for r in rs)
     errors += sum(len(r["errors"]) for r in history_sweeps)
-    base = method.config(cfg.curve_preset, **cfg.curve_set)
     extra = {
         "history_method": method.name,
         "swept": {
