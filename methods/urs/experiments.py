@@ -54,20 +54,22 @@ METRICS = {
 }
 
 
-def clustered_sets(cfg: URSConfig) -> list[str]:
-    """The clustered test sets' names (``"<variant>@clustered"``)."""
-    return [f"{v}@clustered" for v in cfg.clustered_variants]
+def test_splits(cfg: URSConfig) -> dict[str, list[str]]:
+    """The test sets by split: ``seen`` and ``unseen`` variants (uniform layout) and, when the
+    config names any, ``clustered`` (``"<variant>@clustered"``)."""
+    out = {"seen": list(cfg.seen_variants), "unseen": list(cfg.unseen_variants)}
+    if cfg.clustered_variants:
+        out["clustered"] = [f"{v}@clustered" for v in cfg.clustered_variants]
+    return out
 
 
 def test_sets(cfg: URSConfig) -> list[str]:
-    """Every test set: the seen and unseen variants (uniform), then the clustered ones."""
-    return [*cfg.seen_variants, *cfg.unseen_variants, *clustered_sets(cfg)]
+    """Every test set, split by split."""
+    return [name for names in test_splits(cfg).values() for name in names]
 
 
 def split_of(cfg: URSConfig, name: str) -> str:
-    if "@" in name:
-        return "clustered"
-    return "seen" if name in cfg.seen_variants else "unseen"
+    return next(split for split, names in test_splits(cfg).items() if name in names)
 
 
 def _log(msg: str) -> None:
@@ -204,9 +206,7 @@ def _gaps(rows: list, refs: list[dict]) -> list[float]:
 def summarise(res: dict, refs: dict, cfg: URSConfig) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     times = []
-    splits = (("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants),
-              ("clustered", clustered_sets(cfg)))  # fmt: skip
-    for split, variants in splits:
+    for split, variants in test_splits(cfg).items():
         costs, gaps, feas = [], [], []
         for v in variants:
             for n in cfg.eval_sizes:

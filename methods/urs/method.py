@@ -34,13 +34,10 @@ class URSMethod(Method):
         """Test splits: ``seen`` (training variants), ``unseen`` (zero-shot) and, when the config
         names clustered variants, ``clustered`` (customers in Gaussian clusters), all sizes.
         Training instances are generated per step and never stored."""
-        from .experiments import clustered_sets
+        from .experiments import test_splits
 
         out = {}
-        splits = [("seen", cfg.seen_variants), ("unseen", cfg.unseen_variants)]
-        if cfg.clustered_variants:
-            splits.append(("clustered", clustered_sets(cfg)))
-        for split, variants in splits:
+        for split, variants in test_splits(cfg).items():
             parts = [
                 instances_table(load_test_set(cfg, v, n), n)
                 for v in variants
