@@ -347,11 +347,8 @@ def generate_mixed(
     """A training batch mixing single-depot ``variants`` uniformly (and, with more than one
     layout, each instance's layout uniformly among ``layouts``)."""
     picks = rng.integers(0, len(variants), num)
-    if len(layouts) == 1:  # the uniform-only stream draws nothing more
-        parts = [generate(variants[v], n, int((picks == v).sum()), rng, layouts[0])
-                 for v in np.unique(picks)]  # fmt: skip
-        return Instances.concat(parts)
-    lay = rng.integers(0, len(layouts), num)
+    # one layout draws nothing more: the uniform-only stream is the one before layouts existed
+    lay = rng.integers(0, len(layouts), num) if len(layouts) > 1 else np.zeros(num, np.int64)
     parts = []
     for v in np.unique(picks):
         for k in np.unique(lay[picks == v]):
