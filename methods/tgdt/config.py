@@ -28,13 +28,26 @@ TEXT_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt")
 CROSS_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm")
 
 
+# the environments: (state dim, action dim, goal dim, action bound)
+ENVS = {"pointrobot": (2, 2, 2, 0.1), "metaworld": (39, 4, 3, 1.0)}
+MW_TASKS = 50  # Meta-World ML1: 50 training and 50 test tasks (goal positions) per class
+
+
 class TGDTConfig(MethodConfig):
     system: System = Field("tgdt", description="the system this run trains (see the module)")
-    # data: the PointRobot generator
+    # data: the PointRobot generator, or Meta-World ML1 with its scripted experts
+    env: Literal["pointrobot", "metaworld"] = Field(
+        "pointrobot",
+        description="pointrobot (the generated 2-D navigation tasks) or metaworld (ML1 "
+        "tasks of mw_env, collected with Meta-World's scripted policies; the metaworld extra)",
+    )
+    mw_env: str = Field(
+        "reach-v3", pattern=r"^[a-z][a-z0-9-]*-v3$", description="metaworld: the ML1 class"
+    )
     n_train_tasks: int = Field(45, ge=2, le=1000, description="training goals")
     n_test_tasks: int = Field(5, ge=1, le=1000, description="held-out goals (never trained on)")
     episodes_per_quality: int = Field(50, ge=2, le=10_000, description="episodes per tier")
-    horizon: int = Field(20, ge=2, le=200, description="steps per episode")
+    horizon: int = Field(20, ge=2, le=500, description="steps per episode")
     data_seed: int = Field(0, ge=0, description="seed of the goals and the episodes")
     # model (paper §3; sizes of the small track)
     d_model: int = Field(64, ge=8, le=1024, description="width of every transformer")
@@ -117,6 +130,15 @@ class TGDTConfig(MethodConfig):
         # measured on 2 cores: 0.25 CPU-s per TG-DT step, 0.9 for one step of all seven
         # systems; 500 steps × 3 seeds keep `nshot reproduce` within its 15 minutes
         "small": {"steps": 500, "warmup": 50, "log_every": 50, "checkpoint_every": 250},
+        # Meta-World ML1 reach: 40 training and 10 held-out goal positions (50 tasks, as
+        # PointRobot's), 10 episodes per tier of 60 steps (~72k simulator steps to collect);
+        # `small`'s model and steps, 2 seeds (10 held-out tasks per seed: 20 task rollouts
+        # against small's 15); the scripted expert's return is ~6 per step, so R̂ / 100
+        "small-metaworld": {
+            "env": "metaworld", "n_train_tasks": 40, "n_test_tasks": 10,
+            "episodes_per_quality": 10, "horizon": 60, "rtg_scale": 100.0, "eval_episodes": 1,
+            "steps": 500, "warmup": 50, "log_every": 50, "checkpoint_every": 250, "seeds": 2,
+        },
         "paper": {
             "d_model": 128, "heads": 8, "layers": 12, "text_layers": 12, "context": 20,
             "prompt_len": 5, "lr": 1e-4, "warmup": 10_000, "steps": 50_000,
@@ -128,6 +150,13 @@ class TGDTConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TGDTConfig:
+        if self.env == "metaworld":
+            for name in ("n_train_tasks", "n_test_tasks"):
+                if getattr(self, name) > MW_TASKS:
+                    raise ValueError(f"field '{name}': Meta-World ML1 has {MW_TASKS} tasks on "
+                                     "each side")  # fmt: skip
+            if self.horizon > 500:
+                raise ValueError("field 'horizon': Meta-World episodes last at most 500 steps")
         if self.d_model % self.heads:
             raise ValueError("field 'heads': must divide d_model")
         if self.context > self.horizon:
@@ -144,6 +173,22 @@ class TGDTConfig(MethodConfig):
         if not self.leak_factors or any(f <= 0 or f == 1 for f in self.leak_factors):
             raise ValueError("field 'leak_factors': positive scalings other than 1")
         return self
+
+    @property
+    def state_dim(self) -> int:
+        return ENVS[self.env][0]
+
+    @property
+    def act_dim(self) -> int:
+        return ENVS[self.env][1]
+
+    @property
+    def goal_dim(self) -> int:
+        return ENVS[self.env][2]
+
+    @property
+    def max_action(self) -> float:
+        return ENVS[self.env][3]
 
     @property
     def n_tasks(self) -> int:

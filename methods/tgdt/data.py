@@ -1,5 +1,6 @@
-"""TG-DT's offline data: the PointRobot meta-RL generator, its task descriptions and the
-character tokenizer.
+"""TG-DT's offline data: the PointRobot meta-RL generator (or the Meta-World track's
+collection, ``env=metaworld``: :mod:`nshot.methods.tgdt.metaworld`), the task descriptions,
+the batched simulators of the rollouts and the character tokenizer.
 
 PointRobot (the standard meta-RL toy, reconstructed for paper §4's protocol): the state is a
 position in R² starting at the origin, an action in [−0.1, 0.1]² (clipped) is added to it, an
@@ -10,6 +11,9 @@ systems). Per task and quality tier, ``episodes_per_quality`` episodes of a scri
 a = clip(k·(goal − s) + σ·ε): expert k = 1, σ = 0.01; medium k = 0.3, σ = 0.05; random:
 uniform actions. The table is built once and cached as verified Parquet.
 
+The Meta-World track stores the same columns (goals of 3 coordinates, 39-dimensional states,
+4-dimensional actions) plus each episode's ``success``.
+
 Descriptions follow paper §4's data-time template (task, data quality, return, length): the
 return is the mean return of that task's tier (a dataset-level statistic, "the data is …"). At
 test time the quality is "expert" and the return the mean expert return of the training tasks.
@@ -19,6 +23,7 @@ Digits are tokenised one character at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +34,7 @@ from .config import TGDTConfig
 
 DATA_VERSION = "1"
 QUALITIES = ("expert", "medium", "random")
-MAX_ACTION = 0.1
+MAX_ACTION = 0.1  # PointRobot's bound, state and action sizes (the config's ENVS for any env)
 STATE_DIM = 2
 ACT_DIM = 2
 CONTROLLERS = {"expert": (1.0, 0.01), "medium": (0.3, 0.05)}  # (k, σ)
@@ -70,38 +75,92 @@ def scripted_episodes(
     return np.stack(states, 1), np.stack(actions, 1), np.stack(rewards, 1)
 
 
-def generate(cfg: TGDTConfig) -> pa.Table:
-    """One row per episode: task, quality, episode, goal, states, actions, rewards, return."""
+class Simulator(Protocol):
+    """Batched episodes: ``reset`` gives the first states (B, state_dim), ``step`` takes the
+    actions (B, act_dim) and gives the next states and the rewards (B,); ``success`` (B,)
+    records whether each episode has reached its goal (always False where the environment
+    has no such flag)."""
+
+    success: np.ndarray
+
+    def reset(self) -> np.ndarray: ...
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class PointSim:
+    """Batched PointRobot episodes: ``episodes`` per goal, the first from the origin, the
+    others from a start jittered uniformly by ±``jitter``."""
+
+    def __init__(self, goals: np.ndarray, episodes: int = 1, seed: int = 0,
+                 jitter: float = 0.0) -> None:  # fmt: skip
+        self.goals = np.repeat(np.asarray(goals, np.float64), episodes, axis=0)
+        b = len(self.goals)
+        first = np.arange(b) % episodes == 0
+        rng = np.random.default_rng([seed, 77])
+        self.starts = np.where(first[:, None], 0.0, rng.uniform(-jitter, jitter, (b, 2)))
+        self.success = np.zeros(b, bool)  # PointRobot has no success flag: stays False
+        self.s = self.starts.copy()
+
+    def reset(self) -> np.ndarray:
+        self.s = self.starts.copy()
+        return self.s.copy()
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.s, r = env_step(self.s, actions, self.goals)
+        return self.s.copy(), r
+
+
+def pointrobot_episodes(cfg: TGDTConfig) -> dict[str, np.ndarray]:
+    """Every task's episodes, as :func:`nshot.methods.tgdt.metaworld.collect` gives them."""
     goals = make_goals(cfg)
-    cols: dict[str, list] = {k: [] for k in ("task", "quality", "episode", "goal", "states",
-                                             "actions", "rewards", "ret")}  # fmt: skip
+    n, q, e, h = cfg.n_tasks, len(QUALITIES), cfg.episodes_per_quality, cfg.horizon
+    states = np.zeros((n, q, e, h, STATE_DIM), np.float32)
+    actions = np.zeros((n, q, e, h, ACT_DIM), np.float32)
+    rewards = np.zeros((n, q, e, h), np.float32)
     for task, goal in enumerate(goals):
         for qi, quality in enumerate(QUALITIES):
             rng = np.random.default_rng([cfg.data_seed, 2, task, qi])
-            s, a, r = scripted_episodes(goal, quality, cfg.episodes_per_quality, cfg.horizon, rng)
-            for e in range(cfg.episodes_per_quality):
-                cols["task"].append(task)
-                cols["quality"].append(quality)
-                cols["episode"].append(e)
-                cols["goal"].append(goal.astype(np.float32).tolist())
-                cols["states"].append(s[e].astype(np.float32).ravel().tolist())
-                cols["actions"].append(a[e].astype(np.float32).ravel().tolist())
-                cols["rewards"].append(r[e].astype(np.float32).tolist())
-                cols["ret"].append(float(r[e].astype(np.float32).sum()))
-    return pa.table({
-        "task": pa.array(cols["task"], pa.int32()),
-        "quality": pa.array(cols["quality"], pa.string()),
-        "episode": pa.array(cols["episode"], pa.int32()),
-        "goal": pa.array(cols["goal"], pa.list_(pa.float32(), 2)),
-        "states": pa.array(cols["states"], pa.list_(pa.float32())),
-        "actions": pa.array(cols["actions"], pa.list_(pa.float32())),
-        "rewards": pa.array(cols["rewards"], pa.list_(pa.float32())),
-        "ret": pa.array(cols["ret"], pa.float32()),
-    })  # fmt: skip
+            s, a, r = scripted_episodes(goal, quality, e, h, rng)
+            states[task, qi], actions[task, qi], rewards[task, qi] = s, a, r
+    return {"goals": goals, "states": states, "actions": actions, "rewards": rewards}
+
+
+def generate(cfg: TGDTConfig) -> pa.Table:
+    """One row per episode: task, quality, episode, goal, states, actions, rewards, return
+    (and, on Meta-World, whether the episode reached its goal)."""
+    if cfg.env == "metaworld":
+        from .metaworld import collect
+
+        def progress(done: int, total: int) -> None:
+            if done % 10 == 0 or done == total:
+                print(f"tgdt: collected Meta-World {cfg.mw_env} task {done}/{total}", flush=True)
+
+        ep = collect(cfg, QUALITIES, progress)
+    else:
+        ep = pointrobot_episodes(cfg)
+    n, q, e = ep["rewards"].shape[:3]
+    index = np.indices((n, q, e)).reshape(3, -1)
+    rows = n * q * e
+    cols = {
+        "task": pa.array(index[0], pa.int32()),
+        "quality": pa.array([QUALITIES[i] for i in index[1]], pa.string()),
+        "episode": pa.array(index[2], pa.int32()),
+        "goal": pa.array(list(ep["goals"][index[0]].astype(np.float32)),
+                         pa.list_(pa.float32(), cfg.goal_dim)),
+        "states": pa.array(list(ep["states"].reshape(rows, -1)), pa.list_(pa.float32())),
+        "actions": pa.array(list(ep["actions"].reshape(rows, -1)), pa.list_(pa.float32())),
+        "rewards": pa.array(list(ep["rewards"].reshape(rows, -1)), pa.list_(pa.float32())),
+        "ret": pa.array(ep["rewards"].reshape(rows, -1).sum(-1), pa.float32()),
+    }  # fmt: skip
+    if "success" in ep:
+        cols["success"] = pa.array(ep["success"].reshape(-1), pa.bool_())
+    return pa.table(cols)
 
 
 def table_key(cfg: TGDTConfig) -> str:
-    return (f"tgdt-pointrobot-n{cfg.n_train_tasks}-{cfg.n_test_tasks}-e{cfg.episodes_per_quality}"
+    env = "pointrobot" if cfg.env == "pointrobot" else f"mw-{cfg.mw_env}"
+    return (f"tgdt-{env}-n{cfg.n_train_tasks}-{cfg.n_test_tasks}-e{cfg.episodes_per_quality}"
             f"-T{cfg.horizon}-s{cfg.data_seed}")  # fmt: skip
 
 
@@ -110,15 +169,18 @@ def data_table(cfg: TGDTConfig) -> pa.Table:
 
 
 @dataclass
-class PointData:
+class OfflineData:
     """The episodes as arrays, indexed [task, quality, episode, step]."""
 
-    goals: np.ndarray  # (N, 2)
-    states: np.ndarray  # (N, 3, E, T, 2)
-    actions: np.ndarray  # (N, 3, E, T, 2)
+    goals: np.ndarray  # (N, goal_dim)
+    states: np.ndarray  # (N, 3, E, T, state_dim)
+    actions: np.ndarray  # (N, 3, E, T, act_dim)
     rewards: np.ndarray  # (N, 3, E, T)
     n_train: int
     horizon: int
+    env: str = "pointrobot"
+    mw_env: str = "reach-v3"
+    success: np.ndarray | None = None  # (N, 3, E) on Meta-World
 
     @property
     def returns(self) -> np.ndarray:
@@ -143,19 +205,36 @@ class PointData:
     def state_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std of the states over every training task (never per task: that would
         leak the goal)."""
-        s = self.states[: self.n_train].reshape(-1, STATE_DIM)
+        s = self.states[: self.n_train].reshape(-1, self.states.shape[-1])
         return s.mean(0), s.std(0) + 1e-6
 
+    def describe(self, task: int, quality: str, ret: float) -> str:
+        """Task ``task``'s goal in the template, with a tier and return."""
+        return describe(self.goals[task], quality, ret, self.horizon, self.env, self.mw_env)
+
     def description(self, task: int, quality: int) -> str:
-        return describe(self.goals[task], QUALITIES[quality], self.tier_return(task, quality),
-                        self.horizon)  # fmt: skip
+        return self.describe(task, QUALITIES[quality], self.tier_return(task, quality))
 
     def test_description(self, task: int, return_scale: float = 1.0) -> str:
-        return describe(self.goals[task], "expert", self.test_return() * return_scale,
-                        self.horizon)  # fmt: skip
+        return self.describe(task, "expert", self.test_return() * return_scale)
+
+    def simulator(self, cfg: TGDTConfig, tasks: np.ndarray, episodes: int = 1,
+                  seed: int = 0) -> Simulator:  # fmt: skip
+        """Batched episodes of these tasks (``episodes`` each, task-major)."""
+        if self.env == "metaworld":
+            from .metaworld import MetaWorldSim
+
+            sim = MetaWorldSim(cfg, tasks, episodes)
+            sim.reset()
+            goals = np.stack([env._target_pos for env in sim.envs])
+            if np.abs(goals - np.repeat(self.goals[tasks], episodes, 0)).max() > 1e-5:
+                raise RuntimeError("metaworld: the benchmark's goals differ from the data's "
+                                   "(another metaworld version?)")  # fmt: skip
+            return sim  # type: ignore[return-value]
+        return PointSim(self.goals[tasks], episodes, seed, cfg.start_jitter)
 
 
-def load_data(cfg: TGDTConfig) -> PointData:
+def load_data(cfg: TGDTConfig) -> OfflineData:
     t = data_table(cfg)
     n, q, e, h = cfg.n_tasks, len(QUALITIES), cfg.episodes_per_quality, cfg.horizon
     if t.num_rows != n * q * e:
@@ -165,16 +244,34 @@ def load_data(cfg: TGDTConfig) -> PointData:
         arr = t.column(name).combine_chunks()
         return np.asarray(arr.flatten() if shape else arr, np.float32).reshape(n, q, e, *shape)
 
-    goals = np.asarray(t.column("goal").combine_chunks().flatten(), np.float64).reshape(n, q, e, 2)
-    return PointData(goals=goals[:, 0, 0], states=col("states", h, STATE_DIM),
-                     actions=col("actions", h, ACT_DIM), rewards=col("rewards", h),
-                     n_train=cfg.n_train_tasks, horizon=h)  # fmt: skip
+    goals = np.asarray(t.column("goal").combine_chunks().flatten(), np.float64)
+    goals = goals.reshape(n, q, e, cfg.goal_dim)
+    success = None
+    if "success" in t.column_names:
+        success = np.asarray(t.column("success").to_numpy(zero_copy_only=False)).reshape(n, q, e)
+    return OfflineData(goals=goals[:, 0, 0], states=col("states", h, cfg.state_dim),
+                       actions=col("actions", h, cfg.act_dim), rewards=col("rewards", h),
+                       n_train=cfg.n_train_tasks, horizon=h, env=cfg.env, mw_env=cfg.mw_env,
+                       success=success)  # fmt: skip
 
 
-def describe(goal: np.ndarray, quality: str, ret: float, horizon: int) -> str:
-    """Paper §4's template for PointRobot; two decimals locate a goal to 0.005."""
-    return (f"Navigate the point robot to the goal at x={goal[0]:+.2f}, y={goal[1]:+.2f}. "
-            f"The data is {quality} with return {ret:.1f} over {horizon} steps.")  # fmt: skip
+# how each Meta-World class's description names its task (any other class: its name)
+MW_TASK_TEXT = {
+    "reach-v3": "Reach with the robot arm's gripper to the goal",
+    "push-v3": "Push the puck with the robot arm to the goal",
+    "pick-place-v3": "Pick up the puck with the robot arm and place it at the goal",
+}
+
+
+def describe(goal: np.ndarray, quality: str, ret: float, horizon: int,
+             env: str = "pointrobot", mw_env: str = "reach-v3") -> str:  # fmt: skip
+    """Paper §4's template (task, data quality, return, length); two decimals locate a goal to
+    0.005 (PointRobot's goals span [−1, 1]², Meta-World reach's about 0.2 × 0.1 × 0.25 m)."""
+    tail = f"The data is {quality} with return {ret:.1f} over {horizon} steps."
+    if env == "metaworld":
+        task = MW_TASK_TEXT.get(mw_env, f"Solve the Meta-World task {mw_env}: the goal")
+        return f"{task} at x={goal[0]:+.2f}, y={goal[1]:+.2f}, z={goal[2]:+.2f}. {tail}"
+    return f"Navigate the point robot to the goal at x={goal[0]:+.2f}, y={goal[1]:+.2f}. {tail}"
 
 
 def tokenize(texts: list[str]) -> np.ndarray:

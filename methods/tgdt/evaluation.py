@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import TGDTConfig
-from .data import MAX_ACTION, QUALITIES, PointData, describe, env_step
+from .data import QUALITIES, OfflineData, Simulator
 from .model import Text, TGDTModel, Window
 from .train import Sampler, dt_loss
 
@@ -35,7 +35,8 @@ from .train import Sampler, dt_loss
 @dataclass
 class Rollouts:
     returns: np.ndarray  # (tasks, episodes)
-    states: np.ndarray  # (tasks, episodes, T + 1, 2)
+    states: np.ndarray  # (tasks, episodes, T + 1, state_dim)
+    success: np.ndarray  # (tasks, episodes): reached the goal (Meta-World; else False)
 
 
 def encode(model: TGDTModel, texts: list[str]) -> Text:
@@ -72,25 +73,21 @@ def history_window(
 def rollout(
     model: TGDTModel,
     cfg: TGDTConfig,
-    goals: np.ndarray,
+    sim: Simulator,
     *,
     texts: list[str] | None = None,
     model_goals: np.ndarray | None = None,
     prompts: Window | None = None,
     episodes: int = 1,
-    seed: int = 0,
     target_return: float | None = None,
 ) -> Rollouts:
-    """Greedy rollouts: ``episodes`` per goal (the first from the origin, the others from a
-    start jittered by ``start_jitter``), conditioned on one description (or model goal, or
-    prompt) per goal; R̂ starts at ``target_return`` (default: the checkpoint's)."""
-    n = len(goals)
-    b = n * episodes
+    """Greedy rollouts of the simulator's episodes (``episodes`` per task, task-major, as the
+    simulator was built), conditioned on one description (or model goal, or prompt) per task;
+    R̂ starts at ``target_return`` (default: the checkpoint's)."""
+    states0 = sim.reset()
+    b = len(states0)
+    n = b // episodes
     rep = np.repeat(np.arange(n), episodes)
-    rng = np.random.default_rng([seed, 77])
-    s = np.zeros((b, 2))
-    jitter = rng.uniform(-cfg.start_jitter, cfg.start_jitter, (b, 2))
-    s[np.arange(b) % episodes != 0] = jitter[np.arange(b) % episodes != 0]
     target = float(model.target_return) if target_return is None else target_return
     text = encode(model, [texts[i] for i in rep]) if texts is not None and model.text else None
     goal_t = torch.as_tensor(model_goals[rep], dtype=torch.float32) if model_goals is not None \
@@ -99,33 +96,35 @@ def rollout(
     if prompts is not None:
         prompt = Window(*(getattr(prompts, f)[torch.as_tensor(rep)] for f in
                           ("rtg", "states", "actions", "timesteps", "valid")))  # fmt: skip
-    h = cfg.horizon
-    states = np.zeros((b, h + 1, 2))
-    actions = np.zeros((b, h, 2))
+    h, bound = cfg.horizon, cfg.max_action
+    states = np.zeros((b, h + 1, states0.shape[1]))
+    actions = np.zeros((b, h, cfg.act_dim))
     rtg = np.zeros((b, h))
-    states[:, 0] = s
+    states[:, 0] = states0
     rtg[:, 0] = target / cfg.rtg_scale
     total = np.zeros(b)
     for t in range(h):
         w = history_window(rtg, states, actions, t, cfg.context, h)
-        a = model.act(w, text, goal_t, prompt)[:, -1].double().numpy() * MAX_ACTION
-        nxt, r = env_step(states[:, t], a, goals[rep])
-        actions[:, t] = np.clip(a, -MAX_ACTION, MAX_ACTION)
+        a = np.clip(model.act(w, text, goal_t, prompt)[:, -1].double().numpy() * bound,
+                    -bound, bound)  # fmt: skip
+        nxt, r = sim.step(a)
+        actions[:, t] = a
         states[:, t + 1] = nxt
         total += r
         if t + 1 < h:
             rtg[:, t + 1] = rtg[:, t] - r / cfg.rtg_scale
-    return Rollouts(total.reshape(n, episodes), states.reshape(n, episodes, h + 1, 2))
+    return Rollouts(total.reshape(n, episodes), states.reshape(n, episodes, h + 1, -1),
+                    sim.success.reshape(n, episodes).copy())  # fmt: skip
 
 
-def norm_scores(data: PointData, tasks: np.ndarray, returns: np.ndarray) -> np.ndarray:
+def norm_scores(data: OfflineData, tasks: np.ndarray, returns: np.ndarray) -> np.ndarray:
     """Per task (R − R_random)/(R_expert − R_random) of the mean return over its episodes."""
     rets = data.returns[tasks]
     r_exp, r_rand = rets[:, 0].mean(-1), rets[:, 2].mean(-1)
     return (returns.mean(-1) - r_rand) / (r_exp - r_rand)
 
 
-def system_inputs(model: TGDTModel, data: PointData, tasks: np.ndarray, cfg: TGDTConfig,
+def system_inputs(model: TGDTModel, data: OfflineData, tasks: np.ndarray, cfg: TGDTConfig,
                   return_scale: float = 1.0) -> dict:  # fmt: skip
     """What the system is conditioned on for these held-out tasks (zero-shot: the test-time
     description; oracle: the goal; Prompt-DT: an expert segment of the task)."""
@@ -141,16 +140,17 @@ def system_inputs(model: TGDTModel, data: PointData, tasks: np.ndarray, cfg: TGD
     return {}
 
 
-def zero_shot(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int,
+def zero_shot(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: int,
               texts: list[str] | None = None, return_scale: float = 1.0) -> Rollouts:  # fmt: skip
     tasks = data.test_tasks
     inputs = system_inputs(model, data, tasks, cfg, return_scale)
     if texts is not None:
         inputs["texts"] = texts
-    return rollout(model, cfg, data.goals[tasks], episodes=cfg.eval_episodes, seed=seed, **inputs)
+    sim = data.simulator(cfg, tasks, cfg.eval_episodes, seed)
+    return rollout(model, cfg, sim, episodes=cfg.eval_episodes, **inputs)
 
 
-def probe_windows(data: PointData, cfg: TGDTConfig, quality: int, episodes: int) -> Window:
+def probe_windows(data: OfflineData, cfg: TGDTConfig, quality: int, episodes: int) -> Window:
     """The first K steps of the first ``episodes`` episodes of a tier, for every task
     (task-major)."""
     n = len(data.goals)
@@ -161,7 +161,7 @@ def probe_windows(data: PointData, cfg: TGDTConfig, quality: int, episodes: int)
 
 
 @torch.no_grad()
-def retrieval_top1(model: TGDTModel, cfg: TGDTConfig, data: PointData) -> float | None:
+def retrieval_top1(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> float | None:
     if not model.has_tbc:
         return None
     n = len(data.goals)
@@ -177,7 +177,7 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: PointData) -> float | None:
+def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> float | None:
     if not (model.has_tbm or model.has_tbc):
         return None
     n, e = len(data.goals), min(cfg.auc_episodes, data.states.shape[2])
@@ -196,7 +196,7 @@ def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: PointData) -> float | None:
 
 
 @torch.no_grad()
-def text_similarity(model: TGDTModel, data: PointData, task: int) -> np.ndarray:
+def text_similarity(model: TGDTModel, data: OfflineData, task: int) -> np.ndarray:
     """Cosine of the held-out task's description embedding with every training task's (TBC
     projection where there is one, else the pooled text tokens)."""
     texts = [data.test_description(i) for i in [task, *range(data.n_train)]]
@@ -210,10 +210,10 @@ def text_similarity(model: TGDTModel, data: PointData, task: int) -> np.ndarray:
     return (emb[1:] @ emb[0]).numpy()
 
 
-def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int) -> Rollouts:
+def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: int) -> Rollouts:
     """Description-guided data sharing, then zero-shot rollouts, one held-out task at a time."""
     sampler = Sampler(cfg, data)
-    returns, states = [], []
+    returns, states, success = [], [], []
     for j, task in enumerate(data.test_tasks):
         near = np.argsort(-text_similarity(model, data, int(task)))[: cfg.share_k]
         tuned = copy.deepcopy(model).train()
@@ -222,8 +222,8 @@ def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: 
         for _ in range(cfg.share_steps):
             rows = rng.choice(near, cfg.share_batch)
             quality = rng.integers(3, size=len(rows))
-            texts = [describe(data.goals[task], QUALITIES[q], data.tier_return(int(r), int(q)),
-                              data.horizon) for r, q in zip(rows, quality, strict=True)]  # fmt: skip
+            texts = [data.describe(int(task), QUALITIES[q], data.tier_return(int(r), int(q)))
+                     for r, q in zip(rows, quality, strict=True)]  # fmt: skip
             b = sampler.dt_batch(rng, rows, quality, texts=texts)
             text = tuned.encode_text(b.texts, b.text_index)
             loss = dt_loss(tuned.act(b.window, text), b.target, b.window.valid)
@@ -232,28 +232,30 @@ def share_and_rollout(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: 
             torch.nn.utils.clip_grad_norm_(tuned.parameters(), cfg.grad_clip)
             opt.step()
         tuned.eval()
-        one = rollout(tuned, cfg, data.goals[[task]], texts=[data.test_description(int(task))],
-                      episodes=cfg.eval_episodes, seed=seed)  # fmt: skip
+        sim = data.simulator(cfg, np.asarray([task]), cfg.eval_episodes, seed)
+        one = rollout(tuned, cfg, sim, texts=[data.test_description(int(task))],
+                      episodes=cfg.eval_episodes)  # fmt: skip
         returns.append(one.returns[0])
         states.append(one.states[0])
-    return Rollouts(np.stack(returns), np.stack(states))
+        success.append(one.success[0])
+    return Rollouts(np.stack(returns), np.stack(states), np.stack(success))
 
 
-def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int,
+def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: int,
                    share: bool = False, shuffled: bool = False,
                    name: str | None = None) -> dict[str, dict]:  # fmt: skip
     """Metrics of one trained system: {row: {metric: value}} (row ``name``, default the
     system); with ``share`` also the data-sharing row, with ``shuffled`` the negative control
     (descriptions permuted among the held-out goals: each goal gets the next goal's
-    description)."""
+    description). On Meta-World every row also has ``success``."""
     name = name or model.system
     model.eval()
     torch.manual_seed(seed)
     tasks = data.test_tasks
     base = zero_shot(model, cfg, data, seed)
     row: dict[str, float | None] = {
-        "norm_score": float(norm_scores(data, tasks, base.returns).mean()),
-        "return": float(base.returns.mean()),
+        "norm_score": None,  # below, with the other rows'
+        "return": None,
         "retrieval_top1": retrieval_top1(model, cfg, data),
         "tbm_auc": tbm_auc(model, cfg, data),
         "leak_delta": None,
@@ -263,18 +265,16 @@ def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: PointData, seed: int
         deltas = [abs(zero_shot(model, cfg, data, seed, return_scale=f).returns.mean() - ref)
                   / abs(ref) for f in cfg.leak_factors]  # fmt: skip
         row["leak_delta"] = float(np.mean(deltas))
-    out = {name: row}
+    out, runs = {name: row}, {name: base}
     if shuffled and model.text is not None and len(tasks) > 1:
         texts = [data.test_description(int(t)) for t in np.roll(tasks, -1)]
-        sh = zero_shot(model, cfg, data, seed, texts=texts)
-        out[f"{name}_shuffled_text"] = {
-            "norm_score": float(norm_scores(data, tasks, sh.returns).mean()),
-            "return": float(sh.returns.mean()),
-        }
+        runs[f"{name}_shuffled_text"] = zero_shot(model, cfg, data, seed, texts=texts)
     if share and model.text is not None:
-        sr = share_and_rollout(model, cfg, data, seed)
-        out[f"{name}_share_k{cfg.share_k}"] = {
-            "norm_score": float(norm_scores(data, tasks, sr.returns).mean()),
-            "return": float(sr.returns.mean()),
-        }
+        runs[f"{name}_share_k{cfg.share_k}"] = share_and_rollout(model, cfg, data, seed)
+    for row_name, run in runs.items():
+        vals = out.setdefault(row_name, {})
+        vals["norm_score"] = float(norm_scores(data, tasks, run.returns).mean())
+        vals["return"] = float(run.returns.mean())
+        if data.env == "metaworld":  # the fraction of held-out episodes that reached the goal
+            vals["success"] = float(run.success.mean())
     return out

@@ -1,5 +1,6 @@
 """`nshot reproduce tgdt`: TG-DT against its ablations and the baselines of paper §4 on the
-held-out PointRobot goals, zero-shot from their descriptions.
+held-out goals (PointRobot, or Meta-World ML1 with ``--preset small-metaworld``), zero-shot
+from their descriptions.
 
 One Ray task per (trained system, seed) trains the system in process and evaluates it; the
 ``tgdt`` task also gives the data-sharing row (``tgdt_share_k{share_k}``) and the negative
@@ -22,7 +23,7 @@ from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 
 from .config import TGDTConfig
-from .data import load_data
+from .data import QUALITIES, OfflineData, load_data
 from .evaluation import evaluate_model, norm_scores, rollout
 from .model import Window
 from .train import Sampler, build_model, dt_loss, fit
@@ -36,6 +37,11 @@ METRICS = {
     "tbm_auc": True,
     "leak_delta": False,
 }
+
+
+def metrics_of(cfg: TGDTConfig) -> dict[str, bool]:
+    """The metrics (higher is better?) of a run: Meta-World adds the success rate."""
+    return {**METRICS, "success": True} if cfg.env == "metaworld" else dict(METRICS)
 
 
 def trained_rows(cfg: TGDTConfig) -> dict[str, dict[str, str]]:
@@ -86,11 +92,12 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
     done = run_jobs(jobs, description=f"tgdt {cfg.preset}")
     per: dict[tuple[str, int], dict[str, float | None]] = {}
     order = rows_order(cfg)
+    metrics = metrics_of(cfg)
     for row in order:
         for seed in seeds:
             for (_, s), res in done.items():
                 if s == seed and row in res["rows"]:
-                    per[(row, seed)] = {m: res["rows"][row].get(m) for m in METRICS}
+                    per[(row, seed)] = {m: res["rows"][row].get(m) for m in metrics}
     rows, stds, samples = aggregate(per)
     order = [r for r in order if r in rows]
     extra: dict[str, Any] = {
@@ -106,17 +113,18 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
     }  # fmt: skip
     plot(rows, stds, order, workdir / "tgdt.png")
     return ResultsTable(
-        method="tgdt", preset=cfg.preset, seeds=len(seeds), metrics=METRICS,
-        rows={s: {m: rows[s].get(m) for m in METRICS} for s in order},
-        stds={s: {m: stds[s].get(m) for m in METRICS} for s in order},
-        samples={s: {m: samples[s].get(m, []) for m in METRICS} for s in order},
+        method="tgdt", preset=cfg.preset, seeds=len(seeds), metrics=metrics,
+        rows={s: {m: rows[s].get(m) for m in metrics} for s in order},
+        stds={s: {m: stds[s].get(m) for m in metrics} for s in order},
+        samples={s: {m: samples[s].get(m, []) for m in metrics} for s in order},
         runtime_s=time.time() - t0, notes=_notes(cfg), extra=extra,
     )  # fmt: skip
 
 
 def _notes(cfg: TGDTConfig) -> list[str]:
-    return [
-        f"PointRobot: {cfg.n_train_tasks} training goals, {cfg.n_test_tasks} held-out goals; "
+    env = "PointRobot" if cfg.env == "pointrobot" else f"Meta-World ML1 {cfg.mw_env}"
+    notes = [
+        f"{env}: {cfg.n_train_tasks} training goals, {cfg.n_test_tasks} held-out goals; "
         f"{cfg.episodes_per_quality} episodes per quality tier and task, horizon {cfg.horizon}. "
         f"Rows are means (± std) over {cfg.seeds} training seed(s); each seed rolls out "
         f"{cfg.eval_episodes} episode(s) per held-out goal.",
@@ -127,32 +135,48 @@ def _notes(cfg: TGDTConfig) -> list[str]:
         "retrieval_top1 and tbm_auc are null for rows without the heads; tbm_auc of "
         "tgdt_no_tbm is the TBC cosine; leak_delta is measured for the text-conditioned rows.",
         "prompt_dt sees an expert segment of the held-out task (few-shot), it is not zero-shot.",
-    ] + (
-        [
+    ]
+    if cfg.minilm_row:
+        notes.append(
             "tgdt_minilm: TG-DT with frozen all-MiniLM-L6-v2 sentence embeddings as its text "
             "encoder (one projected memory token per description)."
-        ]
-        if cfg.minilm_row
-        else []
-    )
+        )
+    if cfg.env == "metaworld":
+        notes.append(
+            "success: the fraction of held-out episodes in which the gripper reached the goal "
+            "(Meta-World's success flag) at some step; expert and medium data: the scripted "
+            "policy told the goal, random data: uniform actions."
+        )
+    return notes
 
 
-def reference_scores(cfg: TGDTConfig, data) -> dict[str, float]:  # noqa: ANN001
+def reference_scores(cfg: TGDTConfig, data: OfflineData) -> dict[str, float]:
     """Sanity references of the normalised score on the held-out goals: the scripted expert
-    controller (≈ 1 by construction) and standing still at the origin."""
+    (≈ 1 by construction; on Meta-World the noise-free scripted policy, also its success rate)
+    and standing still."""
     tasks = data.test_tasks
-    goals = data.goals[tasks]
-    s = np.zeros((len(tasks), 2))
-    total = np.zeros(len(tasks))
-    still = -np.linalg.norm(goals, axis=-1) * cfg.horizon
+    sim = data.simulator(cfg, tasks)
+    s = sim.reset()
+    total, still = np.zeros(len(tasks)), np.zeros(len(tasks))
     for _ in range(cfg.horizon):
-        a = np.clip(goals - s, -0.1, 0.1)
-        s = s + a
-        total -= np.linalg.norm(s - goals, axis=-1)
-    return {
-        "expert_controller_norm_score": float(norm_scores(data, tasks, total[:, None]).mean()),
-        "stand_still_norm_score": float(norm_scores(data, tasks, still[:, None]).mean()),
-    }
+        if data.env == "metaworld":
+            a = sim.expert_actions(s)  # type: ignore[attr-defined]
+        else:
+            a = np.clip(data.goals[tasks] - s, -cfg.max_action, cfg.max_action)
+        s, r = sim.step(a)
+        total += r
+    out = {"expert_controller_norm_score": float(norm_scores(data, tasks, total[:, None]).mean())}
+    if data.env == "metaworld":
+        out["expert_controller_success"] = float(sim.success.mean())
+    sim = data.simulator(cfg, tasks)
+    sim.reset()
+    for _ in range(cfg.horizon):
+        still += sim.step(np.zeros((len(tasks), cfg.act_dim)))[1]
+    out["stand_still_norm_score"] = float(norm_scores(data, tasks, still[:, None]).mean())
+    if data.env == "metaworld":
+        out["data_success"] = {q: float(data.success[tasks, i].mean())  # type: ignore[index]
+                               for i, q in enumerate(QUALITIES)}  # fmt: skip
+    return out
 
 
 def plot(rows: dict, stds: dict, order: list[str], path: Path) -> None:
@@ -228,7 +252,8 @@ def unit_checks(seed: int = 0) -> dict[str, float]:
             dt, al = sampler.step_batch(r, align=True)
             enc = model.encode_text(dt.texts, dt.text_index)
             fractions.append(float(align_terms(model, al, enc, gen)["tbm_positive_fraction"]))
-        moved = rollout(model, cfg, data.goals[:2], texts=[data.test_description(0)] * 2)
+        moved = rollout(model, cfg, data.simulator(cfg, np.arange(2)),
+                        texts=[data.test_description(0)] * 2)  # fmt: skip
     return {
         "padding_max_abs_change": padding,
         "causal_max_abs_change": causal,

@@ -27,7 +27,7 @@ from nshot.errors import NshotError
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import TGDTConfig
-from .data import ACT_DIM, MAX_ACTION, MAX_DESC_LEN, STATE_DIM, VOCAB, tokenize
+from .data import MAX_DESC_LEN, VOCAB, tokenize
 
 
 class Attention(nn.Module):
@@ -155,8 +155,8 @@ class Window:
     """A batch of K-step windows (left-padded): R̂ already divided by the scale."""
 
     rtg: torch.Tensor  # (B, K)
-    states: torch.Tensor  # (B, K, 2)
-    actions: torch.Tensor  # (B, K, 2)
+    states: torch.Tensor  # (B, K, state_dim)
+    actions: torch.Tensor  # (B, K, act_dim)
     timesteps: torch.Tensor  # (B, K) long
     valid: torch.Tensor  # (B, K) bool
 
@@ -168,22 +168,23 @@ class TGDTModel(nn.Module):
         self.system = cfg.system
         self.cross = cfg.cross
         self.embed_rtg = nn.Linear(1, d)
-        self.embed_state = nn.Linear(STATE_DIM, d)
-        self.embed_action = nn.Linear(ACT_DIM, d)
+        self.max_action = cfg.max_action
+        self.embed_state = nn.Linear(cfg.state_dim, d)
+        self.embed_action = nn.Linear(cfg.act_dim, d)
         self.embed_time = nn.Embedding(cfg.horizon, d)
         self.ln_in = nn.LayerNorm(d)
         self.blocks = nn.ModuleList(
             Block(d, cfg.heads, cfg.dropout, cross=cfg.cross) for _ in range(cfg.layers)
         )
         self.ln_out = nn.LayerNorm(d)
-        self.action_head = nn.Linear(d, ACT_DIM)
+        self.action_head = nn.Linear(d, cfg.act_dim)
         self.text: TextEncoder | MiniLMEncoder | None = None
         if cfg.uses_text:
             self.text = TextEncoder(cfg) if cfg.text_encoder == "char" else MiniLMEncoder(cfg)
         if cfg.system == "naive_text_dt":
             self.cond = nn.Linear(2 * d, d)
         elif cfg.system == "oracle_dt":
-            self.cond = nn.Linear(d + 2, d)
+            self.cond = nn.Linear(d + cfg.goal_dim, d)
         if cfg.system == "prompt_dt":
             self.prompt_marker = nn.Parameter(torch.zeros(d))
         if cfg.tbc:
@@ -192,8 +193,8 @@ class TGDTModel(nn.Module):
             self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         if cfg.tbm:
             self.tbm_head = nn.Linear(d, 2)
-        self.register_buffer("state_mean", torch.zeros(STATE_DIM))
-        self.register_buffer("state_std", torch.ones(STATE_DIM))
+        self.register_buffer("state_mean", torch.zeros(cfg.state_dim))
+        self.register_buffer("state_std", torch.ones(cfg.state_dim))
         self.register_buffer("target_return", torch.zeros(()))
 
     @property
@@ -220,7 +221,7 @@ class TGDTModel(nn.Module):
         t = self.embed_time(w.timesteps)
         s = (w.states - self.state_mean) / self.state_std
         e = torch.stack([self.embed_rtg(w.rtg[..., None]) + t, self.embed_state(s) + t,
-                         self.embed_action(w.actions / MAX_ACTION) + t], 2)  # fmt: skip
+                         self.embed_action(w.actions / self.max_action) + t], 2)  # fmt: skip
         return e.reshape(b, 3 * k, -1), w.valid.repeat_interleave(3, 1)
 
     def decode(self, x, valid, causal, text: Text | None = None):  # noqa: ANN001
@@ -253,7 +254,7 @@ class TGDTModel(nn.Module):
         goal: torch.Tensor | None = None,
         prompt: Window | None = None,
     ) -> torch.Tensor:
-        """Predicted actions (B, K, 2) in units of MAX_ACTION (tanh, in [−1, 1]): the one of
+        """Predicted actions (B, K, act_dim) in units of the action bound (tanh, in [−1, 1]): the one of
         step t is read at the token of s_t."""
         x, valid = self.tokens(w)
         x = self.condition(x, text, goal)

@@ -1,12 +1,13 @@
 """TG-DT predictor (paper §3, zero-shot inference): a task description, the trajectory so far
 and a target return → the next action; or, with ``mode: "rollout"``, episodes in the built-in
-PointRobot environment.
+PointRobot environment (PointRobot checkpoints only: a Meta-World checkpoint answers ``act``
+requests, its states being the environment's 39 observation values with the goal entries 0).
 
 ``act``: ``states`` holds s_0 … s_t (1 or more; longer histories are truncated to the last K
 steps), ``actions`` and ``rewards`` the len(states) − 1 steps taken; the return-to-go starts at
 ``target_return`` (default: the checkpoint's, the mean expert return of the training tasks) and
-falls by each reward. The answer is the action at s_t (within [−0.1, 0.1]²) and the
-return-to-go it was conditioned on. ``rollout``: ``goal`` is used by the environment only (and,
+falls by each reward. The answer is the action at s_t (within the environment's bounds:
+[−0.1, 0.1]² on PointRobot, [−1, 1]⁴ on Meta-World) and the return-to-go it was conditioned on. ``rollout``: ``goal`` is used by the environment only (and,
 for an ``oracle_dt`` checkpoint, by the model, which is conditioned on it).
 """
 
@@ -23,19 +24,23 @@ from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .data import ACT_DIM, MAX_ACTION, MAX_DESC_LEN, STATE_DIM
+from .data import MAX_DESC_LEN, PointSim
 from .evaluation import encode, history_window, rollout
 from .model import load_model
 
 MAX_HISTORY = 1000
 
 
-def _finite_rows(name: str, rows: list[list[float]], dim: int) -> None:
+def _finite_rows(name: str, rows: list[list[float]]) -> None:
+    for i, row in enumerate(rows):
+        if not all(math.isfinite(v) for v in row):
+            raise ValueError(f"{name}[{i}]: NaN or inf")
+
+
+def _check_dims(name: str, rows: list[list[float]], dim: int) -> None:
     for i, row in enumerate(rows):
         if len(row) != dim:
             raise ValueError(f"{name}[{i}]: {len(row)} values, the environment's {name} have {dim}")
-        if not all(math.isfinite(v) for v in row):
-            raise ValueError(f"{name}[{i}]: NaN or inf")
 
 
 class TGDTRequest(StrictRequest):
@@ -43,17 +48,26 @@ class TGDTRequest(StrictRequest):
     description: str = Field(..., min_length=1, max_length=MAX_DESC_LEN,
                              description="the task in words (1–512 characters)")  # fmt: skip
     states: list[list[float]] | None = Field(
-        None, min_length=1, max_length=MAX_HISTORY, description="act: s_0 … s_t, each of 2"
+        None,
+        min_length=1,
+        max_length=MAX_HISTORY,
+        description="act: s_0 … s_t, each of the environment's state size (2; Meta-World 39)",
     )
     actions: list[list[float]] | None = Field(
-        None, max_length=MAX_HISTORY, description="act: len(states) − 1 actions, each of 2"
+        None,
+        max_length=MAX_HISTORY,
+        description="act: len(states) − 1 actions, each of the action size (2; Meta-World 4)",
     )
     rewards: list[float] | None = Field(
         None, max_length=MAX_HISTORY, description="act: len(states) − 1 rewards"
     )
     target_return: float | None = Field(None, description="return-to-go at s_0")
     goal: list[float] | None = Field(
-        None, min_length=2, max_length=2, description="rollout: the environment's goal in [−1, 1]²"
+        None,
+        min_length=2,
+        max_length=3,
+        description="rollout: PointRobot's goal in [−1, 1]²; an oracle_dt checkpoint's goal "
+        "(3 coordinates on Meta-World)",
     )
     episodes: int = Field(1, ge=1, le=20, description="rollout: episodes (1–20)")
 
@@ -66,15 +80,13 @@ class TGDTRequest(StrictRequest):
         if self.goal is not None:
             if not all(math.isfinite(v) for v in self.goal):
                 raise ValueError("goal: NaN or inf")
-            if any(abs(v) > 1.0 for v in self.goal):
-                raise ValueError("goal: outside [-1, 1]²")
         if self.mode == "rollout":
             if self.goal is None:
                 raise ValueError("goal: a rollout needs the environment's goal")
             return self
         if self.states is None:
             raise ValueError("states: the act mode needs the states so far")
-        _finite_rows("states", self.states, STATE_DIM)
+        _finite_rows("states", self.states)
         n = len(self.states) - 1
         actions, rewards = self.actions or [], self.rewards or []
         if len(actions) != n:
@@ -83,7 +95,7 @@ class TGDTRequest(StrictRequest):
         if len(rewards) != n:
             raise ValueError(f"rewards: {len(rewards)} given for {len(self.states)} states "
                              f"(need len(states) − 1 = {n})")  # fmt: skip
-        _finite_rows("actions", actions, ACT_DIM)
+        _finite_rows("actions", actions)
         for i, r in enumerate(rewards):
             if not math.isfinite(r):
                 raise ValueError(f"rewards[{i}]: NaN or inf")
@@ -110,15 +122,26 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return {"system": self.cfg.system, "context": self.cfg.context,
-                "horizon": self.cfg.horizon, "state_dim": STATE_DIM, "action_dim": ACT_DIM,
-                "max_action": MAX_ACTION,
+                "env": self.cfg.env, "horizon": self.cfg.horizon,
+                "state_dim": self.cfg.state_dim, "action_dim": self.cfg.act_dim,
+                "max_action": self.cfg.max_action,
                 "target_return": round(float(self.model.target_return), 4)}  # fmt: skip
 
     def example_request(self) -> dict[str, Any]:
         from .data import describe
 
+        cfg = self.cfg
+        if cfg.env == "metaworld":
+            desc = describe(np.array([0.0, 0.85, 0.15]), "expert", float(self.model.target_return),
+                            cfg.horizon, cfg.env, cfg.mw_env)  # fmt: skip
+            state = [0.0, 0.6, 0.2, 1.0, 0.0, 0.6, 0.02, 1.0] + [0.0] * 31
+            out = {"description": desc, "states": [state, state], "actions": [[0.0] * 4],
+                   "rewards": [1.0]}  # fmt: skip
+            if cfg.system == "oracle_dt":
+                out["goal"] = [0.0, 0.85, 0.15]
+            return out
         desc = describe(np.array([0.3, -0.7]), "expert", float(self.model.target_return),
-                        self.cfg.horizon)  # fmt: skip
+                        cfg.horizon)  # fmt: skip
         return {"description": desc, "states": [[0.0, 0.0], [0.1, -0.1]],
                 "actions": [[0.1, -0.1]], "rewards": [-0.67], "target_return": -2.5}  # fmt: skip
 
@@ -126,8 +149,23 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         if self.cfg.system == "prompt_dt":
             raise ValueError("mode: a prompt_dt checkpoint needs a prompt of expert steps, "
                              "which this endpoint does not take")  # fmt: skip
-        if self.cfg.system == "oracle_dt" and request.goal is None:
+        cfg = self.cfg
+        if cfg.system == "oracle_dt" and request.goal is None:
             raise ValueError("goal: an oracle_dt checkpoint is conditioned on the goal")
+        if request.mode == "rollout" and cfg.env != "pointrobot":
+            raise ValueError(f"mode: rollouts run the built-in PointRobot only; this {cfg.env} "
+                             "checkpoint answers act requests")  # fmt: skip
+        if request.goal is not None:
+            want = 2 if request.mode == "rollout" else cfg.goal_dim
+            if len(request.goal) != want:
+                raise ValueError(f"goal: {len(request.goal)} values, the environment's goal "
+                                 f"has {want}")  # fmt: skip
+            if cfg.env == "pointrobot" and any(abs(v) > 1.0 for v in request.goal):
+                raise ValueError("goal: outside [-1, 1]²")
+        if request.mode == "act":
+            assert request.states is not None
+            _check_dims("states", request.states, cfg.state_dim)
+            _check_dims("actions", request.actions or [], cfg.act_dim)
 
     @torch.no_grad()
     def __call__(self, request: TGDTRequest) -> TGDTResponse:
@@ -138,15 +176,16 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         goal = None if request.goal is None else np.asarray([request.goal], np.float64)
         if request.mode == "rollout":
             assert goal is not None
-            r = rollout(model, cfg, goal, texts=[request.description],
+            sim = PointSim(goal, request.episodes, seed=0, jitter=cfg.start_jitter)
+            r = rollout(model, cfg, sim, texts=[request.description],
                         model_goals=goal if cfg.system == "oracle_dt" else None,
-                        episodes=request.episodes, seed=0, target_return=target)  # fmt: skip
+                        episodes=request.episodes, target_return=target)  # fmt: skip
             return TGDTResponse(returns=[round(float(v), 6) for v in r.returns[0]],
                                 trajectory=np.round(r.states[0, 0], 6).tolist())  # fmt: skip
         assert request.states is not None
         states = np.asarray(request.states, np.float64)[None]
         n = states.shape[1]
-        actions = np.zeros((1, n, ACT_DIM))
+        actions = np.zeros((1, n, cfg.act_dim))
         if n > 1:
             actions[0, :-1] = np.asarray(request.actions)
         rtg = np.empty((1, n))
@@ -158,6 +197,6 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         text = encode(model, [request.description]) if model.text is not None else None
         goal_t = torch.as_tensor(goal, dtype=torch.float32) if goal is not None else None
         a = model.act(w, text, goal_t if cfg.system == "oracle_dt" else None)[0, -1]
-        action = np.clip(a.double().numpy() * MAX_ACTION, -MAX_ACTION, MAX_ACTION)
+        action = np.clip(a.double().numpy() * cfg.max_action, -cfg.max_action, cfg.max_action)
         return TGDTResponse(action=[round(float(v), 6) for v in action],
                             rtg=round(float(rtg[0, -1]), 6))  # fmt: skip

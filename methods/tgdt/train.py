@@ -24,14 +24,14 @@ import torch.nn.functional as F
 from nshot.train import session
 
 from .config import TGDTConfig
-from .data import MAX_ACTION, PointData, load_data
+from .data import OfflineData, load_data
 from .model import Text, TGDTModel, Window
 
 
 @dataclass
 class DTBatch:
     window: Window
-    target: torch.Tensor  # (B, K, 2) actions / MAX_ACTION
+    target: torch.Tensor  # (B, K, act_dim) actions / the action bound
     texts: list[str] | None  # the unique descriptions
     text_index: torch.Tensor | None
     goal: torch.Tensor | None
@@ -49,7 +49,7 @@ class AlignBatch:
 class Sampler:
     """Windows and descriptions drawn from the offline data."""
 
-    def __init__(self, cfg: TGDTConfig, data: PointData) -> None:
+    def __init__(self, cfg: TGDTConfig, data: OfflineData) -> None:
         self.cfg, self.data = cfg, data
         r = data.rewards
         self.rtg = np.flip(np.cumsum(np.flip(r, -1), -1), -1).copy() / cfg.rtg_scale
@@ -103,7 +103,7 @@ class Sampler:
             goal = torch.as_tensor(d.goals[tasks], dtype=torch.float32)
         if cfg.system == "prompt_dt":
             prompt = self.prompt(tasks, rng)
-        return DTBatch(w, w.actions / MAX_ACTION, uniq, index, goal, prompt)
+        return DTBatch(w, w.actions / cfg.max_action, uniq, index, goal, prompt)
 
     def step_batch(
         self, rng: np.random.Generator, align: bool
@@ -206,7 +206,7 @@ class LossModule(torch.nn.Module):
         return terms
 
 
-def build_model(cfg: TGDTConfig, data: PointData) -> TGDTModel:
+def build_model(cfg: TGDTConfig, data: OfflineData) -> TGDTModel:
     torch.manual_seed(cfg.seed + 31)
     model = TGDTModel(cfg)
     mean, std = data.state_stats()
@@ -226,7 +226,7 @@ def lr_at(cfg: TGDTConfig, step: int) -> float:
 
 def fit(
     cfg: TGDTConfig,
-    data: PointData | None = None,
+    data: OfflineData | None = None,
     *,
     model: TGDTModel | None = None,
     opt: torch.optim.Optimizer | None = None,
