@@ -1,6 +1,6 @@
-"""TG-DT as an nshot Method: one system trained under Ray Train on the PointRobot offline data,
-evaluated by zero-shot rollouts on the held-out goals, and a predictor of the next action from a
-description, the trajectory so far and a target return."""
+"""TG-DT as an nshot Method: one system trained under Ray Train on the PointRobot (or Meta-World)
+offline data, evaluated by zero-shot rollouts on the held-out goals, and a predictor of the next
+action from a description, the trajectory so far and a target return."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ class TGDTMethod(Method):
     version = VERSION
     Config = TGDTConfig
     claims = CLAIMS
+    packages = ("metaworld", "mujoco")  # the Meta-World track's simulator (the metaworld extra)
 
     def data(self, cfg: TGDTConfig) -> dict[str, pa.Table]:
-        """The PointRobot episodes: ``train`` (training goals) and ``test`` (held-out goals)."""
+        """The episodes (PointRobot, or Meta-World with ``env=metaworld``): ``train`` (training
+        goals) and ``test`` (held-out goals)."""
         from .data import data_table
 
         t = data_table(cfg)
