@@ -4,6 +4,7 @@ the real ones (the diagnosis of the disc claims of `nshot reproduce timemode --p
     python examples/timemode_roughness.py                  # small preset, seed 0: about 2 minutes
     python examples/timemode_roughness.py --preset smoke   # the synthetic corpus: seconds
     python examples/timemode_roughness.py --samplers ddpm_posterior,ddim   # other reverse chains
+    python examples/timemode_roughness.py --set prediction=x0   # the x0-predicting denoiser
 
 Trains a from-scratch TimeMoDE on the target's few-shot windows (the `from_scratch` row's
 recipe), samples it, and prints, for the real reference windows, the few-shot windows, the
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from nshot.method import get
+from nshot.method import get, parse_overrides
 from nshot.methods.timemode.experiments import roughness_report
 
 
@@ -29,8 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samplers", default="", help="comma list: ddpm_posterior, ddim")
     ap.add_argument("--out", default=None, help="also write the report as JSON here")
+    ap.add_argument("--set", action="append", default=[], help="override a field: KEY=VALUE")
     args = ap.parse_args(argv)
-    cfg = get("timemode").config(args.preset)
+    cfg = get("timemode").config(args.preset, **parse_overrides(args.set))
     samplers = tuple(s for s in args.samplers.split(",") if s)
     report = roughness_report(cfg, args.seed, samplers)
     print(f"{'windows':<28} {'dx_ratio':>9} {'dx_acf1':>8} {'hf_share':>9} {'disc':>6} {'fid':>6}")

@@ -142,6 +142,25 @@ def test_samplers_on_gaussian_data():
         Diffusion(10, sampler="euler")
 
 
+def test_x0_prediction_runs_the_same_chains():
+    """For N(0, I) data the exact x̂0 is √ᾱ_t x_t and the exact ε̂ √(1 − ᾱ_t) x_t: the
+    x0-predicting diffusion given the one and the ε-predicting given the other run the same
+    chain (every sampler, same noise), and each is trained on its own target."""
+    from nshot.methods.timemode.model import SAMPLERS, Diffusion
+
+    for sampler in SAMPLERS:
+        by_eps, by_x0 = Diffusion(60, sampler=sampler), Diffusion(60, sampler, prediction="x0")
+        a = by_eps.sample(lambda x, t, d=by_eps: (1 - d._at(d.abar, t)).sqrt() * x, (64, 8, 1),
+                          torch.Generator().manual_seed(3))  # fmt: skip
+        b = by_x0.sample(lambda x, t, d=by_x0: d._at(d.abar, t).sqrt() * x, (64, 8, 1),
+                         torch.Generator().manual_seed(3))  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    x0, eps = torch.randn(2, 8, 1), torch.randn(2, 8, 1)
+    assert torch.equal(by_x0.target(x0, eps), x0) and torch.equal(by_eps.target(x0, eps), eps)
+    with pytest.raises(ValueError, match="prediction"):
+        Diffusion(10, prediction="v")
+
+
 def test_one_chain_over_several_sets_equals_each_set_alone():
     from nshot.methods.timemode.experiments import randomise
     from nshot.methods.timemode.model import Denoiser, Diffusion, generate, generate_many

@@ -73,6 +73,11 @@ class TimeModeConfig(MethodConfig):
     )
     # diffusion
     diffusion_steps: int = Field(100, ge=2, le=2000, description="T")
+    prediction: Literal["eps", "x0"] = Field(
+        "eps",
+        description="the denoiser's target: eps (the noise, DDPM's parametrisation) or x0 "
+        "(the clean window, as Diffusion-TS; the reverse chain reads x̂0 directly)",
+    )
     w_p: float = Field(0.01, ge=0.0, le=10.0, description="prototype orthogonality weight")
     w_a: float = Field(0.01, ge=0.0, le=10.0, description="load-balancing weight")
     # optimisation

@@ -71,7 +71,7 @@ def _disc(cfg: TimeModeConfig, fake: np.ndarray, real: np.ndarray, seed: int) ->
 def _sample(
     cfg: TimeModeConfig, state: TimeModeState, shots: np.ndarray, seed: int, sampler: str = "ddpm"
 ) -> np.ndarray:
-    diffusion = Diffusion(cfg.diffusion_steps, sampler=sampler)
+    diffusion = Diffusion(cfg.diffusion_steps, sampler=sampler, prediction=cfg.prediction)
     ex = torch.from_numpy(shots)
     return generate(state.ema, diffusion, ex, cfg.n_generate, seed + 1111).numpy()
 

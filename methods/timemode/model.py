@@ -209,7 +209,7 @@ class PromptEncoder(nn.Module):
 
 @dataclass
 class Output:
-    eps: torch.Tensor
+    eps: torch.Tensor  # the denoiser's output: ε̂, or x̂0 where the diffusion predicts x0
     routings: list[Routing]
 
 
@@ -275,7 +275,7 @@ SAMPLERS = ("ddpm", "ddpm_posterior", "ddim")
 
 
 class Diffusion:
-    """DDPM with ε-prediction and the fixed reverse variance σ_t² = β_t (Ho et al. 2020; exact
+    """DDPM (ε-prediction by default) with the fixed reverse variance σ_t² = β_t (Ho et al. 2020; exact
     for N(0, I) data, see the unit check); linear β schedule rescaled to T.
 
     ``sampler`` picks the reverse chain (the model is trained the same way for all three):
@@ -283,12 +283,18 @@ class Diffusion:
     the posterior variance σ_t² = β̃_t = β_t (1 − ᾱ_{t−1}) / (1 − ᾱ_t) (Ho et al. 2020 §3.2, the
     smaller choice); ``"ddim"`` the deterministic DDIM chain (Song et al. 2021, η = 0) over all T
     steps, from the same clipped x̂0. The alternatives exist for the diagnosis of rough samples
-    (:func:`~.experiments.roughness_report`)."""
+    (:func:`~.experiments.roughness_report`).
 
-    def __init__(self, steps: int, sampler: str = "ddpm") -> None:
+    ``prediction`` is what the denoiser outputs and is trained on: ``"eps"`` (default) the
+    noise, ``"x0"`` the clean window (the parametrisation of Diffusion-TS); every chain reads
+    x̂0 through :meth:`predict_x0`, so both parametrisations share them."""
+
+    def __init__(self, steps: int, sampler: str = "ddpm", prediction: str = "eps") -> None:
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler: {sampler!r} is not one of {SAMPLERS}")
-        self.sampler = sampler
+        if prediction not in ("eps", "x0"):
+            raise ValueError(f"prediction: {prediction!r} is not eps or x0")
+        self.sampler, self.prediction = sampler, prediction
         self.T = steps
         scale = 1000.0 / steps
         b = torch.linspace(1e-4 * scale, 2e-2 * scale, steps, dtype=torch.float64).clamp(max=0.999)
@@ -309,13 +315,21 @@ class Diffusion:
     def posterior_mean(self, x0: torch.Tensor, xt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self._at(self.coef_x0, t) * x0 + self._at(self.coef_xt, t) * xt
 
-    def predict_x0(self, xt: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    def predict_x0(self, xt: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x̂0 (clipped to [−3, 3]) from the denoiser's output: ε̂ or, with ``prediction="x0"``,
+        x̂0 itself."""
+        if self.prediction == "x0":
+            return out.clamp(-3.0, 3.0)
         ab = self._at(self.abar, t)
-        return ((xt - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-3.0, 3.0)
+        return ((xt - (1 - ab).sqrt() * out) / ab.sqrt()).clamp(-3.0, 3.0)
 
-    def reverse_mean(self, xt: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    def target(self, x0: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """What the denoiser is trained to output (MSE): the noise, or the clean window."""
+        return x0 if self.prediction == "x0" else eps
+
+    def reverse_mean(self, xt: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The mean of p(x_{t−1} | x_t): the posterior mean at x̂0 (clipped to [−3, 3])."""
-        return self.posterior_mean(self.predict_x0(xt, t, eps), xt, t)
+        return self.posterior_mean(self.predict_x0(xt, t, out), xt, t)
 
     @torch.no_grad()
     def sample(self, eps_fn, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:

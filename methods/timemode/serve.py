@@ -64,7 +64,7 @@ class TimeModePredictor(Predictor[TimeModeRequest, TimeModeResponse]):
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
         self.state, self.cfg, self.run = load_model(checkpoint)
         self.domains = list(self.run["domains"])
-        self.diffusion = Diffusion(self.cfg.diffusion_steps)
+        self.diffusion = Diffusion(self.cfg.diffusion_steps, prediction=self.cfg.prediction)
         self.length, self.channels = self.state.bank.shape[2], self.state.bank.shape[3]
 
     @classmethod

@@ -73,7 +73,7 @@ def loss_terms(
     out = (forward or net)(xt, t, ex)
     inner = getattr(net, "module", net)
     ortho, bal = inner.regularisers(out.routings)
-    mse = (out.eps - eps).pow(2).mean()
+    mse = (out.eps - diffusion.target(x0, eps)).pow(2).mean()
     total = mse + cfg.w_p * ortho + cfg.w_a * bal
     ent = torch.zeros(())
     if out.routings:
@@ -145,7 +145,7 @@ def fit(
     data = data or stage_data(cfg)
     state = state or new_state(cfg, data, init if init is not None else init_weights(cfg))
     opt = opt or new_optimizer(cfg, state)
-    diffusion = Diffusion(cfg.diffusion_steps)
+    diffusion = Diffusion(cfg.diffusion_steps, prediction=cfg.prediction)
     params = [p for g in opt.param_groups for p in g["params"]]
     state.net.train()
     for step in range(start + 1, cfg.steps + 1):
