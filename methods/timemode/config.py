@@ -170,9 +170,6 @@ class TimeModeConfig(MethodConfig):
             "disc_iters": 150, "disc_batch": 256, "disc_lr": 1e-2, "regime_seeds": 1,
             "ablation_seeds": 1,
             "pred_iters": 200, "log_every": 50, "checkpoint_every": 500,
-            # x0-prediction: its from-scratch samples are closer to the real windows' roughness
-            # on all three statistics than ε-prediction's (examples/timemode_roughness.py)
-            "prediction": "x0",
         },
         "paper": {
             "fetch_data": True, "d_model": 256, "depth": 6, "heads": 4, "experts": 8,
