@@ -335,6 +335,41 @@ def test_paper_path_trains_evaluates_and_serves(paper_files, tmp_path):
     assert len(answer.anomaly_map) == 32 and 0 < answer.valid_fraction < 1
 
 
+def test_real_validation_gets_synthetic_defects_and_a_tune_objective(paper_files, tmp_path):
+    """MVTec 3D-AD's validation images are all normal: each gets an anomalous copy (a defect
+    inside the object, changing only valid pixels inside its mask), so the Tune objective
+    exists on real data; val_synthetic=false keeps the normal images alone."""
+    from nshot.methods.cfr.data import load_class
+    from nshot.methods.cfr.evaluation import class_test_features, validation_metrics
+    from nshot.methods.cfr.train import fit, shot_features
+
+    cfg = paper_cfg(paper_files)
+    plain = load_class(cfg.replace(val_synthetic=False), "bagel")["val"]
+    val = load_class(cfg, "bagel")["val"]
+    n = len(plain)
+    assert set(plain.label.tolist()) == {0} and len(val) == 2 * n
+    assert val.label.tolist() == [0] * n + [1] * n
+    assert {d for d in val.defect[n:]} <= {"synthetic-geometric", "synthetic-colour",
+                                           "synthetic-both"}  # fmt: skip
+    np.testing.assert_array_equal(val.rgb[:n], plain.rgb)
+    for i in range(n):
+        m = val.mask[n + i]
+        valid = np.abs(plain.xyz[i]).sum(-1) > 0
+        assert m.any() and not (m & ~valid).any()  # inside the object only
+        changed = (val.rgb[n + i] != plain.rgb[i]).any(-1) | (val.xyz[n + i] != plain.xyz[i]).any(
+            -1
+        )
+        assert changed.any() and not (changed & ~m).any()  # nothing outside the mask
+    again = load_class(cfg, "bagel")["val"]  # seeded: the same defects
+    np.testing.assert_array_equal(again.xyz, val.xyz)
+    model = fit(cfg, shot_features(cfg))
+    feats = class_test_features(cfg, "bagel", "val")
+    got = validation_metrics(model, cfg, feats, banks_built=True)
+    assert set(got) == {"val_aupro30", "val_i_auroc"} and all(np.isfinite(list(got.values())))
+    plain_feats = class_test_features(cfg.replace(val_synthetic=False), "bagel", "val")
+    assert validation_metrics(model, cfg, plain_feats, banks_built=True) == {}
+
+
 def test_paper_reproduction_has_every_row_and_the_real_defect_types(
     paper_files, tmp_path, monkeypatch
 ):

@@ -82,6 +82,12 @@ class CfrConfig(MethodConfig):
     n_val_good: int = Field(4, ge=1, le=500, description="normal validation images per class")
     n_val_bad: int = Field(6, ge=3, le=500, description="anomalous validation images per class")
     data_seed: int = Field(0, ge=0, description="seed of the generated images")
+    val_synthetic: bool = Field(
+        True,
+        description="generator mvtec3d: add a synthetic defect to a copy of each (all normal) "
+        "validation image, so that nshot tune has an objective (val_aupro30) on real data; "
+        "the results never read the validation images",
+    )
     # features (frozen, never trained)
     features: Literal["random", "paper"] = Field(
         "random",

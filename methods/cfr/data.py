@@ -331,13 +331,63 @@ def _real(cfg: CfrConfig, cls: str, split: str, indices: list[int] | None = None
     return split_table(cfg.data_path or "", cls, split, cfg.grid, cfg.preprocess, indices)
 
 
+def synthetic_anomalies(normal: Split, seed: int) -> Split:
+    """``normal`` followed by one anomalous copy of each image: a defect pasted inside the
+    object, as the generators make them (geometric, colour, both; in turn), with its mask.
+
+    For real validation images, which are all normal (MVTec 3D-AD's), so that ``nshot tune``
+    has an objective there. The defect is a disc of radius 3–6 % of the image centred on a valid
+    (non-zero) point: geometric moves the points along the camera's z by a cosine bump of depth
+    ±(0.5–1) × its radius in world units (the image's median distance between neighbouring
+    points × the radius in pixels), shading nothing; colour blends an off-palette stain in with
+    weight 0.8 × the bump profile; both does the two. Only valid pixels inside the disc change
+    and form the mask. Seeded per image by (seed, index)."""
+    n, h, w = normal.mask.shape
+    rgb, xyz, mask = normal.rgb.copy(), normal.xyz.copy(), np.zeros_like(normal.mask)
+    defects = []
+    yy, xx = np.mgrid[0:h, 0:w]
+    for i in range(n):
+        rng = np.random.default_rng([seed, 4242, i])
+        kind = DEFECTS[1 + i % 3]
+        valid = np.abs(xyz[i]).sum(-1) > 0
+        if not valid.any():
+            raise ValueError(f"validation image {i}: no valid point to put a defect on")
+        cy, cx = np.argwhere(valid)[rng.integers(valid.sum())]
+        r = rng.uniform(0.03, 0.06) * h
+        d = np.hypot(yy - cy, xx - cx)
+        prof = np.where(d < r, 0.5 * (1 + np.cos(np.pi * np.clip(d / r, 0, 1))), 0.0) * valid
+        both = valid[:, 1:] & valid[:, :-1]
+        steps = np.linalg.norm(xyz[i][:, 1:] - xyz[i][:, :-1], axis=-1)[both]
+        spacing = float(np.median(steps)) if steps.size else 1e-3
+        if kind in ("geometric", "both"):
+            depth = rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.0) * r * spacing
+            xyz[i, ..., 2] += (depth * prof).astype(np.float32)
+        if kind in ("colour", "both"):
+            stain = np.asarray(STAINS[int(rng.integers(len(STAINS)))]) * 255.0
+            a = 0.8 * prof[..., None]
+            rgb[i] = np.clip((1 - a) * rgb[i] + a * stain, 0, 255).round().astype(np.uint8)
+        mask[i] = prof > 0
+        defects.append(f"synthetic-{kind}")
+    return Split(
+        np.concatenate([normal.rgb, rgb]), np.concatenate([normal.xyz, xyz]),
+        np.concatenate([normal.mask, mask]),
+        np.concatenate([normal.label, np.ones(n, dtype=normal.label.dtype)]),
+        [*normal.defect, *defects],
+    )  # fmt: skip
+
+
 def load_class(cfg: CfrConfig, cls: str) -> dict[str, Split]:
     """``{"train": normal pool, "test": normal + anomalous, "val": normal + anomalous}`` of
     class ``cls`` as arrays (the validation images are for tuning; never in the results).
-    For real data (``generator="mvtec3d"``): ``test`` and ``val`` (MVTec 3D-AD's validation
-    images are all normal); the k training images come from :func:`shot_split`."""
+    For real data (``generator="mvtec3d"``): ``test`` and ``val``; MVTec 3D-AD's validation
+    images are all normal, so with ``val_synthetic`` (default) ``val`` adds an anomalous copy
+    of each (:func:`synthetic_anomalies`); the k training images come from
+    :func:`shot_split`."""
     if cfg.generator == "mvtec3d":
-        return {s: _split_of(_real(cfg, cls, s), cfg.grid) for s in ("test", "val")}
+        out = {s: _split_of(_real(cfg, cls, s), cfg.grid) for s in ("test", "val")}
+        if cfg.val_synthetic:
+            out["val"] = synthetic_anomalies(out["val"], cfg.data_seed)
+        return out
     tab = class_table(cfg, cls)
     split_col = np.asarray(tab.column("split").to_pylist())
     return {split: _split_of(tab.take(pa.array(np.nonzero(split_col == split)[0])), cfg.grid)
