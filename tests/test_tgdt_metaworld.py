@@ -37,6 +37,21 @@ def test_config_and_the_missing_extra(monkeypatch):
     text = describe(np.array([0.01, 0.855, -0.2]), "medium", 199.06, 60, "metaworld", "reach-v3")
     assert text == ("Reach with the robot arm's gripper to the goal at x=+0.01, y=+0.85, "
                     "z=-0.20. The data is medium with return 199.1 over 60 steps.")  # fmt: skip
+    # ML10: as many tasks of each class; held out: its test classes
+    ml10 = TGDTConfig.from_preset("small-metaworld", mw_benchmark="ML10", n_train_tasks=20)
+    assert ml10.n_tasks == 30
+    with pytest.raises(ConfigError, match="n_train_tasks.*multiple of 10"):
+        TGDTConfig.from_preset("small-metaworld", mw_benchmark="ML10", n_train_tasks=45)
+    with pytest.raises(ConfigError, match="n_test_tasks.*multiple of 5"):
+        TGDTConfig.from_preset("small-metaworld", mw_benchmark="ML10", n_test_tasks=12)
+    from types import SimpleNamespace
+
+    from nshot.methods.tgdt.metaworld import _per_class
+
+    tasks = [SimpleNamespace(env_name=n, i=i) for i, n in enumerate("ababcabc")]
+    picked = _per_class(tasks, ["a", "b", "c"], 6)  # two of each class, class by class
+    assert [(t.env_name, t.i) for t in picked] == [("a", 0), ("a", 2), ("b", 1), ("b", 3),
+                                                    ("c", 4), ("c", 7)]  # fmt: skip
     monkeypatch.setitem(sys.modules, "metaworld", None)  # as if the extra were not installed
     with pytest.raises(ConfigError, match=r"nshot\[metaworld\]"):
         require()

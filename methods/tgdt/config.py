@@ -42,7 +42,13 @@ class TGDTConfig(MethodConfig):
         "tasks of mw_env, collected with Meta-World's scripted policies; the metaworld extra)",
     )
     mw_env: str = Field(
-        "reach-v3", pattern=r"^[a-z][a-z0-9-]*-v3$", description="metaworld: the ML1 class"
+        "reach-v3", pattern=r"^[a-z][a-z0-9-]*-v3$", description="metaworld ML1: the class"
+    )
+    mw_benchmark: Literal["ML1", "ML10"] = Field(
+        "ML1",
+        description="metaworld: ML1 (goal positions of mw_env; held out: ML1's test tasks) or "
+        "ML10 (10 training classes, n_train_tasks / 10 tasks each; held out: the 5 test "
+        "classes, n_test_tasks / 5 each: zero-shot to new skills from their descriptions)",
     )
     n_train_tasks: int = Field(45, ge=2, le=1000, description="training goals")
     n_test_tasks: int = Field(5, ge=1, le=1000, description="held-out goals (never trained on)")
@@ -150,11 +156,18 @@ class TGDTConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TGDTConfig:
-        if self.env == "metaworld":
+        if self.env == "metaworld" and self.mw_benchmark == "ML1":
             for name in ("n_train_tasks", "n_test_tasks"):
                 if getattr(self, name) > MW_TASKS:
                     raise ValueError(f"field '{name}': Meta-World ML1 has {MW_TASKS} tasks on "
                                      "each side")  # fmt: skip
+        if self.env == "metaworld" and self.mw_benchmark == "ML10":
+            for name, classes in (("n_train_tasks", 10), ("n_test_tasks", 5)):
+                n = getattr(self, name)
+                if n % classes or n > classes * MW_TASKS:
+                    raise ValueError(f"field '{name}': ML10 needs a multiple of {classes} (as "
+                                     f"many tasks of each of its {classes} classes), at most "
+                                     f"{classes * MW_TASKS}")  # fmt: skip
             if self.horizon > 500:
                 raise ValueError("field 'horizon': Meta-World episodes last at most 500 steps")
         if self.d_model % self.heads:

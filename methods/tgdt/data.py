@@ -33,6 +33,7 @@ from nshot.data.cache import cached_table
 from .config import TGDTConfig
 
 DATA_VERSION = "1"
+MW_DATA_VERSION = "2"  # the Meta-World tables: 2 adds each task's class (env_name)
 QUALITIES = ("expert", "medium", "random")
 MAX_ACTION = 0.1  # PointRobot's bound, state and action sizes (the config's ENVS for any env)
 STATE_DIM = 2
@@ -134,7 +135,8 @@ def generate(cfg: TGDTConfig) -> pa.Table:
 
         def progress(done: int, total: int) -> None:
             if done % 10 == 0 or done == total:
-                print(f"tgdt: collected Meta-World {cfg.mw_env} task {done}/{total}", flush=True)
+                what = cfg.mw_env if cfg.mw_benchmark == "ML1" else "ML10"
+                print(f"tgdt: collected Meta-World {what} task {done}/{total}", flush=True)
 
         ep = collect(cfg, QUALITIES, progress)
     else:
@@ -155,17 +157,21 @@ def generate(cfg: TGDTConfig) -> pa.Table:
     }  # fmt: skip
     if "success" in ep:
         cols["success"] = pa.array(ep["success"].reshape(-1), pa.bool_())
+        cols["env_name"] = pa.array([ep["names"][i] for i in index[0]], pa.string())
     return pa.table(cols)
 
 
 def table_key(cfg: TGDTConfig) -> str:
-    env = "pointrobot" if cfg.env == "pointrobot" else f"mw-{cfg.mw_env}"
+    env = "pointrobot"
+    if cfg.env == "metaworld":
+        env = f"mw-{cfg.mw_env}" if cfg.mw_benchmark == "ML1" else "mw-ML10"
     return (f"tgdt-{env}-n{cfg.n_train_tasks}-{cfg.n_test_tasks}-e{cfg.episodes_per_quality}"
             f"-T{cfg.horizon}-s{cfg.data_seed}")  # fmt: skip
 
 
 def data_table(cfg: TGDTConfig) -> pa.Table:
-    return cached_table(table_key(cfg), lambda: generate(cfg), version=DATA_VERSION)
+    version = DATA_VERSION if cfg.env == "pointrobot" else MW_DATA_VERSION
+    return cached_table(table_key(cfg), lambda: generate(cfg), version=version)
 
 
 @dataclass
@@ -179,8 +185,8 @@ class OfflineData:
     n_train: int
     horizon: int
     env: str = "pointrobot"
-    mw_env: str = "reach-v3"
     success: np.ndarray | None = None  # (N, 3, E) on Meta-World
+    task_names: list[str] | None = None  # each task's Meta-World class
 
     @property
     def returns(self) -> np.ndarray:
@@ -210,7 +216,8 @@ class OfflineData:
 
     def describe(self, task: int, quality: str, ret: float) -> str:
         """Task ``task``'s goal in the template, with a tier and return."""
-        return describe(self.goals[task], quality, ret, self.horizon, self.env, self.mw_env)
+        name = self.task_names[task] if self.task_names else "reach-v3"
+        return describe(self.goals[task], quality, ret, self.horizon, self.env, name)
 
     def description(self, task: int, quality: int) -> str:
         return self.describe(task, QUALITIES[quality], self.tier_return(task, quality))
@@ -246,20 +253,34 @@ def load_data(cfg: TGDTConfig) -> OfflineData:
 
     goals = np.asarray(t.column("goal").combine_chunks().flatten(), np.float64)
     goals = goals.reshape(n, q, e, cfg.goal_dim)
-    success = None
+    success = names = None
     if "success" in t.column_names:
         success = np.asarray(t.column("success").to_numpy(zero_copy_only=False)).reshape(n, q, e)
+        names = t.column("env_name").to_pylist()[:: q * e]
     return OfflineData(goals=goals[:, 0, 0], states=col("states", h, cfg.state_dim),
                        actions=col("actions", h, cfg.act_dim), rewards=col("rewards", h),
-                       n_train=cfg.n_train_tasks, horizon=h, env=cfg.env, mw_env=cfg.mw_env,
-                       success=success)  # fmt: skip
+                       n_train=cfg.n_train_tasks, horizon=h, env=cfg.env, success=success,
+                       task_names=names)  # fmt: skip
 
 
-# how each Meta-World class's description names its task (any other class: its name)
+# how each Meta-World class's description names its task (ML10's fifteen; any other class: its
+# name); the goal position follows
 MW_TASK_TEXT = {
     "reach-v3": "Reach with the robot arm's gripper to the goal",
     "push-v3": "Push the puck with the robot arm to the goal",
     "pick-place-v3": "Pick up the puck with the robot arm and place it at the goal",
+    "door-open-v3": "Open the door with the robot arm, swinging it to the goal",
+    "drawer-close-v3": "Close the drawer with the robot arm, pushing it to the goal",
+    "button-press-topdown-v3": "Press the button from the top with the robot arm down to the goal",
+    "peg-insert-side-v3": "Insert the peg sideways into the hole with the robot arm, to the goal",
+    "window-open-v3": "Open the window with the robot arm, sliding it to the goal",
+    "sweep-v3": "Sweep the puck off the table with the robot arm, to the goal",
+    "basketball-v3": "Dunk the basketball into the hoop with the robot arm, to the goal",
+    "drawer-open-v3": "Open the drawer with the robot arm, pulling it to the goal",
+    "door-close-v3": "Close the door with the robot arm, swinging it to the goal",
+    "shelf-place-v3": "Pick up the puck with the robot arm and place it on the shelf at the goal",
+    "sweep-into-v3": "Sweep the puck into the hole with the robot arm, to the goal",
+    "lever-pull-v3": "Pull the lever up with the robot arm to the goal",
 }
 
 

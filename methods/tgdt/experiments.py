@@ -122,7 +122,9 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
 
 
 def _notes(cfg: TGDTConfig) -> list[str]:
-    env = "PointRobot" if cfg.env == "pointrobot" else f"Meta-World ML1 {cfg.mw_env}"
+    env = "PointRobot"
+    if cfg.env == "metaworld":
+        env = f"Meta-World ML1 {cfg.mw_env}" if cfg.mw_benchmark == "ML1" else "Meta-World ML10"
     notes = [
         f"{env}: {cfg.n_train_tasks} training goals, {cfg.n_test_tasks} held-out goals; "
         f"{cfg.episodes_per_quality} episodes per quality tier and task, horizon {cfg.horizon}. "

@@ -1,10 +1,12 @@
-"""TG-DT's Meta-World track (paper §4's benchmark): ML1 tasks collected with Meta-World's
-scripted policies, and a batched simulator for the zero-shot rollouts.
+"""TG-DT's Meta-World track (paper §4's benchmark): ML1 or ML10 tasks collected with
+Meta-World's scripted policies, and a batched simulator for the zero-shot rollouts.
 
 Tasks: ``metaworld.ML1(mw_env, seed=data_seed)`` gives 50 training and 50 test tasks of one
 class (goal positions drawn from the class's goal space); the first ``n_train_tasks`` training
-tasks train, the first ``n_test_tasks`` test tasks are held out. The classic ``ML1`` +
-``set_task`` API is used (Meta-World 3.1.1's vectorised ``make_vec`` ML benchmarks fail: ML1's
+tasks train, the first ``n_test_tasks`` test tasks are held out. With ``mw_benchmark="ML10"``,
+``metaworld.ML10(seed=data_seed)``: the first ``n_train_tasks / 10`` tasks of each of its 10
+training classes train, the first ``n_test_tasks / 5`` of each of its 5 test classes (skills
+never trained on) are held out. The classic ``ML1`` / ``ML10`` + ``set_task`` API is used (Meta-World 3.1.1's vectorised ``make_vec`` ML benchmarks fail: ML1's
 at construction, ML10's at ``reset``).
 
 The environments are Meta-World's partially observable ones: the last three entries of the
@@ -48,25 +50,46 @@ def require() -> Any:
     return metaworld
 
 
+def _per_class(tasks: list, classes: list[str], n: int) -> list:
+    """The first ``n / len(classes)`` tasks of each class, class by class."""
+    k = n // len(classes)
+    out = []
+    for name in classes:
+        out += [task for task in tasks if task.env_name == name][:k]
+    return out
+
+
 class Benchmark:
-    """The run's ML1 tasks: training tasks first, held-out (test) tasks last."""
+    """The run's tasks: training tasks first, held-out (test) tasks last. ML1: goal positions
+    of one class (held out: ML1's test tasks); ML10: tasks of its 10 training classes (held out:
+    its 5 test classes)."""
 
     def __init__(self, cfg: TGDTConfig) -> None:
         mw = require()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                ml1 = mw.ML1(cfg.mw_env, seed=cfg.data_seed)
+                if cfg.mw_benchmark == "ML10":
+                    b = mw.ML10(seed=cfg.data_seed)
+                    train = _per_class(b.train_tasks, list(b.train_classes), cfg.n_train_tasks)
+                    test = _per_class(b.test_tasks, list(b.test_classes), cfg.n_test_tasks)
+                else:
+                    b = mw.ML1(cfg.mw_env, seed=cfg.data_seed)
+                    train, test = (
+                        b.train_tasks[: cfg.n_train_tasks],
+                        b.test_tasks[: cfg.n_test_tasks],
+                    )
             except (KeyError, ValueError) as err:
                 raise ConfigError(f"field 'mw_env': not a Meta-World ML1 class: {err}") from None
-        if cfg.mw_env not in mw.policies.ENV_POLICY_MAP:
+        self.tasks = [*train, *test]
+        self.names = [t.env_name for t in self.tasks]  # each task's class
+        missing = sorted(set(self.names) - set(mw.policies.ENV_POLICY_MAP))
+        if missing:
             raise ConfigError(f"field 'mw_env': Meta-World ships no scripted policy for "
-                              f"{cfg.mw_env!r}")  # fmt: skip
-        self.env_name = cfg.mw_env
-        self.tasks = [*ml1.train_tasks[: cfg.n_train_tasks], *ml1.test_tasks[: cfg.n_test_tasks]]
-        self.classes = ([ml1.train_classes[cfg.mw_env]] * cfg.n_train_tasks
-                        + [ml1.test_classes[cfg.mw_env]] * cfg.n_test_tasks)  # fmt: skip
-        self.policy = mw.policies.ENV_POLICY_MAP[cfg.mw_env]()
+                              f"{missing}")  # fmt: skip
+        self.classes = ([b.train_classes[t.env_name] for t in train]
+                        + [b.test_classes[t.env_name] for t in test])  # fmt: skip
+        self.policies = {n: mw.policies.ENV_POLICY_MAP[n]() for n in sorted(set(self.names))}
         self._envs: dict[type, Any] = {}
 
     def env(self, task: int) -> Any:
@@ -88,13 +111,14 @@ class Benchmark:
         env.set_task(self.tasks[task])
         return env
 
-    def expert_action(self, env: Any, obs: np.ndarray) -> np.ndarray:
-        """The scripted policy's action on the observation with the true goal written in."""
+    def expert_action(self, task: int, env: Any, obs: np.ndarray) -> np.ndarray:
+        """The task's scripted policy's action on the observation with the true goal written
+        in."""
         seen = np.array(obs, np.float64)
         seen[GOAL_SLICE] = env._target_pos
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return np.asarray(self.policy.get_action(seen), np.float64)
+            return np.asarray(self.policies[self.names[task]].get_action(seen), np.float64)
 
 
 _BENCHMARKS: dict[tuple, Benchmark] = {}
@@ -102,18 +126,19 @@ _BENCHMARKS: dict[tuple, Benchmark] = {}
 
 def benchmark(cfg: TGDTConfig) -> Benchmark:
     """The run's benchmark, built once per process (building ML1 takes about a second)."""
-    key = (cfg.mw_env, cfg.data_seed, cfg.n_train_tasks, cfg.n_test_tasks)
+    key = (cfg.mw_benchmark, cfg.mw_env, cfg.data_seed, cfg.n_train_tasks, cfg.n_test_tasks)
     if key not in _BENCHMARKS:
         _BENCHMARKS[key] = Benchmark(cfg)
     return _BENCHMARKS[key]
 
 
-def tier_action(bench: Benchmark, env: Any, obs: np.ndarray, quality: str,
+def tier_action(bench: Benchmark, task: int, env: Any, obs: np.ndarray, quality: str,
                 rng: np.random.Generator) -> np.ndarray:  # fmt: skip
     if quality == "random":
         return rng.uniform(-1.0, 1.0, 4)
     gain, sigma = TIERS[quality]
-    return np.clip(gain * bench.expert_action(env, obs) + sigma * rng.standard_normal(4), -1, 1)
+    a = gain * bench.expert_action(task, env, obs) + sigma * rng.standard_normal(4)
+    return np.clip(a, -1, 1)
 
 
 def collect(cfg: TGDTConfig, qualities: tuple[str, ...],
@@ -137,7 +162,7 @@ def collect(cfg: TGDTConfig, qualities: tuple[str, ...],
                 if np.any(obs[GOAL_SLICE] != 0):
                     raise RuntimeError("metaworld: the environment shows the goal")
                 for t in range(h):
-                    a = tier_action(bench, env, obs, quality, rng)
+                    a = tier_action(bench, task, env, obs, quality, rng)
                     states[task, qi, ep, t] = obs
                     actions[task, qi, ep, t] = a
                     obs, r, _, _, info = env.step(a.astype(np.float32))
@@ -146,7 +171,7 @@ def collect(cfg: TGDTConfig, qualities: tuple[str, ...],
         if progress is not None:
             progress(task + 1, n)
     return {"goals": goals, "states": states, "actions": actions, "rewards": rewards,
-            "success": success}  # fmt: skip
+            "success": success, "names": bench.names}  # fmt: skip
 
 
 class MetaWorldSim:
@@ -155,7 +180,8 @@ class MetaWorldSim:
 
     def __init__(self, cfg: TGDTConfig, tasks: np.ndarray, episodes: int) -> None:
         self.bench = benchmark(cfg)
-        self.envs = [self.bench.new_env(int(t)) for t in np.repeat(tasks, episodes)]
+        self.tasks = [int(t) for t in np.repeat(tasks, episodes)]
+        self.envs = [self.bench.new_env(t) for t in self.tasks]
         self.success = np.zeros(len(self.envs), bool)
 
     def reset(self) -> np.ndarray:
@@ -173,5 +199,5 @@ class MetaWorldSim:
 
     def expert_actions(self, obs: np.ndarray) -> np.ndarray:
         """The noise-free scripted policy's actions (the expert reference)."""
-        return np.stack([self.bench.expert_action(env, o) for env, o in
-                         zip(self.envs, obs, strict=True)])  # fmt: skip
+        return np.stack([self.bench.expert_action(t, env, o) for t, env, o in
+                         zip(self.tasks, self.envs, obs, strict=True)])  # fmt: skip
