@@ -147,3 +147,23 @@ def test_rollout_window_metrics_and_the_expert_reference():
     assert ref["expert_controller_norm_score"] > 0.9 and ref["stand_still_norm_score"] < 0.5
     assert auc(np.array([2.0, 3.0]), np.array([1.0, 0.0])) == 1.0
     assert auc(np.array([1.0]), np.array([1.0])) == 0.5
+
+
+def test_metrics_with_repeated_descriptions():
+    """Two tasks may share a description (Meta-World ML10 classes whose goal does not move
+    between tasks): retrieval, matching and data sharing still read one row per task."""
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.evaluation import retrieval_top1, tbm_auc, text_similarity
+    from nshot.methods.tgdt.train import fit
+
+    torch.set_num_threads(1)
+    cfg = TGDTConfig.from_preset("smoke", steps=2)
+    d = load_data(cfg)
+    d.goals = d.goals.copy()
+    d.goals[1] = d.goals[0]  # tasks 0 and 1 now have the same test-time description
+    assert d.test_description(0) == d.test_description(1)
+    model = fit(cfg, d)
+    assert 0.0 <= retrieval_top1(model, cfg, d) <= 1.0
+    assert 0.0 <= tbm_auc(model, cfg, d) <= 1.0
+    sim = text_similarity(model, d, int(d.test_tasks[0]))
+    assert sim.shape == (cfg.n_train_tasks,) and sim[0] == pytest.approx(sim[1])

@@ -165,7 +165,8 @@ def retrieval_top1(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> floa
     if not model.has_tbc:
         return None
     n = len(data.goals)
-    t = model.text_embedding(encode(model, [data.test_description(i) for i in range(n)]))
+    text = encode(model, [data.test_description(i) for i in range(n)])
+    t = model.text_embedding(text)[text.index]  # one row per task (descriptions may repeat)
     v = model.traj_embedding(probe_windows(data, cfg, 0, 1))
     return float(((t @ v.T).argmax(1) == torch.arange(n)).float().mean())
 
@@ -185,7 +186,7 @@ def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> float | Non
     scores = []
     for quality in (0, 1):  # expert, medium
         w = probe_windows(data, cfg, quality, e)
-        idx = torch.as_tensor(np.repeat(np.arange(n), e))
+        idx = text.index[torch.as_tensor(np.repeat(np.arange(n), e))]  # each task's description
         if model.has_tbm:
             logits = model.tbm_logits(w, Text(text.tokens, text.valid, idx))
             scores.append(logits.softmax(-1)[:, 1].numpy().reshape(n, e))
@@ -202,7 +203,7 @@ def text_similarity(model: TGDTModel, data: OfflineData, task: int) -> np.ndarra
     texts = [data.test_description(i) for i in [task, *range(data.n_train)]]
     text = encode(model, texts)
     if model.has_tbc:
-        emb = model.text_embedding(text)
+        emb = model.text_embedding(text)[text.index]
     else:
         tok = text.tokens[text.index]
         valid = text.valid[text.index].float()[..., None]
