@@ -178,7 +178,10 @@ class MetaWorldSim:
     """Batched episodes of held-out tasks (one environment per episode); ``step`` takes the
     actions of every episode and answers the next observations and rewards."""
 
-    def __init__(self, cfg: TGDTConfig, tasks: np.ndarray, episodes: int) -> None:
+    def __init__(self, cfg: TGDTConfig, tasks: np.ndarray, episodes: int,
+                 goals: np.ndarray | None = None) -> None:  # fmt: skip
+        """``goals``: the goals the data recorded for these episodes, checked at every reset."""
+        self.goals = goals
         self.bench = benchmark(cfg)
         self.tasks = [int(t) for t in np.repeat(tasks, episodes)]
         self.envs = [self.bench.new_env(t) for t in self.tasks]
@@ -186,7 +189,13 @@ class MetaWorldSim:
 
     def reset(self) -> np.ndarray:
         self.success[:] = False
-        return np.stack([env.reset()[0] for env in self.envs]).astype(np.float64)
+        obs = np.stack([env.reset()[0] for env in self.envs]).astype(np.float64)
+        if self.goals is not None:
+            now = np.stack([env._target_pos for env in self.envs])
+            if np.abs(now - self.goals).max() > 1e-5:
+                raise RuntimeError("metaworld: the benchmark's goals differ from the data's "
+                                   "(another metaworld version?)")  # fmt: skip
+        return obs
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         obs, rew = [], []
