@@ -552,18 +552,13 @@ def safetensors_numel(path: Path, shown: Path | None = None) -> int:
 
 def _registered(name: str) -> Any:
     """The registered method ``name`` (an instance), else ``None``; a built-in method is
-    imported alone, without discovering every other one."""
-    import importlib
-    import importlib.util
-
+    imported alone, without discovering every other one (:func:`nshot.method.get`)."""
     from nshot import method as registry
 
-    if name.isidentifier() and importlib.util.find_spec(f"nshot.methods.{name}") is not None:
-        importlib.import_module(f"nshot.methods.{name}")
-    if name not in registry._REGISTRY:
-        registry._discover()  # third-party methods, registered through entry points
-    cls = registry._REGISTRY.get(name)
-    return cls() if cls is not None else None
+    try:
+        return registry.get(name)
+    except registry.UnknownMethodError:
+        return None
 
 
 def _check_model_size(
