@@ -860,6 +860,7 @@ def test_bench_serve_ratios_are_medians_with_paired_spread():
                 8: [(120, 60)] * 3,
                 32: [(200, 160)] * 3,
             },
+            serve_batched_w0={1: [(80, 13)] * 3, 8: [(100, 50)] * 3, 32: [(270, 90)] * 3},
         ),
         "haproxy": {"available": False, "reason": "no binary"},
     }
@@ -872,6 +873,12 @@ def test_bench_serve_ratios_are_medians_with_paired_spread():
     assert r["ratio_proxy_batched_over_bare_throughput_32"]["median_ratio"] == pytest.approx(1.2)
     assert (
         r["fastest_loopback_mode"] == "proxy" and "ratio_haproxy_p50_batched_over_bare_1" not in r
+    )
+    # an app with another batch wait (--batch-wait-ms 5,0) gets the same ratios under its name
+    assert r["ratio_proxy_p50_batched_w0_over_bare_1"]["median_ratio"] == pytest.approx(13 / 11)
+    assert r["ratio_batched_w0_over_unbatched_throughput_32"]["median_ratio"] == pytest.approx(3)
+    assert r["ratio_proxy_batched_w0_over_bare_throughput_32"]["median_ratio"] == pytest.approx(
+        1.35
     )
     data = {"levels": list(levels), "blocks": blocks, **r, "written_to": "x.json"}
     table = serve_table(data)

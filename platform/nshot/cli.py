@@ -310,6 +310,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             concurrency=tuple(int(c) for c in args.levels.split(",")),
             ingress=tuple(args.ingress.split(",")),
             replicas=tuple(int(r) for r in args.replicas.split(",")),
+            batch_wait_ms=tuple(float(w) for w in args.bench_batch_wait_ms.split(","))
+            if args.bench_batch_wait_ms
+            else (),
             out=args.out,
         )
         if not args.json:  # the table and the ratios; every run is in the JSON file
@@ -835,6 +838,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--ingress",
         default="proxy,direct,throughput,haproxy",
         help="serve: ingress modes, one block each (proxy also runs the unbatched app)",
+    )
+    s.add_argument(
+        "--batch-wait-ms",
+        dest="bench_batch_wait_ms",
+        default=None,
+        help="serve: how long the batched apps wait for a batch to fill (default: the serving "
+        "default); each further comma-separated value adds an app serve_batched_w<ms>",
     )
     s.add_argument("--autoscale", default="1:2", help="serve-ramp: MIN:MAX replicas")
     s.add_argument(
