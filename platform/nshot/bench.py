@@ -395,7 +395,8 @@ def serve(
     a ``smoke`` model is trained first (in-process Ray, shut down before the blocks).
     ``batch_wait_ms``: the batched apps wait that long for a batch to fill (default: the
     serving default, ``ServeOptions.batch_wait_timeout_s``); each further value adds an app
-    ``serve_batched_w<ms>`` beside it in every block but ``proxy_x<N>``."""
+    ``serve_batched_w<ms>`` beside it in every block but ``proxy`` (whose unbatched app takes
+    the second of a 2-CPU machine's one-CPU replicas) and ``proxy_x<N>``."""
     import secrets
     import subprocess
     import sys
@@ -439,7 +440,7 @@ def serve(
             (
                 m,
                 m,
-                {"serve_batched": f"16:1{wait}", **extra, "serve_unbatched": "1:1"}
+                {"serve_batched": f"16:1{wait}", "serve_unbatched": "1:1"}
                 if m == "proxy"
                 else {"serve_batched": f"16:1{wait}", **extra},
             )
@@ -540,11 +541,6 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
                         "min": div(min(hi), max(lo)),
                         "max": div(max(hi), min(lo)),
                     }
-        for s in proxy["runs"]:  # the batched apps with other waits (--batch-wait-ms)
-            if s.startswith("serve_batched_w"):
-                out[f"ratio_{s[6:]}_over_unbatched_throughput_32"] = paired(
-                    proxy, s, "serve_unbatched", top, "requests_per_s"
-                )
     for mode, block in blocks.items():
         if not block.get("available"):
             continue

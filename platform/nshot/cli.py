@@ -913,7 +913,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests the proxy holds beyond that; past it: 503 with Retry-After",
     )
     s.add_argument("--max-batch-size", type=int, default=16)
-    s.add_argument("--batch-wait-ms", type=float, default=5.0)
+    s.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long a batch's first request waits for more (default 0: a batch is what "
+        "queued while the previous one ran)",
+    )
     s.add_argument(
         "--token", default=None, help="require this bearer token (default $NSHOT_SERVE_TOKEN)"
     )

@@ -43,7 +43,10 @@ class ServeOptions:
     """Per-application serving options (all have safe defaults)."""
 
     max_batch_size: int = 16
-    batch_wait_timeout_s: float = 0.005
+    # 0: a batch is what has queued while the previous one ran, taken at once (a lone request
+    # waits for nothing; under load batches fill while the model computes). A positive wait
+    # holds each batch's first request that long for more (see the README's "Serve under load")
+    batch_wait_timeout_s: float = 0.0
     max_body_bytes: int = 16 * 1024 * 1024
     # cap on the number of list items in a request body: room for TAIL's widest request (5-way
     # 5-shot, 25 queries, 4,096 features: 204,800 numbers); the 16 MiB body cap bounds it too
@@ -361,7 +364,7 @@ class MethodServer:
             )
         return None
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)
     async def predict_batch(self, requests: list[Any]) -> list[Any]:
         try:
             return self.predictor.batch(requests)
