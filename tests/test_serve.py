@@ -925,3 +925,19 @@ def test_bench_serve_ramp_summary_windows_phases_and_upscale():
     assert cli.main(["bench", "serve-ramp", "--phases", "8x"]) == 2
     assert cli.main(["bench", "serve-ramp", "--phases", "0x5"]) == 2
     assert cli.main(["bench", "serve-ramp", "--autoscale", "2:1"]) == 2
+
+
+def test_bench_batch_ceiling_times_the_predictor_alone(untrained_tail_checkpoint):
+    """`nshot bench serve` records what batching can gain for its request without Serve: the
+    predictor's batched answers are the one-by-one answers (checked elsewhere), here only the
+    record's shape and the torch thread count handed back (speed is the benchmark's, not a
+    test's)."""
+    import torch
+
+    from nshot.bench import batch_ceiling
+
+    threads = torch.get_num_threads()
+    c = batch_ceiling("tail", str(untrained_tail_checkpoint), size=4, repeats=1)
+    assert torch.get_num_threads() == threads
+    assert c["batch_size"] == 4 and c["single_ms_per_request"] > 0 < c["batched_ms_per_request"]
+    assert c["speedup"] == pytest.approx(c["single_ms_per_request"] / c["batched_ms_per_request"])

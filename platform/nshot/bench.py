@@ -425,6 +425,7 @@ def serve(
         if started:
             ray.shutdown()  # the blocks start their own Ray; an idle one would share the CPUs
     payload = _bench_payload(method_name, checkpoint)
+    ceiling = batch_ceiling(method_name, checkpoint)
     token = secrets.token_urlsafe(16)
     bare_port = _free_port()
     bare = subprocess.Popen(
@@ -495,6 +496,7 @@ def serve(
         "repeats": repeats,
         "client": "closed-loop clients, one keep-alive HTTP/1.1 connection each, 127.0.0.1",
         "blocks": blocks,
+        "predictor_batch_ceiling": ceiling,
         "run_order": order,
         "environment": _environment(),
     }
@@ -986,6 +988,46 @@ def ramp_summary(
     }
 
 
+def batch_ceiling(
+    method_name: str, checkpoint: str, size: int = 16, repeats: int = 5
+) -> dict[str, float]:
+    """What batching can gain at most for the benchmark's request, without Serve: ``size``
+    one-by-one predictor calls against one ``predictor.batch`` of ``size`` copies, in this
+    process on one torch thread (as a one-CPU replica has); best of ``repeats`` each. Serve's
+    batched-over-unbatched throughput cannot exceed ``speedup`` by much: the path around the
+    predictor (HTTP, routing, parsing) is paid per request either way."""
+    import time
+
+    import torch
+
+    from nshot.train import load_checkpoint
+
+    predictor = get(method_name).predictor(load_checkpoint(checkpoint, method=method_name))
+    request = predictor.Request(**predictor.example_request())
+    requests = [request] * size
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        predictor(request), predictor.batch(requests)  # warm-up
+        one = many = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for r in requests:
+                predictor(r)
+            one = min(one, time.perf_counter() - t)
+            t = time.perf_counter()
+            predictor.batch(requests)
+            many = min(many, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "batch_size": size,
+        "single_ms_per_request": 1000 * one / size,
+        "batched_ms_per_request": 1000 * many / size,
+        "speedup": one / many,
+    }
+
+
 def _bench_payload(method_name: str, checkpoint: str) -> bytes:
     """A representative request: the served predictor's own example request."""
     from nshot.train import load_checkpoint
@@ -1181,6 +1223,12 @@ def serve_table(data: dict[str, Any]) -> str:
             )
     if "fastest_loopback_mode" in data:
         lines.append(f"fastest mode with loopback binding: {data['fastest_loopback_mode']}")
+    if c := data.get("predictor_batch_ceiling"):
+        lines.append(
+            f"the predictor alone, {c['batch_size']} requests one by one over one batch: "
+            f"{c['speedup']:.2f}x ({c['single_ms_per_request']:.1f} -> "
+            f"{c['batched_ms_per_request']:.1f} ms a request): the most batching can gain here"
+        )
     lines.append(f"targets: {json.dumps(data['targets'])}")
     lines.append(f"written to {data['written_to']}")
     return "\n".join(lines)
