@@ -934,10 +934,11 @@ def test_bench_batch_ceiling_times_the_predictor_alone(untrained_tail_checkpoint
     test's)."""
     import torch
 
-    from nshot.bench import batch_ceiling
+    from nshot.bench import _bench_predictor, batch_ceiling
 
+    predictor = _bench_predictor("tail", str(untrained_tail_checkpoint))
     threads = torch.get_num_threads()
-    c = batch_ceiling("tail", str(untrained_tail_checkpoint), size=4, repeats=1)
+    c = batch_ceiling(predictor, size=4, repeats=1)
     assert torch.get_num_threads() == threads
     assert c["batch_size"] == 4 and c["single_ms_per_request"] > 0 < c["batched_ms_per_request"]
     assert c["speedup"] == pytest.approx(c["single_ms_per_request"] / c["batched_ms_per_request"])

@@ -411,8 +411,9 @@ def serve(
         raise NshotError("--repeats and --requests must be >= 1")
     if any(not (0 <= w <= 1000) for w in batch_wait_ms):
         raise NshotError("--batch-wait-ms: each value must lie in [0, 1000]")
+    # each app is "max_batch_size:replicas" with ":batch_wait_ms" when one is given
     wait, *more = [f":{w:g}" for w in batch_wait_ms] or [""]
-    extra = {f"serve_batched_w{w[1:]}": f"16:1{w}" for w in more}
+    extra = {f"serve_batched_w{w.lstrip(':')}": f"16:1{w}" for w in more}
     for mode in ingress:
         if mode not in ing.MODES:
             raise NshotError(f"--ingress {mode}: choose among {', '.join(ing.MODES)}")
@@ -424,8 +425,8 @@ def serve(
         checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
         if started:
             ray.shutdown()  # the blocks start their own Ray; an idle one would share the CPUs
-    payload = _bench_payload(method_name, checkpoint)
-    ceiling = batch_ceiling(method_name, checkpoint)
+    predictor = _bench_predictor(method_name, checkpoint)
+    payload, ceiling = _bench_payload(predictor), batch_ceiling(predictor)
     token = secrets.token_urlsafe(16)
     bare_port = _free_port()
     bare = subprocess.Popen(
@@ -857,7 +858,7 @@ def serve_ramp(
     if checkpoint is None:
         cfg = get(method_name).config("smoke")
         checkpoint = str(fit(method_name, cfg, storage=tmp.name, name="bench").checkpoint)
-    payload = _bench_payload(method_name, checkpoint)
+    payload = _bench_payload(_bench_predictor(method_name, checkpoint))
     token = secrets.token_urlsafe(16)
     opts = ServeOptions(token=token, autoscale=autoscale)
     url = start(method_name, checkpoint, port=_free_port(), options=opts)
@@ -988,21 +989,17 @@ def ramp_summary(
     }
 
 
-def batch_ceiling(
-    method_name: str, checkpoint: str, size: int = 16, repeats: int = 5
-) -> dict[str, float]:
-    """What batching can gain at most for the benchmark's request, without Serve: ``size``
-    one-by-one predictor calls against one ``predictor.batch`` of ``size`` copies, in this
-    process on one torch thread (as a one-CPU replica has); best of ``repeats`` each. Serve's
-    batched-over-unbatched throughput cannot exceed ``speedup`` by much: the path around the
-    predictor (HTTP, routing, parsing) is paid per request either way."""
+def batch_ceiling(predictor: Any, size: int = 16, repeats: int = 5) -> dict[str, float]:
+    """What batching can gain at most for the benchmark's request (the predictor's example
+    request), without Serve: ``size`` one-by-one predictor calls against one
+    ``predictor.batch`` of ``size`` copies, in this process on one torch thread (as a one-CPU
+    replica has); best of ``repeats`` each. Serve's batched-over-unbatched throughput cannot
+    exceed ``speedup`` by much: the path around the predictor (HTTP, routing, parsing) is paid
+    per request either way."""
     import time
 
     import torch
 
-    from nshot.train import load_checkpoint
-
-    predictor = get(method_name).predictor(load_checkpoint(checkpoint, method=method_name))
     request = predictor.Request(**predictor.example_request())
     requests = [request] * size
     threads = torch.get_num_threads()
@@ -1028,15 +1025,19 @@ def batch_ceiling(
     }
 
 
-def _bench_payload(method_name: str, checkpoint: str) -> bytes:
-    """A representative request: the served predictor's own example request."""
+def _bench_predictor(method_name: str, checkpoint: str) -> Any:
+    """The served predictor, built in this process (for its example request and timing)."""
     from nshot.train import load_checkpoint
 
     predictor = get(method_name).predictor(load_checkpoint(checkpoint, method=method_name))
-    example = predictor.example_request()
-    if example is None:
+    if predictor.example_request() is None:
         raise ValueError(f"{method_name}: its predictor publishes no example_request()")
-    return json.dumps(example).encode()
+    return predictor
+
+
+def _bench_payload(predictor: Any) -> bytes:
+    """A representative request: the served predictor's own example request."""
+    return json.dumps(predictor.example_request()).encode()
 
 
 # --------------------------------------------------------------------------- a method's own

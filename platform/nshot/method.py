@@ -385,7 +385,7 @@ def _import_builtin(name: str) -> None:
     """Import the built-in method ``name`` alone, if there is one (importing a method package
     registers it). Every process that looks up one method — a Ray Train worker, a Tune trial, a
     Serve replica, a CLI command — then pays for that method's imports only, not for every
-    method's (about 3 s of CPU per process on a 2-core machine)."""
+    method's (about 4 s of CPU per process on a 2-core machine)."""
     if not name.isidentifier():
         return
     try:

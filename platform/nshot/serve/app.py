@@ -364,7 +364,11 @@ class MethodServer:
             )
         return None
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)
+    # the defaults; __init__ sets each replica's own options
+    @serve.batch(
+        max_batch_size=ServeOptions.max_batch_size,
+        batch_wait_timeout_s=ServeOptions.batch_wait_timeout_s,
+    )
     async def predict_batch(self, requests: list[Any]) -> list[Any]:
         try:
             return self.predictor.batch(requests)
