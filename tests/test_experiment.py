@@ -155,3 +155,27 @@ def test_aggregate_sample_std_is_numpys_ddof1_and_none_for_one_seed():
     rows, stds, _ = aggregate(res, spread="sample_std")
     assert stds["a"]["x"] == float(np.std(np.array([1.0, 2.5, 4.0]), ddof=1)) == 1.5
     assert rows["b"]["x"] == 3.0 and stds["b"]["x"] is None
+
+
+def _dies_once(marker: str) -> dict[str, float]:
+    import os
+    from pathlib import Path
+
+    if not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(1)  # the worker process dies under the job, as under the OOM killer
+    return {"acc": 1.0}
+
+
+def test_a_job_whose_worker_dies_runs_again_and_without_retries_is_named(ray_session, tmp_path):
+    once = str(tmp_path / "once")
+    out = run_jobs([Job(("a", 0), _dies_once, (once,), num_cpus=0.5)], progress=False)
+    assert out[("a", 0)] == {"acc": 1.0} and (tmp_path / "once").read_text() == "died"
+    never = str(tmp_path / "never")
+    with pytest.raises(NshotError, match=r"job \('a', 0\) failed: .*Worker"):
+        run_jobs(
+            [Job(("a", 0), _dies_once, (never,), num_cpus=0.5)], progress=False, max_retries=0
+        )
+    assert fetch(submit(Job(("s",), _dies_once, (str(tmp_path / "sub"),), num_cpus=0.5))) == {
+        "acc": 1.0
+    }

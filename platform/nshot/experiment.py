@@ -15,7 +15,10 @@ tests::
                         rows=rows, stds=stds, samples=samples)
 
 A job that fails stops the run with an :class:`~nshot.errors.NshotError` naming its key and the
-error (the other jobs are cancelled).
+error (the other jobs are cancelled, and gone, before it is raised). An exception a job raises is
+never retried; a job whose worker process dies under it (the OS's out-of-memory killer, a lost
+node) runs again, once by default (``max_retries``), as Ray retries a task — jobs are seeded, so
+a rerun gives the same figures.
 
 ``NSHOT_IN_PROCESS=1`` (``nshot reproduce --in-process``) runs the jobs one after another in the
 calling process instead, without Ray: a debugger's breakpoints and a profiler then see every
@@ -65,12 +68,13 @@ def run_jobs(
     *,
     description: str = "experiments",
     progress: bool = True,
-    max_retries: int = 0,
+    max_retries: int = 1,
 ) -> dict[Key, Any]:
     """Run ``jobs`` as Ray tasks and return ``{key: result}`` in the jobs' order.
 
-    One progress bar (on stderr) counts finished jobs; ``progress=False`` turns it off. With
-    ``NSHOT_IN_PROCESS=1`` (:func:`in_process`) the jobs run here, in order, without Ray."""
+    One progress bar (on stderr) counts finished jobs; ``progress=False`` turns it off. A job
+    whose worker dies runs again up to ``max_retries`` times (an exception it raises, never).
+    With ``NSHOT_IN_PROCESS=1`` (:func:`in_process`) the jobs run here, in order, without Ray."""
     keys = [j.key for j in jobs]
     if len(set(keys)) != len(keys):
         raise NshotError(f"{description}: two jobs share a key")
@@ -105,8 +109,7 @@ def run_jobs(
             try:
                 done[refs[ref]] = ray.get(ref)
             except Exception as err:  # noqa: BLE001 - name the job, then stop the rest
-                for other in pending:
-                    ray.cancel(other, force=True)
+                _cancel(ray, pending)
                 cause = getattr(err, "cause", None) or err
                 raise _job_failed(description, refs[ref], cause) from None
             if bar is not None:
@@ -115,6 +118,16 @@ def run_jobs(
         if bar is not None:
             bar.close()
     return {k: done[k] for k in keys}
+
+
+def _cancel(ray: Any, refs: list[Any], timeout_s: float = 30.0) -> None:
+    """Cancel ``refs`` (killing the workers that run them) and wait until each has settled, so
+    that no job of a failed run is still running, or still to be killed, once the error is
+    raised: the next run's tasks cannot land on a worker that a late cancel then kills."""
+    for ref in refs:
+        ray.cancel(ref, force=True)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
 
 def share(value: Any) -> Any:
@@ -131,12 +144,13 @@ def share(value: Any) -> Any:
     return ray.put(value)
 
 
-def submit(job: Job) -> Any:
+def submit(job: Job, *, max_retries: int = 1) -> Any:
     """Start one job now, ahead of the :func:`run_jobs` call whose jobs take its result as an
     argument (a pre-training that later jobs fine-tune, while the jobs that do not need it run
     beside it): on Ray, a reference to the task's result (Ray hands the value to each job given
     it, once it is ready); in-process, the result itself, computed here and now. :func:`fetch`
-    turns either into the value."""
+    turns either into the value. A worker that dies under the job reruns it up to
+    ``max_retries`` times, as in :func:`run_jobs`."""
     if in_process():
         return _run_here([job], f"job {job.key}", progress=False)[job.key]
     import ray
@@ -147,7 +161,7 @@ def submit(job: Job) -> Any:
     options: dict[str, Any] = {"num_cpus": job.num_cpus, "num_gpus": job.num_gpus}
     if job.memory is not None:
         options["memory"] = job.memory
-    return ray.remote(job.fn).options(max_retries=0, **options).remote(*job.args, **job.kwargs)
+    return ray.remote(job.fn).options(max_retries=max_retries, **options).remote(*job.args, **job.kwargs)
 
 
 def fetch(handle: Any) -> Any:
