@@ -173,9 +173,7 @@ def test_a_job_whose_worker_dies_runs_again_and_without_retries_is_named(ray_ses
     assert out[("a", 0)] == {"acc": 1.0} and (tmp_path / "once").read_text() == "died"
     never = str(tmp_path / "never")
     with pytest.raises(NshotError, match=r"job \('a', 0\) failed: .*Worker"):
-        run_jobs(
-            [Job(("a", 0), _dies_once, (never,), num_cpus=0.5)], progress=False, max_retries=0
-        )
+        run_jobs([Job(("a", 0), _dies_once, (never,), num_cpus=0.5)], progress=False, max_retries=0)
     assert fetch(submit(Job(("s",), _dies_once, (str(tmp_path / "sub"),), num_cpus=0.5))) == {
         "acc": 1.0
     }

@@ -161,7 +161,11 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
     options: dict[str, Any] = {"num_cpus": job.num_cpus, "num_gpus": job.num_gpus}
     if job.memory is not None:
         options["memory"] = job.memory
-    return ray.remote(job.fn).options(max_retries=max_retries, **options).remote(*job.args, **job.kwargs)
+    return (
+        ray.remote(job.fn)
+        .options(max_retries=max_retries, **options)
+        .remote(*job.args, **job.kwargs)
+    )
 
 
 def fetch(handle: Any) -> Any:
