@@ -666,6 +666,61 @@ def test_ingress_modes_are_refused_before_anything_starts(monkeypatch, tmp_path,
     assert "--ingress haproxy binds" in capsys.readouterr().err
 
 
+def test_direct_ingress_drains_for_nshots_period_unless_told(monkeypatch):
+    """Serve's 30 s draining period under direct ingress (every Ctrl-C of `nshot serve` waited
+    it out) becomes nshot's DRAIN_S; --drain-s or the user's own variable win; proxy has none."""
+    import os
+
+    from nshot.errors import NshotError
+    from nshot.serve import ingress
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    monkeypatch.setattr(os, "environ", env)  # prepare() writes the environment Ray inherits
+    key = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+    env.pop(key, None)
+    assert ingress.prepare("direct", None)[key] == str(ingress.DRAIN_S) == env[key] == "2.0"
+    assert ingress.prepare("throughput", None, drain_s=0.5)[key] == env[key] == "0.5"
+    env[key] = "45"  # a user's own setting is kept
+    assert key not in ingress.prepare("direct", None) and env[key] == "45"
+    assert ingress.prepare("direct", None, drain_s=30)[key] == "30.0"
+    env.pop(key)
+    assert key not in ingress.prepare("proxy", None) and key not in env
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(NshotError, match="--drain-s"):
+            ingress.prepare("direct", None, drain_s=bad)
+
+
+def test_sigterm_is_handled_from_the_serving_line_on(monkeypatch, untrained_tail_checkpoint):
+    """A supervisor that sends SIGTERM as soon as `nshot serve` says it is serving gets a clean
+    shutdown: the handler is in place when that line is printed (it was installed after it, and
+    a SIGTERM in between aborted the process through Ray's handler), and put back afterwards."""
+    import signal
+
+    from nshot import cli
+
+    at_print = []
+
+    class Console:
+        def print(self, *a, **k):
+            at_print.append(signal.getsignal(signal.SIGTERM))
+
+    url = "http://127.0.0.1:8000/tail"
+    monkeypatch.setattr("nshot.serve.start", lambda *a, **k: url)
+    monkeypatch.setattr(cli, "_console", Console)
+    in_loop = []
+    monkeypatch.setattr(cli, "_serve_until_stopped", lambda prev: in_loop.append(prev) or 0)
+    before = signal.getsignal(signal.SIGTERM)
+    argv = ["serve", "tail", "--checkpoint", str(untrained_tail_checkpoint), "--ingress", "proxy"]
+    try:
+        assert cli.main(argv) == 0
+        assert at_print and at_print[0] not in (before, signal.SIG_DFL, signal.SIG_IGN)
+        with pytest.raises(KeyboardInterrupt):  # SIGTERM now does what Ctrl-C does
+            at_print[0](signal.SIGTERM, None)
+        assert in_loop == [before]  # the handler it replaced, restored when serving ends
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_past_capacity_is_a_prompt_503_with_retry_after_and_the_client_retries(
     served, untrained_tail_checkpoint
 ):
@@ -768,8 +823,10 @@ def test_direct_ingress_serves_from_the_replica_on_the_port_asked_for(untrained_
         assert client.predict(ep) == predictor(predictor.Request(**ep)).model_dump(mode="json")
     finally:
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=120)
-    assert rc == 0
+        rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, rest
+    # the replica drained for nshot's 2 s, not Serve's 30 s (past the controller's own limit)
+    assert "failed to shut down" not in rest, rest
 
 
 def test_sustained_load_small_version(served):

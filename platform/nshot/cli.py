@@ -504,7 +504,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         options=opts,
         ingress=args.ingress,
+        drain_s=args.drain_s,
     )
+    previous = _stop_on_sigterm()  # before the "serving" line that a supervisor waits for
     more = ""
     if args.ingress in ("direct", "throughput"):
         others = [u for u in ingress.targets(method.name, args.host) if u != url]
@@ -513,19 +515,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"serving {args.method} at {url}/predict (metadata: {url}/metadata, health: "
         f"{url}/healthz; ingress {args.ingress}{more}); Ctrl-C stops"
     )
-    return _serve_until_stopped()
+    return _serve_until_stopped(previous)
 
 
-def _serve_until_stopped() -> int:
-    """Block until Ctrl-C or SIGTERM (``kill`` shuts Serve down as Ctrl-C does), then shut
-    Serve down."""
+def _stop_on_sigterm() -> Any:
+    """Make SIGTERM (``kill``, a container's stop) raise KeyboardInterrupt, as Ctrl-C does, from
+    now on. Installed once Serve is up (Ray's start-up puts a handler of its own on SIGTERM)
+    and before the "serving" line is printed: a SIGTERM sent as soon as that line appears shuts
+    Serve down and exits 0, never Ray's handler, which aborts the process without shutting
+    Serve down. Returns the handler it replaces."""
     import signal
-    import time
 
     def _stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)
+    return signal.signal(signal.SIGTERM, _stop)
+
+
+def _serve_until_stopped(previous: Any) -> int:
+    """Block until Ctrl-C or SIGTERM (:func:`_stop_on_sigterm`), then shut Serve down."""
+    import signal
+    import time
+
     try:
         while True:
             time.sleep(3600)
@@ -533,6 +544,8 @@ def _serve_until_stopped() -> int:
         from ray import serve
 
         serve.shutdown()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -604,12 +617,18 @@ def _serve_all(args: argparse.Namespace) -> int:
         )
     check_serve_address(args.host, args.port)
     urls = start_all(
-        runs.chosen, host=args.host, port=args.port, options=opts, ingress=args.ingress
+        runs.chosen,
+        host=args.host,
+        port=args.port,
+        options=opts,
+        ingress=args.ingress,
+        drain_s=args.drain_s,
     )
+    previous = _stop_on_sigterm()
     for method, url in urls.items():
         _console().print(f"serving {method} ({runs.runs[method].name}) at {url}/predict")
     _console().print(f"{len(urls)} applications on one port (ingress {args.ingress}); Ctrl-C stops")
-    return _serve_until_stopped()
+    return _serve_until_stopped(previous)
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -899,6 +918,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve's proxy actor (proxy; on a running Ray the default is the mode it was started "
         "with), or HAProxy (binds every interface: needs --token); set before Ray starts "
         "(README: Serve under load)",
+    )
+    s.add_argument(
+        "--drain-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="under direct ingress, how long a replica that leaves (Ctrl-C, a scale-down) keeps "
+        "answering so that a load balancer in front stops sending to it (default 2; Serve's own "
+        "is 30; requests in flight are always answered); set before Ray starts",
     )
     s.add_argument(
         "--max-ongoing",

@@ -27,6 +27,7 @@ def start(
     options: Any = None,
     blocking: bool = False,
     ingress: str = "proxy",
+    drain_s: float | None = None,
 ) -> str:
     """Start Serve on ``host:port`` (loopback by default) and deploy ``method`` at
     ``/<method>``; returns the application's base URL.
@@ -35,7 +36,8 @@ def start(
     ``direct``/``throughput`` (the replicas' own HTTP servers, the first on ``port``; Serve's
     proxy moves to a free port) or ``haproxy`` (HAProxy on ``port``, needs a token). The mode is
     set before Ray starts; on a Ray that is already running a mode it was not started with is
-    refused.
+    refused. ``drain_s``: how long a leaving replica keeps answering under direct ingress
+    (:func:`nshot.serve.ingress.prepare`; set before Ray starts).
 
     The checkpoint is loaded and verified first: a bad one raises its one-line ``NshotError``
     before Ray or Serve is started."""
@@ -47,6 +49,7 @@ def start(
         options=options,
         blocking=blocking,
         ingress=ingress,
+        drain_s=drain_s,
     )[0]
 
 
@@ -59,6 +62,7 @@ def start_urls(
     options: Any = None,
     blocking: bool = False,
     ingress: str = "proxy",
+    drain_s: float | None = None,
 ) -> list[str]:
     """:func:`start`, returning every base URL of the application (one per replica under
     direct ingress), the one on ``port`` first."""
@@ -77,7 +81,9 @@ def start_urls(
         from nshot.serve.app import parse_autoscale
 
         most = parse_autoscale(opts.autoscale)[1]
-    pinned = ing.prepare(ingress, opts.token, port=port if direct else None, replicas=most)
+    pinned = ing.prepare(
+        ingress, opts.token, port=port if direct else None, replicas=most, drain_s=drain_s
+    )
     ensure_ray()
     # our own Ray under direct ingress: the first replica takes `port`, Serve's proxy a free one
     # (a running Ray keeps its own replica port range: the proxy stays on `port`)
@@ -103,6 +109,7 @@ def start_all(
     port: int = 8000,
     options: Any = None,
     ingress: str = "proxy",
+    drain_s: float | None = None,
 ) -> dict[str, str]:
     """Serve several methods under one Serve instance and one port: one application per method
     (``{method: checkpoint}``) at ``/<method>``, each with the same ``options``; returns
@@ -130,7 +137,7 @@ def start_all(
     opts = _options(options)
     ing.check(ingress, opts.token)
     apps = {method: build_app(method, ckpt, opts) for method, ckpt in checkpoints.items()}
-    ing.prepare(ingress, opts.token)
+    ing.prepare(ingress, opts.token, drain_s=drain_s)
     ensure_ray()
     logging_config = _logging_config()
     serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)

