@@ -873,6 +873,8 @@ def test_autoscale_and_admission_reach_the_deployment(untrained_tail_checkpoint,
     assert (cfg.max_ongoing_requests, cfg.max_queued_requests) == (128, 128)
     assert cfg.backpressure_config.status_code == 503
     assert cfg.backpressure_config.retry_after_s == 1.0
+    # a leaving replica looks for requests in flight every 0.2 s, not after Serve's 2 s sleep
+    assert cfg.graceful_shutdown_wait_loop_s == 0.2
     for bad in ("3:1", "0:2", "2", "a:b"):
         with pytest.raises(ValueError, match="MIN:MAX"):
             parse_autoscale(bad)
