@@ -688,6 +688,11 @@ def test_direct_ingress_drains_for_nshots_period_unless_told(monkeypatch):
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(NshotError, match="--drain-s"):
             ingress.prepare("direct", None, drain_s=bad)
+    env["RAY_ADDRESS"] = "127.0.0.1:1"  # a running Ray: the period cannot be set any more
+    env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    assert ingress.prepare("direct", None) == {}
+    with pytest.raises(NshotError, match="--drain-s 5.0: Ray is already running"):
+        ingress.prepare("direct", None, drain_s=5.0)
 
 
 def test_sigterm_is_handled_from_the_serving_line_on(monkeypatch, untrained_tail_checkpoint):

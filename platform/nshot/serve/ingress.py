@@ -162,6 +162,12 @@ def prepare(
                 f"Ray cluster with {_describe(mode)}, or let nshot start its own Ray (unset "
                 "RAY_ADDRESS)"
             )
+        if drain_s is not None and mode != "proxy":
+            raise NshotError(
+                f"--drain-s {drain_s}: Ray is already running and its replicas read the draining "
+                f"period when Ray's processes start: start the Ray cluster with {_DRAIN_ENV} set, "
+                "or let nshot start its own Ray (unset RAY_ADDRESS)"
+            )
         return {}
     env = {k: "0" for k in _ALL}
     env.update(SWITCHES[mode])
