@@ -717,7 +717,7 @@ def test_sigterm_is_handled_from_the_serving_line_on(monkeypatch, untrained_tail
     before = signal.getsignal(signal.SIGTERM)
     argv = ["serve", "tail", "--checkpoint", str(untrained_tail_checkpoint), "--ingress", "proxy"]
     try:
-        assert cli.main(argv) == 0
+        assert cli.main([*argv, "--port", str(_free_port())]) == 0
         assert at_print and at_print[0] not in (before, signal.SIG_DFL, signal.SIG_IGN)
         with pytest.raises(KeyboardInterrupt):  # SIGTERM now does what Ctrl-C does
             at_print[0](signal.SIGTERM, None)
