@@ -671,11 +671,14 @@ def test_direct_ingress_drains_for_nshots_period_unless_told(monkeypatch):
     it out) becomes nshot's DRAIN_S; --drain-s or the user's own variable win; proxy has none."""
     import os
 
+    import ray
+
     from nshot.errors import NshotError
     from nshot.serve import ingress
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     monkeypatch.setattr(os, "environ", env)  # prepare() writes the environment Ray inherits
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as before nshot starts Ray
     key = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
     env.pop(key, None)
     assert ingress.prepare("direct", None)[key] == str(ingress.DRAIN_S) == env[key] == "2.0"

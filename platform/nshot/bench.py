@@ -353,9 +353,12 @@ def _serve_server(mode: str, method_name: str, checkpoint: str, port: str, spec:
         urls = {}
         for item in spec.split(","):
             name, batch, replicas, *wait = item.split(":")
-            opts = ServeOptions(max_batch_size=int(batch), token=token, num_replicas=int(replicas))
-            if wait:
-                opts.batch_wait_timeout_s = float(wait[0]) / 1000.0
+            opts = ServeOptions(
+                max_batch_size=int(batch),
+                token=token,
+                num_replicas=int(replicas),
+                **({"batch_wait_timeout_s": float(wait[0]) / 1000.0} if wait else {}),
+            )
             serve.run(build_app(method_name, checkpoint, opts), name=name, route_prefix=f"/{name}")
             urls[name] = ingress.verify(mode, name, "127.0.0.1", int(port))[0] + "/predict"
     except (NshotError, RuntimeError) as err:

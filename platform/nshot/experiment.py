@@ -109,7 +109,7 @@ def run_jobs(
             try:
                 done[refs[ref]] = ray.get(ref)
             except Exception as err:  # noqa: BLE001 - name the job, then stop the rest
-                _cancel(ray, pending)
+                _cancel(pending)
                 cause = getattr(err, "cause", None) or err
                 raise _job_failed(description, refs[ref], cause) from None
             if bar is not None:
@@ -120,10 +120,12 @@ def run_jobs(
     return {k: done[k] for k in keys}
 
 
-def _cancel(ray: Any, refs: list[Any], timeout_s: float = 30.0) -> None:
+def _cancel(refs: list[Any], timeout_s: float = 30.0) -> None:
     """Cancel ``refs`` (killing the workers that run them) and wait until each has settled, so
     that no job of a failed run is still running, or still to be killed, once the error is
     raised: the next run's tasks cannot land on a worker that a late cancel then kills."""
+    import ray
+
     for ref in refs:
         ray.cancel(ref, force=True)
     if refs:

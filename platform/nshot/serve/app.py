@@ -318,7 +318,7 @@ fastapi_app = FastAPI(title="nshot", docs_url=None, redoc_url=None, openapi_url=
 
 # A replica that leaves (Ctrl-C, a scale-down, a redeploy) checks for requests still in flight
 # every GRACEFUL_WAIT_LOOP_S and goes once there are none. Serve's default sleeps 2 s before the
-# first check, so every idle replica took over 2 s to stop: 3.0 s -> 1.1 s per `serve.delete`
+# first check, so every idle replica took over 2 s to stop: 3.0 s -> 1.0 s per `serve.delete`
 # of an idle app here (README, "Serve under load").
 GRACEFUL_WAIT_LOOP_S = 0.2
 
