@@ -929,9 +929,18 @@ def test_bench_serve_ratios_are_medians_with_paired_spread():
             },
             serve_batched_w0={1: [(80, 13)] * 3, 8: [(100, 50)] * 3, 32: [(270, 90)] * 3},
         ),
+        "direct": block(  # every mode's block carries the unbatched app too
+            serve_batched={1: [(90, 9)] * 3, 8: [(200, 40)] * 3, 32: [(400, 80)] * 3},
+            serve_unbatched={1: [(90, 9)] * 3, 8: [(110, 70)] * 3, 32: [(100, 320)] * 3},
+            fastapi_bare={1: [(100, 8)] * 3, 8: [(150, 50)] * 3, 32: [(200, 160)] * 3},
+        ),
         "haproxy": {"available": False, "reason": "no binary"},
     }
     r = _serve_ratios(blocks, levels)
+    assert r["ratio_direct_batched_over_unbatched_throughput_32"]["median_ratio"] == 4.0
+    assert r["ratio_proxy_batched_over_unbatched_throughput_32"]["median_ratio"] == (
+        pytest.approx(240 / 90)
+    )
     b = r["ratio_batched_over_unbatched_throughput_32"]
     assert b["median_ratio"] == pytest.approx(240 / 90)
     assert (b["min"], b["max"]) == (pytest.approx(200 / 80), pytest.approx(3.0))
@@ -939,7 +948,7 @@ def test_bench_serve_ratios_are_medians_with_paired_spread():
     assert r["ratio_serve_unbatched_throughput_32_over_8"]["median_ratio"] == pytest.approx(0.9)
     assert r["ratio_proxy_batched_over_bare_throughput_32"]["median_ratio"] == pytest.approx(1.2)
     assert (
-        r["fastest_loopback_mode"] == "proxy" and "ratio_haproxy_p50_batched_over_bare_1" not in r
+        r["fastest_loopback_mode"] == "direct" and "ratio_haproxy_p50_batched_over_bare_1" not in r
     )
     # an app with another batch wait (--batch-wait-ms 5,0) gets the same ratios under its name
     assert r["ratio_proxy_p50_batched_w0_over_bare_1"]["median_ratio"] == pytest.approx(13 / 11)

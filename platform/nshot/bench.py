@@ -392,14 +392,15 @@ def serve(
     mode is compared with the bare app measured alongside it. In a block every level (1, 8, 32
     and 128 clients) runs ``repeats`` times, the systems interleaved (their order rotated each
     repeat); medians and the spread are reported, the JSON keeps every run (with the load
-    average when it ended). The ``proxy`` block also carries the unbatched app; ``replicas``
-    above 1 add a block ``proxy_x<N>`` (the batched app on N replicas, proxy ingress). A mode
+    average when it ended). Every block also carries the unbatched app (in blocks other than
+    ``proxy``, only when no further batch wait takes its CPU, below); ``replicas`` above 1 add
+    a block ``proxy_x<N>`` (the batched app on N replicas, proxy ingress). A mode
     that cannot run here is a row marked unavailable, with the reason. Without ``checkpoint``
     a ``smoke`` model is trained first (in-process Ray, shut down before the blocks).
     ``batch_wait_ms``: the batched apps wait that long for a batch to fill (default: the
     serving default, ``ServeOptions.batch_wait_timeout_s``); each further value adds an app
-    ``serve_batched_w<ms>`` beside it in every block but ``proxy`` (whose unbatched app takes
-    the second of a 2-CPU machine's one-CPU replicas) and ``proxy_x<N>``."""
+    ``serve_batched_w<ms>`` beside it, in place of the unbatched app, in every block but
+    ``proxy`` and ``proxy_x<N>`` (a 2-CPU machine holds two one-CPU replicas)."""
     import secrets
     import subprocess
     import sys
@@ -446,7 +447,7 @@ def serve(
                 m,
                 m,
                 {"serve_batched": f"16:1{wait}", "serve_unbatched": "1:1"}
-                if m == "proxy"
+                if m == "proxy" or not extra
                 else {"serve_batched": f"16:1{wait}", **extra},
             )
             for m in ingress
@@ -554,6 +555,10 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
             if not s.startswith("serve_batched"):
                 continue
             name = s[6:]  # batched, batched_w0, ...
+            if s == "serve_batched" and "serve_unbatched" in block["runs"]:
+                out[f"ratio_{mode}_batched_over_unbatched_throughput_32"] = paired(
+                    block, s, "serve_unbatched", top, "requests_per_s"
+                )
             out[f"ratio_{mode}_{name}_over_bare_throughput_32"] = paired(
                 block, s, "fastapi_bare", top, "requests_per_s"
             )
@@ -562,6 +567,7 @@ def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, 
             )
     out["targets"] = {
         "ratio_batched_over_unbatched_throughput_32": ">= 3",
+        "ratio_<mode>_batched_over_unbatched_throughput_32": ">= 3",
         "ratio_p50_unbatched_over_bare_1": "<= 1.5",
         "ratio_<mode>_p50_batched_over_bare_1": "<= 1.5",
         "ratio_<mode>_batched_over_bare_throughput_32": ">= 1",

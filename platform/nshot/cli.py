@@ -856,14 +856,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--ingress",
         default="proxy,direct,throughput,haproxy",
-        help="serve: ingress modes, one block each (proxy also runs the unbatched app)",
+        help="serve: ingress modes, one block each (each with the batched and unbatched apps)",
     )
     s.add_argument(
         "--batch-wait-ms",
         dest="bench_batch_wait_ms",
         default=None,
         help="serve: how long the batched apps wait for a batch to fill (default: the serving "
-        "default); each further comma-separated value adds an app serve_batched_w<ms>",
+        "default); each further comma-separated value adds an app serve_batched_w<ms> (in "
+        "place of the unbatched app, outside the proxy block)",
     )
     s.add_argument("--autoscale", default="1:2", help="serve-ramp: MIN:MAX replicas")
     s.add_argument(
