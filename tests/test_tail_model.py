@@ -247,10 +247,43 @@ def test_claims_read_the_comparison_and_can_fail():
         "fixed_label_slots": dict(zip(metrics, (0.98, 0.92, None))),
     }
     claims = get("tail").claims
-    held = {c["id"]: c["holds"] for c in evaluate(claims, {"preset": "small", "rows": rows})}
-    assert all(v is True for v in held.values()), held
+
+    def judged(results):
+        return {c["id"]: c["holds"] for c in evaluate(claims, results) if c.get("applies", True)}
+
+    held = judged({"preset": "small", "rows": rows})
+    assert len(held) == 6 and all(v is True for v in held.values()), held
     rows["tail"] = dict(zip(metrics, (0.97, 0.84, 0.15)))
-    failed = {c["id"]: c["holds"] for c in evaluate(claims, {"preset": "small", "rows": rows})}
-    assert all(v is False for v in failed.values()), failed
+    failed = judged({"preset": "small", "rows": rows})
+    assert len(failed) == 6 and all(v is False for v in failed.values()), failed
     smoke = evaluate(claims, {"preset": "smoke", "rows": rows})
     assert all(c["holds"] is None for c in smoke)
+
+
+def test_ingredients_change_one_field_each_and_have_their_own_claims():
+    """experiment=ingredients: each TAIL row changes one scale ingredient of the config, and
+    its four claims read only that experiment's results (and can fail)."""
+    from nshot.claims import evaluate
+    from nshot.method import get
+    from nshot.methods.tail.experiments import ingredients
+
+    cfg = get("tail").config("small").replace(experiment="ingredients")
+    rows = ingredients(cfg)
+    assert rows == {"tail": {}, "tail_depth2x": {"depth": 8}, "tail_steps4x": {"steps": 6000}}
+    for change in rows.values():  # each a valid config of its own
+        assert cfg.replace(**change).experiment == "ingredients"
+    metrics = ("acc_unseen_modality_5w5s", "acc_mnist_5w5s")
+    res = {
+        "tail_depth2x": dict(zip(metrics, (0.94, 0.70))),
+        "tail_steps4x": dict(zip(metrics, (0.95, 0.78))),
+        "protohead": dict(zip(metrics, (0.93, 0.76))),
+    }
+    claims = get("tail").claims
+    out = evaluate(claims, {"preset": "small", "experiment": "ingredients", "rows": res})
+    held = {c["id"]: c["holds"] for c in out if c.get("applies", True)}
+    assert held == {
+        "depth2x_beats_protohead_unseen": True,
+        "depth2x_beats_protohead_mnist": False,
+        "steps4x_beats_protohead_unseen": True,
+        "steps4x_beats_protohead_mnist": True,
+    }

@@ -52,6 +52,13 @@ class TailConfig(MethodConfig):
     experiment_seeds: int = Field(
         1, ge=1, le=20, description="training seeds per system in experiments()"
     )
+    # experiments(): the paper's comparison, or the scale ingredients the `small` budget allows
+    experiment: Literal["comparison", "ingredients"] = Field(
+        "comparison",
+        description="experiments(): 'comparison' (TAIL against ProtoHead, LinearProbe and two "
+        "ablations) or 'ingredients' (TAIL as configured, with twice the depth, and with four "
+        "times the training steps, against ProtoHead and LinearProbe on the same episodes)",
+    )
     features_path: str | None = Field(
         None,
         description="Parquet of precomputed features (features, label, dataset) to evaluate on",

@@ -31,11 +31,31 @@ ABLATIONS = {
 ORDER = ("tail", "protohead", "linear_probe", "no_projection", "fixed_label_slots")
 
 
+def ingredients(cfg: TailConfig) -> dict[str, dict[str, Any]]:
+    """``experiment=ingredients``: the paper's scale ingredients the ``small`` budget allows,
+    each changed alone (the paper's model has 16 blocks and trains 100k steps; ``small`` has 4
+    and 1,500). The other two are measured elsewhere: modality diversity by ``train_tasks``
+    (``results/small-mixed.*``) and the label dictionary by ``fixed_label_slots`` (the main
+    comparison)."""
+    return {
+        "tail": {},
+        "tail_depth2x": {"depth": 2 * cfg.depth},
+        "tail_steps4x": {"steps": 4 * cfg.steps},
+    }
+
+
 def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
+    """The comparison (``experiment=comparison``) or the scale ingredients (``ingredients``):
+    TAIL variants trained, then evaluated with the training-free baselines on the same
+    episodes."""
     from nshot.train import load_checkpoint
 
     t0 = time.time()
-    variants = {"tail": {}, **ABLATIONS}
+    if cfg.experiment == "ingredients":
+        variants = ingredients(cfg)
+        order = (*variants, "protohead", "linear_probe")
+    else:
+        variants, order = {"tail": {}, **ABLATIONS}, ORDER
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
     runs = str(workdir / "runs")
     jobs = [
@@ -62,32 +82,35 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
                 )
                 if val is not None:
                     ci.setdefault(system, {}).setdefault(metric, []).append(val[1])
-    rows, stds = _mean_and_spread(per_seed, ci)
+    rows, stds = _mean_and_spread(per_seed, ci, order)
     return ResultsTable(
         method="tail",
         preset=cfg.preset,
+        experiment=None if cfg.experiment == "comparison" else cfg.experiment,
         seeds=len(seeds),
         metrics={s.metric: True for s in settings},
         rows=rows,
         stds=stds,
         runtime_s=time.time() - t0,
-        notes=_notes(rows, settings, cfg, len(seeds), draws),
+        notes=_notes(rows, settings, cfg, len(seeds), draws, variants),
         extra={
             "settings": {s.metric: s.description for s in settings},
             "checkpoints": {f"{k[0]}-seed{k[1]}": str(v) for k, v in ckpts.items()},
         },
-        samples={system: per_seed[system] for system in ORDER},
+        samples={system: per_seed[system] for system in order},
     )
 
 
 def _mean_and_spread(
-    per_seed: dict[str, dict[str, list[float | None]]], ci: dict[str, dict[str, list[float]]]
+    per_seed: dict[str, dict[str, list[float | None]]],
+    ci: dict[str, dict[str, list[float]]],
+    order: tuple[str, ...] = ORDER,
 ) -> tuple[dict[str, dict[str, float | None]], dict[str, dict[str, float | None]]]:
     """Means over seeds and the sample standard deviation over seeds; with one seed, the
     standard deviation of the mean over episodes (the 95 % half-width / 1.96)."""
     rows: dict[str, dict[str, float | None]] = {}
     stds: dict[str, dict[str, float | None]] = {}
-    for system in ORDER:
+    for system in order:
         rows[system], stds[system] = {}, {}
         for metric, vals in per_seed[system].items():
             if any(v is None for v in vals):
@@ -110,7 +133,12 @@ def train_variant(cfg: TailConfig, storage: str, name: str) -> str:
 
 
 def _notes(
-    rows: dict, settings: list[Setting], cfg: TailConfig, seeds: int, draws: int
+    rows: dict,
+    settings: list[Setting],
+    cfg: TailConfig,
+    seeds: int,
+    draws: int,
+    variants: dict[str, dict[str, Any]],
 ) -> list[str]:
     notes = [
         f"{cfg.eval_episodes} episodes per setting and seed, 5 queries per class; TAIL variants "
@@ -118,15 +146,24 @@ def _notes(
         "± is the standard deviation over training seeds"
         if seeds > 1
         else "± is the standard deviation of the mean over episodes (one training seed)",
-        "fixed_label_slots has max_ways label slots and cannot classify 20 classes: n/a.",
     ]
+    if "fixed_label_slots" in variants:
+        notes.append(
+            "fixed_label_slots has max_ways label slots and cannot classify 20 classes: n/a."
+        )
+    if cfg.experiment == "ingredients":
+        changed = ", ".join(f"{v}: {ch}" for v, ch in variants.items() if ch)
+        notes.append(
+            f"scale ingredients, each changed alone from tail (depth {cfg.depth}, "
+            f"{cfg.steps} steps): {changed}"
+        )
 
     def fmt(system: str, metric: str) -> str:
         v = rows[system].get(metric)
         return "n/a" if v is None else f"{v:.3f}"
 
     m = "acc_unseen_modality_5w5s"
-    if m in rows["tail"]:
+    if m in rows["tail"] and "no_projection" in rows:
         notes.append(
             f"unseen modality 5w5s: tail {fmt('tail', m)} vs no_projection "
             f"{fmt('no_projection', m)}, fixed_label_slots {fmt('fixed_label_slots', m)}, "

@@ -79,7 +79,9 @@ class TailMethod(Method):
         return out
 
     def experiments(self, cfg: TailConfig, workdir: Path) -> ResultsTable:
-        """TAIL against ProtoHead, LinearProbe and the two ablations on the same episodes."""
+        """TAIL against ProtoHead, LinearProbe and the two ablations on the same episodes, or
+        (``experiment=ingredients``) TAIL with twice the depth and with four times the steps
+        against the same baselines."""
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)
