@@ -269,13 +269,19 @@ def test_ingredients_change_one_field_each_and_have_their_own_claims():
 
     cfg = get("tail").config("small").replace(experiment="ingredients")
     rows = ingredients(cfg)
-    assert rows == {"tail": {}, "tail_depth2x": {"depth": 8}, "tail_steps4x": {"steps": 6000}}
+    assert rows == {
+        "tail": {},
+        "tail_depth2x": {"depth": 8},
+        "tail_steps4x": {"steps": 6000},
+        "tail_steps16x": {"steps": 24000},
+    }
     for change in rows.values():  # each a valid config of its own
         assert cfg.replace(**change).experiment == "ingredients"
     metrics = ("acc_unseen_modality_5w5s", "acc_mnist_5w5s")
     res = {
         "tail_depth2x": dict(zip(metrics, (0.94, 0.70))),
         "tail_steps4x": dict(zip(metrics, (0.95, 0.78))),
+        "tail_steps16x": dict(zip(metrics, (0.92, 0.77))),
         "protohead": dict(zip(metrics, (0.93, 0.76))),
     }
     claims = get("tail").claims
@@ -286,4 +292,6 @@ def test_ingredients_change_one_field_each_and_have_their_own_claims():
         "depth2x_beats_protohead_mnist": False,
         "steps4x_beats_protohead_unseen": True,
         "steps4x_beats_protohead_mnist": True,
+        "steps16x_beats_protohead_unseen": False,
+        "steps16x_beats_protohead_mnist": True,
     }

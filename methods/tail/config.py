@@ -57,7 +57,8 @@ class TailConfig(MethodConfig):
         "comparison",
         description="experiments(): 'comparison' (TAIL against ProtoHead, LinearProbe and two "
         "ablations) or 'ingredients' (TAIL as configured, with twice the depth, and with four "
-        "times the training steps, against ProtoHead and LinearProbe on the same episodes)",
+        "and sixteen times the training steps, against ProtoHead and LinearProbe on the same "
+        "episodes)",
     )
     features_path: str | None = Field(
         None,

@@ -32,15 +32,17 @@ ORDER = ("tail", "protohead", "linear_probe", "no_projection", "fixed_label_slot
 
 
 def ingredients(cfg: TailConfig) -> dict[str, dict[str, Any]]:
-    """``experiment=ingredients``: the paper's scale ingredients the ``small`` budget allows,
-    each changed alone (the paper's model has 16 blocks and trains 100k steps; ``small`` has 4
-    and 1,500). The other two are measured elsewhere: modality diversity by ``train_tasks``
+    """``experiment=ingredients``: the paper's scale ingredients, each changed alone (the
+    paper's model has 16 blocks and trains 100k steps; ``small`` has 4 and 1,500): twice the
+    depth, and four and sixteen times the steps (the last beyond ``small``'s budget: about 20
+    minutes of training on one CPU). The other two are measured elsewhere: modality diversity by ``train_tasks``
     (``results/small-mixed.*``) and the label dictionary by ``fixed_label_slots`` (the main
     comparison)."""
     return {
         "tail": {},
         "tail_depth2x": {"depth": 2 * cfg.depth},
         "tail_steps4x": {"steps": 4 * cfg.steps},
+        "tail_steps16x": {"steps": 16 * cfg.steps},
     }
 
 
