@@ -127,6 +127,21 @@ def evaluate_setting(
     draws: int,
 ) -> dict[str, tuple[float, float] | None]:
     """Mean episode accuracy and 95 % CI of every system on one setting's episodes."""
+    per = setting_episodes(setting, systems, episodes=episodes, seed=seed, draws=draws)
+    return {name: None if a is None else episode_accuracy(a) for name, a in per.items()}
+
+
+def setting_episodes(
+    setting: Setting,
+    systems: dict[str, dict[str, Any] | None],
+    *,
+    episodes: int,
+    seed: int,
+    draws: int,
+) -> dict[str, np.ndarray | None]:
+    """Every system's accuracy on each of one setting's episodes (the same episodes, in the
+    same order, for every system: differences are paired); ``None`` for a system that cannot
+    answer the setting."""
     torch.set_num_threads(1)
     modality = get_modality(setting.modality)
     accs: dict[str, list[np.ndarray] | None] = {s: [] for s in systems}
@@ -149,9 +164,7 @@ def evaluate_setting(
             accs[name].append(per_episode_accuracy(pred, eps["query_y"]))
         done += n
         chunk_id += 1
-    return {
-        name: None if a is None else episode_accuracy(np.concatenate(a)) for name, a in accs.items()
-    }
+    return {name: None if a is None else np.concatenate(a) for name, a in accs.items()}
 
 
 def evaluate_systems(
@@ -162,22 +175,25 @@ def evaluate_systems(
     seed: int = 12345,
     draws: int = 1,
     progress: bool = True,
-) -> dict[str, dict[str, tuple[float, float] | None]]:
-    """``{system: {metric: (mean, ci95) | None}}``; with Ray initialised the settings run as
-    parallel jobs of the platform's experiment runner (:mod:`nshot.experiment`), else in
+    per_episode: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """``{system: {metric: (mean, ci95) | None}}`` (``per_episode``: the accuracy of each
+    episode instead, an array, paired across systems); with Ray initialised the settings run
+    as parallel jobs of the platform's experiment runner (:mod:`nshot.experiment`), else in
     process."""
     import ray
 
-    results: dict[str, dict[str, tuple[float, float] | None]] = {s: {} for s in systems}
+    results: dict[str, dict[str, Any]] = {s: {} for s in systems}
     kwargs = dict(episodes=episodes, seed=seed, draws=draws)
+    run_setting = setting_episodes if per_episode else evaluate_setting
     if ray.is_initialized():
         from nshot.experiment import Job, run_jobs
 
-        jobs = [Job((s.metric,), evaluate_setting, (s, systems), kwargs) for s in settings]
+        jobs = [Job((s.metric,), run_setting, (s, systems), kwargs) for s in settings]
         done = run_jobs(jobs, description="evaluating settings", progress=progress)
         per_setting = {s.metric: done[(s.metric,)] for s in settings}
     else:
-        per_setting = {s.metric: evaluate_setting(s, systems, **kwargs) for s in settings}
+        per_setting = {s.metric: run_setting(s, systems, **kwargs) for s in settings}
     for metric, res in per_setting.items():
         for name, val in res.items():
             results[name][metric] = val

@@ -20,6 +20,7 @@ import numpy as np
 from nshot.experiment import Job, grid, run_jobs
 from nshot.method import ResultsTable
 
+from .baselines import episode_accuracy
 from .config import TailConfig
 from .evaluation import Setting, default_settings, evaluate_systems, tail_system
 from .serve import TailPredictor
@@ -68,6 +69,7 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
     settings = default_settings()
     per_seed: dict[str, dict[str, list[float | None]]] = {}
     ci: dict[str, dict[str, list[float]]] = {}
+    paired: dict[str, dict[str, list[dict[str, Any]]]] = {}
     draws = max(cfg.eval_draws, 4)
     for s in seeds:
         systems: dict[str, Any] = {"protohead": None, "linear_probe": None}
@@ -75,15 +77,26 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
             ckpt = load_checkpoint(ckpts[(name, s)])
             systems[name] = tail_system(TailPredictor.from_checkpoint(ckpt))
         res = evaluate_systems(
-            systems, settings, episodes=cfg.eval_episodes, seed=12345 + s, draws=draws
+            systems,
+            settings,
+            episodes=cfg.eval_episodes,
+            seed=12345 + s,
+            draws=draws,
+            per_episode=True,
         )
         for system, metrics in res.items():
-            for metric, val in metrics.items():
+            for metric, acc in metrics.items():
+                val = None if acc is None else episode_accuracy(acc)
                 per_seed.setdefault(system, {}).setdefault(metric, []).append(
                     None if val is None else val[0]
                 )
                 if val is not None:
                     ci.setdefault(system, {}).setdefault(metric, []).append(val[1])
+                base = res["protohead"][metric]
+                if system in variants and acc is not None:
+                    paired.setdefault(system, {}).setdefault(metric, []).append(
+                        paired_gain(acc, base)
+                    )
     rows, stds = _mean_and_spread(per_seed, ci, order)
     return ResultsTable(
         method="tail",
@@ -94,9 +107,10 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
         rows=rows,
         stds=stds,
         runtime_s=time.time() - t0,
-        notes=_notes(rows, settings, cfg, len(seeds), draws, variants),
+        notes=_notes(rows, settings, cfg, len(seeds), draws, variants, paired),
         extra={
             "settings": {s.metric: s.description for s in settings},
+            "paired_vs_protohead": paired,
             "checkpoints": {f"{k[0]}-seed{k[1]}": str(v) for k, v in ckpts.items()},
         },
         samples={system: per_seed[system] for system in order},
@@ -126,6 +140,20 @@ def _mean_and_spread(
     return rows, stds
 
 
+def paired_gain(acc: np.ndarray, base: np.ndarray) -> dict[str, Any]:
+    """A system's accuracy minus the baseline's over the same episodes: the mean gain, its 95 %
+    half-width ``1.96·sd/√n``, and the one-sided paired t-test's p that the gain is positive."""
+    from nshot.claims import paired_p
+
+    d = np.asarray(acc, dtype=float) - np.asarray(base, dtype=float)
+    return {
+        "gain": float(d.mean()),
+        "ci95": float(1.96 * d.std(ddof=1) / np.sqrt(len(d))),
+        "p_greater": paired_p("paired_t", acc, base, "greater"),
+        "episodes": len(d),
+    }
+
+
 def train_variant(cfg: TailConfig, storage: str, name: str) -> str:
     """One training run (Ray Train local mode inside a Ray task); returns the checkpoint path."""
     from nshot.train import Scaling, fit
@@ -141,6 +169,7 @@ def _notes(
     seeds: int,
     draws: int,
     variants: dict[str, dict[str, Any]],
+    paired: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> list[str]:
     notes = [
         f"{cfg.eval_episodes} episodes per setting and seed, 5 queries per class; TAIL variants "
@@ -159,6 +188,18 @@ def _notes(
             f"scale ingredients, each changed alone from tail (depth {cfg.depth}, "
             f"{cfg.steps} steps): {changed}"
         )
+        for v in variants:
+            gains = [
+                f"{m.removeprefix('acc_')} {g[0]['gain'] * 100:+.2f} ± {g[0]['ci95'] * 100:.2f} "
+                f"(p {g[0]['p_greater']:.2g})"
+                for m, g in paired.get(v, {}).items()
+                if m in ("acc_unseen_modality_5w5s", "acc_mnist_5w5s") and g
+            ]
+            if gains:
+                notes.append(
+                    f"{v} minus protohead, paired over the same episodes (points, 95 % "
+                    f"half-width, one-sided paired t; first seed): {', '.join(gains)}"
+                )
 
     def fmt(system: str, metric: str) -> str:
         v = rows[system].get(metric)
