@@ -295,3 +295,27 @@ def test_ingredients_change_one_field_each_and_have_their_own_claims():
         "steps16x_beats_protohead_unseen": False,
         "steps16x_beats_protohead_mnist": True,
     }
+
+
+def test_per_episode_accuracies_are_paired_and_summarise_to_the_table():
+    """The evaluation's per-episode accuracies give the table's mean and CI, and a paired gain
+    over the same episodes (its sign, half-width and one-sided p)."""
+    from nshot.methods.tail.baselines import episode_accuracy
+    from nshot.methods.tail.evaluation import SETTINGS, evaluate_setting, setting_episodes
+    from nshot.methods.tail.experiments import paired_gain
+
+    setting = next(s for s in SETTINGS if s.metric == "acc_digits_5w5s")
+    systems = {"protohead": None, "linear_probe": None}
+    kw = dict(episodes=12, seed=3, draws=1)
+    per = setting_episodes(setting, systems, **kw)
+    summary = evaluate_setting(setting, systems, **kw)
+    assert all(len(a) == 12 for a in per.values())
+    for name, acc in per.items():
+        assert summary[name] == episode_accuracy(acc)
+    a = np.array([0.8, 0.9, 1.0, 0.7])
+    g = paired_gain(a, a - np.array([0.1, 0.0, 0.2, 0.1]))
+    assert g["gain"] == pytest.approx(0.1) and g["episodes"] == 4
+    assert g["ci95"] == pytest.approx(1.96 * np.std([0.1, 0.0, 0.2, 0.1], ddof=1) / 2)
+    assert g["p_greater"] < 0.05
+    worse = paired_gain(a - np.array([0.1, 0.0, 0.2, 0.1]), a)
+    assert worse["gain"] == pytest.approx(-0.1) and worse["p_greater"] > 0.95
