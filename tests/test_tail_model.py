@@ -319,3 +319,5 @@ def test_per_episode_accuracies_are_paired_and_summarise_to_the_table():
     assert g["p_greater"] < 0.05
     worse = paired_gain(a - np.array([0.1, 0.0, 0.2, 0.1]), a)
     assert worse["gain"] == pytest.approx(-0.1) and worse["p_greater"] > 0.95
+    one = paired_gain(a[:1], a[:1] - 0.1)  # one episode: a gain, no spread, no p
+    assert one["gain"] == pytest.approx(0.1) and one["ci95"] is None and one["p_greater"] is None

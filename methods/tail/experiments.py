@@ -36,9 +36,9 @@ def ingredients(cfg: TailConfig) -> dict[str, dict[str, Any]]:
     """``experiment=ingredients``: the paper's scale ingredients, each changed alone (the
     paper's model has 16 blocks and trains 100k steps; ``small`` has 4 and 1,500): twice the
     depth, and four and sixteen times the steps (the last beyond ``small``'s budget: about 20
-    minutes of training on one CPU). The other two are measured elsewhere: modality diversity by ``train_tasks``
-    (``results/small-mixed.*``) and the label dictionary by ``fixed_label_slots`` (the main
-    comparison)."""
+    minutes of training on one CPU). The other two are measured elsewhere: modality diversity
+    by ``train_tasks`` (``results/small-mixed.*``) and the label dictionary by
+    ``fixed_label_slots`` (the main comparison)."""
     return {
         "tail": {},
         "tail_depth2x": {"depth": 2 * cfg.depth},
@@ -92,10 +92,9 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
                 )
                 if val is not None:
                     ci.setdefault(system, {}).setdefault(metric, []).append(val[1])
-                base = res["protohead"][metric]
                 if system in variants and acc is not None:
                     paired.setdefault(system, {}).setdefault(metric, []).append(
-                        paired_gain(acc, base)
+                        paired_gain(acc, res["protohead"][metric])
                     )
     rows, stds = _mean_and_spread(per_seed, ci, order)
     return ResultsTable(
@@ -146,9 +145,9 @@ def paired_gain(acc: np.ndarray, base: np.ndarray) -> dict[str, Any]:
     from nshot.claims import paired_p
 
     d = np.asarray(acc, dtype=float) - np.asarray(base, dtype=float)
-    return {
+    return {  # one episode: no spread and no p (None)
         "gain": float(d.mean()),
-        "ci95": float(1.96 * d.std(ddof=1) / np.sqrt(len(d))),
+        "ci95": float(1.96 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None,
         "p_greater": paired_p("paired_t", acc, base, "greater"),
         "episodes": len(d),
     }
@@ -193,7 +192,7 @@ def _notes(
                 f"{m.removeprefix('acc_')} {g[0]['gain'] * 100:+.2f} ± {g[0]['ci95'] * 100:.2f} "
                 f"(p {g[0]['p_greater']:.2g})"
                 for m, g in paired.get(v, {}).items()
-                if m in ("acc_unseen_modality_5w5s", "acc_mnist_5w5s") and g
+                if m in ("acc_unseen_modality_5w5s", "acc_mnist_5w5s") and g[0]["ci95"] is not None
             ]
             if gains:
                 notes.append(
