@@ -96,7 +96,7 @@ CLAIMS: tuple[Claim, ...] = (
         expr="tail.acc_seen_5w5s > linear_probe.acc_seen_5w5s",
         presets=_BIG,
     ),
-    # experiment=ingredients: each scale ingredient the small budget allows, changed alone
+    # experiment=ingredients: one scale ingredient changed alone per row
     *_ingredient_claims("tail_depth2x", "twice the depth (8 blocks in small)"),
     *_ingredient_claims("tail_steps4x", "four times the training steps (6,000 in small)"),
     *_ingredient_claims("tail_steps16x", "sixteen times the training steps (24,000 in small)"),

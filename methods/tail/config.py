@@ -52,7 +52,7 @@ class TailConfig(MethodConfig):
     experiment_seeds: int = Field(
         1, ge=1, le=20, description="training seeds per system in experiments()"
     )
-    # experiments(): the paper's comparison, or the scale ingredients the `small` budget allows
+    # experiments(): the paper's comparison, or the paper's scale ingredients one at a time
     experiment: Literal["comparison", "ingredients"] = Field(
         "comparison",
         description="experiments(): 'comparison' (TAIL against ProtoHead, LinearProbe and two "

@@ -1,4 +1,5 @@
-"""`nshot reproduce tail`: TAIL against ProtoHead, LinearProbe and two ablations.
+"""`nshot reproduce tail`: TAIL against ProtoHead, LinearProbe and two ablations, or
+(``experiment=ingredients``) TAIL variants that each change one scale ingredient.
 
 Every (variant, seed) trains as one job of the platform's experiment runner
 (:mod:`nshot.experiment`; Ray Train's local mode inside a Ray task of one CPU). Each seed's
@@ -6,7 +7,8 @@ checkpoints are then evaluated with the training-free baselines on the same epis
 (``evaluation.py``: one Ray task per setting). Rows are means over seeds, ± the standard
 deviation over seeds (with one seed: the standard deviation of the mean over episodes), and
 ``samples`` keeps the per-seed values, paired across systems. The paper's claims over these
-rows are declared in ``claims.py``.
+rows are declared in ``claims.py``; ``extra["paired_vs_protohead"]`` holds each TAIL variant's
+gain over ProtoHead paired over the same episodes.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ class TailMethod(Method):
 
     def experiments(self, cfg: TailConfig, workdir: Path) -> ResultsTable:
         """TAIL against ProtoHead, LinearProbe and the two ablations on the same episodes, or
-        (``experiment=ingredients``) TAIL with twice the depth and with four times the steps
-        against the same baselines."""
+        (``experiment=ingredients``) TAIL with twice the depth and with four and sixteen times
+        the steps against the same baselines."""
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)
