@@ -4,9 +4,12 @@ Generated 5-way 5-shot tasks of 16 to 4,096 unscaled features (``methods/tail/wi
 describes the generator) are sent as they are to a served TAIL checkpoint at its default
 serving settings; nearest centroid on standardised features answers the same episodes::
 
-    nshot train tail --preset small
-    python examples/tail_widths.py --checkpoint ~/.cache/nshot/runs/tail-small \\
-        --episodes 300 --variants all --out methods/tail/results/widths.json
+    nshot train tail --preset tabular     # the model for any tabular input (23 min)
+    python examples/tail_widths.py --checkpoint ~/.cache/nshot/runs/tail-tabular \\
+        --episodes 300 --real 200 --seed 1 --out methods/tail/results/widths-tabular.json
+
+(``--preset small`` and ``--checkpoint ~/.cache/nshot/runs/tail-small`` for the quickstart's
+model.)
 
 Serve starts on 127.0.0.1 for the duration of the script (or pass ``--url`` of a running
 ``nshot serve tail``). ``--variants`` also answers every episode in process with TAIL's other
@@ -40,7 +43,7 @@ def variants(checkpoint: str) -> dict:
         pred = type(default)(default.model, default.cfg, wide_inputs=wide)
         for draws in (1, 8):
             out[f"tail_{wide}_{draws}draw"] = _sender(pred, n_draws=draws)
-    for draws in (2, 4, 8):
+    for draws in (1, 2, 4, 8, 16, 32):
         out[f"tail_span_{draws}draw"] = _sender(default, n_draws=draws)
     out["tail_no_standardise"] = _sender(default, standardise=False)
     return out

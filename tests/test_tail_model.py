@@ -161,6 +161,31 @@ def test_modality_shapes_and_determinism(modality):
     assert not np.array_equal(xs, other[0])
 
 
+def test_learning_rate_warmup_constant_and_final_decay():
+    from nshot.methods.tail.train import lr_at
+
+    spec = _cfg(steps=100, lr=1e-3, warmup_steps=10)
+    assert [lr_at(spec, s) for s in (1, 10, 11, 100)] == pytest.approx([1e-4, 1e-3, 1e-3, 1e-3])
+    decay = _cfg(steps=100, lr=1e-3, warmup_steps=10, lr_decay_steps=40)
+    assert lr_at(decay, 60) == pytest.approx(1e-3)  # the last constant step
+    assert lr_at(decay, 61) == pytest.approx(1e-3)  # the first of the 40 decaying ones
+    assert lr_at(decay, 81) == pytest.approx(0.5e-3)
+    assert lr_at(decay, 100) == pytest.approx(1e-3 / 40)
+    rates = [lr_at(decay, s) for s in range(61, 101)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        _cfg(steps=100, lr_decay_steps=101)
+
+
+def test_tabular_preset_is_the_small_model_trained_for_any_input():
+    small, tabular = TailConfig.from_preset("small"), TailConfig.from_preset("tabular")
+    shape = ("depth", "heads", "mlp_dim", "d_data", "d_label", "dictionary_size")
+    assert all(getattr(small, f) == getattr(tabular, f) for f in shape)
+    assert (tabular.train_tasks, tabular.eval_draws) == ("A+mixed", 32)
+    assert 0 < tabular.lr_decay_steps < tabular.steps
+    assert small.lr_decay_steps == 0 and small.train_tasks == "A"  # the spec's schedule
+
+
 def test_modality_dims():
     assert (E.modality_a().dim, E.modality_b().dim, E.modality_c().dim) == (48, 32, 40)
 

@@ -48,6 +48,30 @@ def test_batch_equals_one_by_one(predictor):
                 assert abs(p[k] - q[k]) < 1e-5
 
 
+def test_default_draws_are_the_checkpoints_eval_draws(predictor):
+    """A request without ``n_draws`` averages the checkpoint's ``eval_draws`` draws (what
+    ``/metadata`` states), not one draw."""
+    pred = type(predictor)(predictor.model, predictor.cfg.model_copy(update={"eval_draws": 3}))
+    assert pred.metadata()["default_n_draws"] == 3
+    assert "default 3" in pred.metadata()["input_contract"]["draws"]
+    body = _episode(seed=4)
+    default = pred(pred.Request(**body))
+    assert default == pred(pred.Request(**body, n_draws=3))
+    assert default != pred(pred.Request(**body, n_draws=1))
+
+
+def test_draws_batched_into_one_forward_equal_one_at_a_time(predictor, monkeypatch):
+    from nshot.methods.tail import serve
+
+    reqs = [predictor.Request(**_episode(seed=s), seed=s, n_draws=5) for s in range(3)]
+    together = predictor.batch(reqs)
+    monkeypatch.setattr(serve, "DRAW_BATCH_SCORES", 0)  # one draw per forward
+    for a, b in zip(together, predictor.batch(reqs)):
+        assert a.labels == b.labels
+        for p, q in zip(a.probs, b.probs):
+            assert all(abs(p[k] - q[k]) < 1e-5 for k in p)
+
+
 def test_same_seed_same_answer(predictor):
     req = predictor.Request(**_episode(), seed=3)
     assert predictor(req) == predictor(req)
@@ -62,7 +86,8 @@ def test_same_seed_same_answer(predictor):
         ({"support_y": ["a"] * 6}, "at least 2 distinct labels"),
         ({"query_x": [[0.0] * 5]}, "query_x[0]"),
         ({"support_x": [[float("nan")] * 12] * 6}, "NaN"),
-        ({"n_draws": 9}, "n_draws"),
+        ({"n_draws": 33}, "n_draws"),
+        ({"n_draws": None}, "n_draws"),  # leave it out for the default
     ],
 )
 def test_malformed_requests_name_the_problem(predictor, change, field):

@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, Int, TuneSpec
 
+MAX_DRAWS = 32  # (π, ρ) draws averaged per answer, at most
+
 
 class TailConfig(MethodConfig):
     # transformer Υ
@@ -32,6 +34,12 @@ class TailConfig(MethodConfig):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     batch_episodes: int = Field(32, ge=1, le=4096, description="episodes per step per worker")
     warmup_steps: int = Field(100, ge=0)
+    lr_decay_steps: int = Field(
+        0,
+        ge=0,
+        description="the learning rate falls linearly to lr/lr_decay_steps over the last "
+        "lr_decay_steps steps; 0: constant after the warmup (the spec)",
+    )
     curriculum_frac: float = Field(0.25, ge=0.0, le=1.0, description="0 disables it")
     # training episodes (modality A)
     min_ways: int = Field(2, ge=2, le=4096)
@@ -48,7 +56,12 @@ class TailConfig(MethodConfig):
     )
     # evaluation
     eval_episodes: int = Field(500, ge=1, le=1_000_000)
-    eval_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged at test time")
+    eval_draws: int = Field(
+        1,
+        ge=1,
+        le=MAX_DRAWS,
+        description="(π, ρ) draws averaged at test time; also the served predictor's default",
+    )
     experiment_seeds: int = Field(
         1, ge=1, le=20, description="training seeds per system in experiments()"
     )
@@ -100,6 +113,16 @@ class TailConfig(MethodConfig):
             max_shots=5, queries_per_class=5, eval_episodes=500, eval_draws=4,
             curriculum_frac=0.25, warmup_steps=50, log_every=50, checkpoint_every=250,
         ),
+        # the `small` model for serving arbitrary tabular inputs (README: "TAIL on any input"):
+        # mixed-Gaussian tasks beside modality A, 28,000 steps (the last 4,000 decaying) and
+        # 32 (π, ρ) draws per answer by default; ~23 min of training on 2 cores
+        "tabular": dict(
+            depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
+            steps=28_000, lr=1e-3, lr_decay_steps=4_000, batch_episodes=32, min_ways=2,
+            max_ways=5, min_shots=1, max_shots=5, queries_per_class=5, eval_episodes=500,
+            eval_draws=32, train_tasks="A+mixed", curriculum_frac=0.25, warmup_steps=50,
+            log_every=50, checkpoint_every=1000,
+        ),
         "paper": dict(
             depth=16, heads=16, mlp_dim=3072, d_data=1280, d_label=256, dictionary_size=100,
             steps=100_000, batch_episodes=32, lr=3e-5, min_ways=2, max_ways=5, min_shots=1,
@@ -114,6 +137,10 @@ class TailConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TailConfig:
+        if self.lr_decay_steps > self.steps:
+            raise ValueError(
+                f"field 'lr_decay_steps': {self.lr_decay_steps} exceeds steps={self.steps}"
+            )
         if self.width % self.heads:
             raise ValueError(
                 f"field 'heads': d_data + d_label = {self.width} is not divisible by heads={self.heads}"

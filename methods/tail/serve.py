@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest, check_label_types
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .config import TailConfig
+from .config import MAX_DRAWS, TailConfig
 from .episodes import (
     draw_views,
     normalise_rows,
@@ -27,6 +27,7 @@ MAX_SUPPORT = 1000
 MAX_QUERIES = 1000
 MAX_FEATURES = 4096  # features per row
 FLOAT32_MAX = 3.4028234663852886e38
+DRAW_BATCH_SCORES = 1 << 20  # attention scores per head in one forward of batched draws
 SAFE_MAGNITUDE = 1e30  # larger features are scaled down first (float32 sums would overflow)
 
 
@@ -68,7 +69,13 @@ class TailRequest(StrictRequest):
         ..., max_length=MAX_SUPPORT, description="one label per support row"
     )
     query_x: list[list[float]] = Field(..., min_length=1, max_length=MAX_QUERIES)
-    n_draws: int = Field(1, ge=1, le=8, description="(π, ρ) draws averaged")
+    n_draws: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DRAWS,
+        description="(π, ρ) draws averaged; omitted or null: the checkpoint's `eval_draws` "
+        "(`/metadata`: `default_n_draws`); an explicit null is refused",
+    )
     seed: int = Field(0, ge=0)
     standardise: bool = Field(
         True,
@@ -76,6 +83,17 @@ class TailRequest(StrictRequest):
         "deviation before TAIL's own preprocessing (features constant on the support become 0); "
         "false: the features as sent",
     )
+
+    @field_validator("n_draws", mode="before")
+    @classmethod
+    def _n_draws_not_null(cls, value: Any) -> Any:
+        # the default (field left out) is not validated; only an explicit null reaches here
+        if value is None:
+            raise ValueError(
+                f"an integer from 1 to {MAX_DRAWS}; leave the field out for the checkpoint's "
+                "default"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TailRequest:
@@ -178,6 +196,7 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             "max_support": MAX_SUPPORT,
             "max_queries": MAX_QUERIES,
             "max_features": MAX_FEATURES,
+            "default_n_draws": self.cfg.eval_draws,
             "input_contract": self.input_contract(),
         }
 
@@ -206,8 +225,8 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             "sqrt(d_T)",
             "wide_inputs": f"features wider than d_data = {d} are {wide}; narrower ones are "
             f"placed among the {d} model coordinates by the random injection π",
-            "draws": "n_draws (π, ρ) draws (default 1) are averaged; the same seed gives the "
-            "same answer",
+            "draws": f"n_draws (π, ρ) draws (default {self.cfg.eval_draws}, the checkpoint's "
+            "eval_draws) are averaged; the same seed gives the same answer",
         }
 
     @torch.no_grad()
@@ -228,15 +247,21 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
         b = support_f.shape[0]
         seeds = [seeds] * b if isinstance(seeds, int) else list(seeds)
         rngs = [np.random.default_rng([s, 7]) for s in seeds]
+        tokens = support_f.shape[1] + query_f.shape[1]
+        # draws run together, as many per forward as keep the attention scores of one forward
+        # near DRAW_BATCH_SCORES (a 5-way 5-shot request: all 32 draws at once)
+        chunk = max(1, min(draws, DRAW_BATCH_SCORES // (b * tokens * tokens)))
         total = None
         with _one_blas_thread():
-            for _ in range(draws):
+            for start in range(0, draws, chunk):
                 per = [
                     self.model_inputs(support_f[i], support_y[i], query_f[i], rngs[i])
+                    for _ in range(start, min(draws, start + chunk))
                     for i in range(b)
-                ]
+                ]  # draw-major: each episode's generator is consumed in the same order as before
                 views = {k: torch.cat([v[k] for v in per]) for k in per[0]}
                 p = torch.softmax(self.model(**views), dim=-1)
+                p = p.view(-1, b, *p.shape[1:]).sum(0)
                 total = p if total is None else total + p
         return (total / draws).numpy()
 
@@ -350,7 +375,8 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             sy = np.array([index[c] for c in r.support_y], dtype=np.int64)
             sf, qf = self.features(r)
             prepared.append((classes, sy, sf, qf))
-            key = (sf.shape, qf.shape, len(classes), r.n_draws)
+            draws = r.n_draws if r.n_draws is not None else self.cfg.eval_draws
+            key = (sf.shape, qf.shape, len(classes), draws)
             groups.setdefault(key, []).append(i)
         out: list[TailResponse | None] = [None] * len(requests)
         for (_, _, _, draws), idx in groups.items():

@@ -29,6 +29,11 @@ MODEL_INPUTS = ("support_x", "support_slot", "query_x", "active_slots")
 
 
 def lr_at(cfg: TailConfig, step: int) -> float:
+    """Linear warmup over ``warmup_steps``, then constant; with ``lr_decay_steps`` the last
+    that many steps fall linearly (step ``steps`` runs at ``lr / lr_decay_steps``)."""
+    left = cfg.steps - step + 1  # steps from this one to the end, this one included
+    if cfg.lr_decay_steps and left <= cfg.lr_decay_steps:
+        return cfg.lr * left / cfg.lr_decay_steps
     if cfg.warmup_steps and step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
     return cfg.lr

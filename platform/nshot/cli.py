@@ -36,7 +36,11 @@ def _emit(args: argparse.Namespace, payload: Any, human: str | None = None) -> N
 
 
 def _add_config_args(p: argparse.ArgumentParser, preset_default: str = "small") -> None:
-    p.add_argument("--preset", default=preset_default, help="smoke | small | paper")
+    p.add_argument(
+        "--preset",
+        default=preset_default,
+        help="smoke | small | paper, or one a method adds (`nshot list` shows them)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
