@@ -17,10 +17,10 @@ def test_tail_is_registered_with_the_contract():
     method = get("tail")
     assert isinstance(method, Method)
     d = method.describe()
-    assert d["name"] == "tail" and d["presets"] == ["paper", "small", "smoke"]
+    assert d["name"] == "tail" and d["presets"] == ["paper", "small", "smoke", "tabular"]
     for fn in ("data", "train_loop", "evaluate", "predictor", "experiments"):
         assert callable(getattr(method, fn))
-    for preset in ("smoke", "small", "paper"):
+    for preset in ("smoke", "small", "paper", "tabular"):
         cfg = method.config(preset)
         assert cfg.preset == preset
 

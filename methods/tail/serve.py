@@ -73,7 +73,7 @@ class TailRequest(StrictRequest):
         None,
         ge=1,
         le=MAX_DRAWS,
-        description="(π, ρ) draws averaged; omitted or null: the checkpoint's `eval_draws` "
+        description="(π, ρ) draws averaged; left out: the checkpoint's `eval_draws` "
         "(`/metadata`: `default_n_draws`); an explicit null is refused",
     )
     seed: int = Field(0, ge=0)
@@ -248,8 +248,8 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
         seeds = [seeds] * b if isinstance(seeds, int) else list(seeds)
         rngs = [np.random.default_rng([s, 7]) for s in seeds]
         tokens = support_f.shape[1] + query_f.shape[1]
-        # draws run together, as many per forward as keep the attention scores of one forward
-        # near DRAW_BATCH_SCORES (a 5-way 5-shot request: all 32 draws at once)
+        # draws run together, as many per forward as keep its attention scores within
+        # DRAW_BATCH_SCORES (one at least; a 5-way 5-shot request: all 32 draws at once)
         chunk = max(1, min(draws, DRAW_BATCH_SCORES // (b * tokens * tokens)))
         total = None
         with _one_blas_thread():
@@ -258,7 +258,8 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
                     self.model_inputs(support_f[i], support_y[i], query_f[i], rngs[i])
                     for _ in range(start, min(draws, start + chunk))
                     for i in range(b)
-                ]  # draw-major: each episode's generator is consumed in the same order as before
+                ]  # draw-major: each episode's generator gives its draws in the same order
+                # whatever the chunk, so the answer does not depend on it
                 views = {k: torch.cat([v[k] for v in per]) for k in per[0]}
                 p = torch.softmax(self.model(**views), dim=-1)
                 p = p.view(-1, b, *p.shape[1:]).sum(0)
