@@ -88,8 +88,9 @@ class TailMethod(Method):
 
     def quick_evaluation(self, checkpoint: LoadedCheckpoint, cfg: TailConfig) -> ResultsTable:
         """TAIL next to ProtoHead on the same ``min(eval_episodes, 200)`` episodes per setting
-        (held-out classes, unseen modalities, real digits and MNIST, 20-way; 2 (π, ρ) draws):
-        the table ``nshot quickstart`` prints. ± is the 95 % confidence interval over
+        (held-out classes, unseen modalities, real digits and MNIST, 20-way), TAIL averaging the
+        checkpoint's ``eval_draws`` (π, ρ) draws as its served answers do: the table ``nshot
+        quickstart`` prints. ± is the 95 % confidence interval over
         episodes."""
         settings = default_settings(include_text=False)
         episodes = min(cfg.eval_episodes, 200)
@@ -97,7 +98,8 @@ class TailMethod(Method):
             "tail": tail_system(TailPredictor.from_checkpoint(checkpoint)),
             "protohead": None,
         }
-        res = evaluate_systems(systems, settings, episodes=episodes, draws=2)
+        draws = cfg.eval_draws
+        res = evaluate_systems(systems, settings, episodes=episodes, draws=draws)
         rows = {k: {m: None if v is None else v[0] for m, v in r.items()} for k, r in res.items()}
         cis = {k: {m: None if v is None else v[1] for m, v in r.items()} for k, r in res.items()}
         return ResultsTable(
@@ -109,10 +111,11 @@ class TailMethod(Method):
             stds=cis,
             notes=[
                 f"mean accuracy over {episodes} episodes per setting (5 queries per class, the "
-                "same episodes for both systems); ± is the 95 % confidence interval",
+                f"same episodes for both systems; TAIL averages {draws} (π, ρ) draws, its "
+                "served default); ± is the 95 % confidence interval",
                 *(f"{s.metric}: {s.description}" for s in settings),
             ],
-            extra={"episodes": episodes, "draws": 2, "spread": "ci95"},
+            extra={"episodes": episodes, "draws": draws, "spread": "ci95"},
         )
 
     def benchmark(self, *, preset: str = "small", out: str | None = None) -> dict[str, Any]:
