@@ -11,6 +11,14 @@ from nshot.tune.space import Float, Int, TuneSpec
 
 MAX_DRAWS = 32  # (π, ρ) draws averaged per answer, at most
 
+# the `small` preset; `tabular` is it with longer, mixed training and more draws
+_SMALL = dict(
+    depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
+    steps=1500, lr=1e-3, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1,
+    max_shots=5, queries_per_class=5, eval_episodes=500, eval_draws=4,
+    curriculum_frac=0.25, warmup_steps=50, log_every=50, checkpoint_every=250,
+)  # fmt: skip
+
 
 class TailConfig(MethodConfig):
     # transformer Υ
@@ -107,22 +115,14 @@ class TailConfig(MethodConfig):
             queries_per_class=2, eval_episodes=20, curriculum_frac=0.0, warmup_steps=5,
             log_every=10, checkpoint_every=25,
         ),
-        "small": dict(
-            depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
-            steps=1500, lr=1e-3, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1,
-            max_shots=5, queries_per_class=5, eval_episodes=500, eval_draws=4,
-            curriculum_frac=0.25, warmup_steps=50, log_every=50, checkpoint_every=250,
-        ),
+        "small": _SMALL,
         # the `small` model for serving arbitrary tabular inputs (README: "TAIL on any input"):
         # mixed-Gaussian tasks beside modality A, 28,000 steps (the last 4,000 decaying) and
         # 32 (π, ρ) draws per answer by default; ~23 min of training on 2 cores
-        "tabular": dict(
-            depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
-            steps=28_000, lr=1e-3, lr_decay_steps=4_000, batch_episodes=32, min_ways=2,
-            max_ways=5, min_shots=1, max_shots=5, queries_per_class=5, eval_episodes=500,
-            eval_draws=32, train_tasks="A+mixed", curriculum_frac=0.25, warmup_steps=50,
-            log_every=50, checkpoint_every=1000,
-        ),
+        "tabular": {
+            **_SMALL, "train_tasks": "A+mixed", "steps": 28_000, "lr_decay_steps": 4_000,
+            "eval_draws": 32, "checkpoint_every": 1000,
+        },
         "paper": dict(
             depth=16, heads=16, mlp_dim=3072, d_data=1280, d_label=256, dictionary_size=100,
             steps=100_000, batch_episodes=32, lr=3e-5, min_ways=2, max_ways=5, min_shots=1,
