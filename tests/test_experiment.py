@@ -95,6 +95,21 @@ def test_in_process_runs_the_jobs_here_in_order_with_their_threads(monkeypatch, 
         run_jobs(jobs, progress=False)
 
 
+def test_progress_writes_plain_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
+    """A log file (``ray job submit``'s, a nohup log) gets a few plain lines with counts, not
+    a bar that draws nothing until the end: the start, the first job, every twentieth, the last."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    run_jobs([Job(("a", s), _score, ("a", s)) for s in range(45)], description="toy log")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[nshot] toy log: 45 jobs"
+    done = [ln for ln in lines if " done, " in ln]
+    counts = [int(ln.split(": ", 1)[1].split("/")[0]) for ln in done]
+    assert counts == [1, *range(3, 46, 3)]  # every ceil(45 / 20) = 3 jobs, and the last
+    assert done[-1].startswith("[nshot] toy log: 45/45 done, ")
+    assert done[-1].endswith("(last: a/44)")
+    assert len(lines) == 1 + len(done)
+
+
 def test_in_process_fetches_object_refs_as_a_task_would(ray_session, monkeypatch):
     import os
 

@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,10 +225,23 @@ def _resolved(values):
 
 
 class _Progress:
-    """One rich progress bar on stderr (plain lines when stderr is not a terminal)."""
+    """One rich progress bar on stderr. Where stderr is not a terminal (a log file, the log of
+    ``ray job submit``, a captured stream) a bar draws nothing until it stops, so plain lines
+    stand in for it: one when the jobs start, then one at the first finished job, at every
+    ``ceil(total / 20)``-th and at the last, each with the count, the elapsed seconds and the
+    key of the job that finished (at most 23 lines whatever the grid's size)."""
 
     def __init__(self, description: str, total: int) -> None:
         from rich.console import Console
+
+        self.console = Console(file=sys.stderr)
+        self.description, self.total, self.finished = description, total, 0
+        self.plain = not self.console.is_terminal
+        if self.plain:
+            self.every = max(1, math.ceil(total / 20))
+            self.t0 = time.monotonic()
+            self._line(f"{total} jobs")
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -237,7 +251,6 @@ class _Progress:
             TimeRemainingColumn,
         )
 
-        self.console = Console(file=sys.stderr)
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -251,11 +264,23 @@ class _Progress:
         self.task = self.progress.add_task(description, total=total, last="")
         self.progress.start()
 
+    def _line(self, text: str) -> None:
+        print(f"[nshot] {self.description}: {text}", file=sys.stderr, flush=True)
+
     def advance(self, key: Key) -> None:
-        self.progress.update(self.task, advance=1, last=f"done: {'/'.join(map(str, key))}")
+        self.finished += 1
+        last = "/".join(map(str, key))
+        if not self.plain:
+            self.progress.update(self.task, advance=1, last=f"done: {last}")
+            return
+        n = self.finished
+        if n == 1 or n == self.total or n % self.every == 0:
+            elapsed = time.monotonic() - self.t0
+            self._line(f"{n}/{self.total} done, {elapsed:.0f} s (last: {last})")
 
     def close(self) -> None:
-        self.progress.stop()
+        if not self.plain:
+            self.progress.stop()
 
 
 def aggregate(
