@@ -102,10 +102,11 @@ def test_progress_writes_plain_lines_where_stderr_is_not_a_terminal(monkeypatch,
     run_jobs([Job(("a", s), _score, ("a", s)) for s in range(45)], description="toy log")
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "[nshot] toy log: 45 jobs"
-    done = [ln for ln in lines if " done, " in ln]
+    done = [ln for ln in lines if " done | " in ln]
     counts = [int(ln.split(": ", 1)[1].split("/")[0]) for ln in done]
     assert counts == [1, *range(3, 46, 3)]  # every ceil(45 / 20) = 3 jobs, and the last
-    assert done[-1].startswith("[nshot] toy log: 45/45 done, ")
+    assert done[-1].startswith("[nshot] toy log: 45/45 done | ") and "ETA" not in done[-1]
+    assert all(", ETA " in ln for ln in done[:-1])
     assert done[-1].endswith("(last: a/44)")
     assert len(lines) == 1 + len(done)
 

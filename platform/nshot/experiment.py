@@ -228,8 +228,9 @@ class _Progress:
     """One rich progress bar on stderr. Where stderr is not a terminal (a log file, the log of
     ``ray job submit``, a captured stream) a bar draws nothing until it stops, so plain lines
     stand in for it: one when the jobs start, then one at the first finished job, at every
-    ``ceil(total / 20)``-th and at the last, each with the count, the elapsed seconds and the
-    key of the job that finished (at most 23 lines whatever the grid's size)."""
+    ``ceil(total / 20)``-th and at the last, each with the count, the elapsed time and the ETA
+    (as ``nshot train`` and ``nshot tune`` write them) and the key of the job that finished (at
+    most 23 lines whatever the grid's size)."""
 
     def __init__(self, description: str, total: int) -> None:
         from rich.console import Console
@@ -275,8 +276,13 @@ class _Progress:
             return
         n = self.finished
         if n == 1 or n == self.total or n % self.every == 0:
+            from nshot.train.session import format_duration
+
             elapsed = time.monotonic() - self.t0
-            self._line(f"{n}/{self.total} done, {elapsed:.0f} s (last: {last})")
+            eta = (
+                f", ETA {format_duration(elapsed / n * (self.total - n))}" if n < self.total else ""
+            )
+            self._line(f"{n}/{self.total} done | {format_duration(elapsed)}{eta} (last: {last})")
 
     def close(self) -> None:
         if not self.plain:
