@@ -149,6 +149,35 @@ def test_rollout_window_metrics_and_the_expert_reference():
     assert auc(np.array([1.0]), np.array([1.0])) == 0.5
 
 
+def test_rtg_blind_matching_leaves_only_the_behaviour(monkeypatch):
+    """The matching diagnostic gives both tiers the same R̂ tokens: a matcher that reads R̂
+    alone separates expert from medium windows on the data and is at chance (all ties) once
+    blinded; the states and actions are left as they were."""
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.evaluation import tbm_auc
+    from nshot.methods.tgdt.train import fit
+
+    torch.set_num_threads(1)
+    cfg = TGDTConfig.from_preset("smoke", steps=2)
+    d = load_data(cfg)
+    model = fit(cfg, d)
+    seen = []
+
+    def reads_rtg(w, text):  # noqa: ANN001, ANN202
+        seen.append(w)
+        score = w.rtg.sum(-1)
+        return torch.stack([-score, score], -1)
+
+    monkeypatch.setattr(model, "tbm_logits", reads_rtg)
+    assert tbm_auc(model, cfg, d) > 0.9
+    expert, medium = seen
+    seen.clear()
+    assert tbm_auc(model, cfg, d, rtg_blind=True) == 0.5
+    torch.testing.assert_close(seen[0].rtg, seen[1].rtg)
+    torch.testing.assert_close(seen[0].states, expert.states)
+    torch.testing.assert_close(seen[1].actions, medium.actions)
+
+
 def test_metrics_with_repeated_descriptions():
     """Two tasks may share a description (Meta-World ML10 classes whose goal does not move
     between tasks): retrieval, matching and data sharing still read one row per task."""

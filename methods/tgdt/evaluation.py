@@ -9,6 +9,10 @@ description's return field, and description-guided data sharing.
 - ``tbm_auc``: per task, ROC-AUC of the matching score of (test-time description, expert
   window) against (description, medium window) of the same task, averaged over the tasks; the
   score is TBM's match probability, or the TBC cosine for a model without a TBM head.
+- ``tbm_auc_rtg_blind`` (a diagnostic, not a metric of the table): ``tbm_auc`` with the
+  return-to-go tokens of every task's expert and medium windows replaced by their common mean
+  (per task and position), so only the states and actions differ between the tiers: how much of
+  the matching head's separation of quality is read off R̂ rather than the behaviour.
 - ``leak_delta``: the relative change of the mean achieved return when the return field of the
   held-out descriptions is scaled (by 0.5 and 1.5), averaged over the scalings.
 - Data sharing: per held-out task, the ``share_k`` training tasks with the most similar
@@ -20,6 +24,7 @@ description's return field, and description-guided data sharing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,14 +183,23 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def tbm_auc(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> float | None:
+def tbm_auc(
+    model: TGDTModel, cfg: TGDTConfig, data: OfflineData, rtg_blind: bool = False
+) -> float | None:
+    """ROC-AUC of (description, expert window) against (description, medium window), per task,
+    averaged. ``rtg_blind``: both tiers' R̂ tokens replaced by their mean over the two tiers and
+    the episodes, per task and position (the states and actions are left as they are)."""
     if not (model.has_tbm or model.has_tbc):
         return None
     n, e = len(data.goals), min(cfg.auc_episodes, data.states.shape[2])
     text = encode(model, [data.test_description(i) for i in range(n)])
+    windows = [probe_windows(data, cfg, quality, e) for quality in (0, 1)]  # expert, medium
+    if rtg_blind:
+        both = torch.stack([w.rtg.reshape(n, e, -1) for w in windows])  # (2, n, e, K)
+        common = both.mean((0, 2))[:, None].expand(n, e, -1).reshape(n * e, -1)
+        windows = [dataclasses.replace(w, rtg=common.clone()) for w in windows]
     scores = []
-    for quality in (0, 1):  # expert, medium
-        w = probe_windows(data, cfg, quality, e)
+    for w in windows:
         idx = text.index[torch.as_tensor(np.repeat(np.arange(n), e))]  # each task's description
         if model.has_tbm:
             logits = model.tbm_logits(w, Text(text.tokens, text.valid, idx))
@@ -259,6 +273,7 @@ def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: i
         "return": None,
         "retrieval_top1": retrieval_top1(model, cfg, data),
         "tbm_auc": tbm_auc(model, cfg, data),
+        "tbm_auc_rtg_blind": tbm_auc(model, cfg, data, rtg_blind=True),
         "leak_delta": None,
     }
     if model.text is not None:

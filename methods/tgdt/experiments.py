@@ -110,6 +110,7 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
         "job_cpu_seconds": {f"{k[0]}/{k[1]}": round(v["cpu_seconds"], 1)
                             for k, v in done.items()},
         "cpu_seconds_total": round(sum(v["cpu_seconds"] for v in done.values()), 1),
+        "tbm_auc_rtg_blind": rtg_blind_aucs(done),
     }  # fmt: skip
     plot(rows, stds, order, workdir / "tgdt.png")
     return ResultsTable(
@@ -119,6 +120,23 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
         samples={s: {m: samples[s].get(m, []) for m in metrics} for s in order},
         runtime_s=time.time() - t0, notes=_notes(cfg), extra=extra,
     )  # fmt: skip
+
+
+def rtg_blind_aucs(done: dict[tuple[str, int], dict]) -> dict[str, dict]:
+    """The matching diagnostic per row with the heads: tbm_auc beside tbm_auc_rtg_blind (R̂
+    tokens equal across the two tiers), the mean over seeds and each seed's value."""
+    out: dict[str, dict] = {}
+    for (_, seed), res in sorted(done.items(), key=lambda kv: kv[0][1]):
+        for row, vals in res["rows"].items():
+            if vals.get("tbm_auc_rtg_blind") is None:
+                continue
+            entry = out.setdefault(row, {"tbm_auc": [], "tbm_auc_rtg_blind": [], "seeds": []})
+            entry["tbm_auc"].append(vals["tbm_auc"])
+            entry["tbm_auc_rtg_blind"].append(vals["tbm_auc_rtg_blind"])
+            entry["seeds"].append(seed)
+    for entry in out.values():
+        entry["mean"] = {k: float(np.mean(entry[k])) for k in ("tbm_auc", "tbm_auc_rtg_blind")}
+    return out
 
 
 def _notes(cfg: TGDTConfig) -> list[str]:
