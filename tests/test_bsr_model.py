@@ -94,3 +94,35 @@ def test_linear_probe_standardises_and_fits_the_support():
     assert (probe.predict(emb) == y).all()
     p = probe.predict_proba(emb[:2], 4)
     assert p.shape == (2, 4) and (p[:, 3] == 0).all() and np.allclose(p.sum(1), 1)
+
+
+def test_reconstruction_references_are_exact_when_every_clip_has_the_same_shape():
+    """The references of ``mae_mse``: when every clip is a positive multiple of one pattern,
+    every tubelet's normalised target is the same in every clip, so the position-mean
+    predictor and the ridge from the visible patches are exact; on clips of independent noise
+    the position mean is not (a wrong token order would fail the first half too)."""
+    import numpy as np
+
+    from nshot.methods.bsr.train import (
+        Clips,
+        PositionMean,
+        held_out_mse,
+        montage_m,
+        ridge_references,
+    )
+
+    cfg = BsrConfig.from_preset("smoke")
+    m = montage_m(cfg, "A")
+    rng = np.random.default_rng(0)
+    pattern = rng.normal(size=(cfg.frames, 3, m.shape[1])).astype(np.float32)
+    scale = rng.uniform(0.5, 2.0, size=(40, 1, 1, 1)).astype(np.float32)
+    same = Clips(scale * pattern, m, cfg.grid)
+    train, val = np.arange(30), np.arange(30, 40)
+    assert held_out_mse(cfg, PositionMean.fit(cfg, same, train), same, val) < 1e-6
+    refs = ridge_references(cfg, same, train, val, visible=(1, 2), reps=2)
+    for k, entry in refs.items():
+        assert len(entry["ridge"]) == 2 and max(entry["ridge"]) < 1e-6
+        assert max(entry["position_mean"]) < 1e-6
+        assert all(len(v) == int(k) for v in entry["visible"])
+    noise = Clips(rng.normal(size=(40, cfg.frames, 3, m.shape[1])).astype(np.float32), m, cfg.grid)
+    assert held_out_mse(cfg, PositionMean.fit(cfg, noise, train), noise, val) > 0.3

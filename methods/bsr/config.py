@@ -91,6 +91,12 @@ class BsrConfig(MethodConfig):
     warmup_steps: int = Field(150, ge=0, description="linear warm-up steps")
     weight_decay: float = Field(0.05, ge=0.0, le=1.0)
     val_frac: float = Field(0.1, gt=0.0, lt=0.5, description="source clips held out for mae_mse")
+    mae_references: bool = Field(
+        False,
+        description="`nshot reproduce`: also fit ridge regressions from 1, 2 and 4 visible "
+        "patches to the masked targets (what the visible patches determine linearly; "
+        "extra.mae_references; a few CPU-minutes)",
+    )  # fmt: skip
     # --- stage 2: few-shot fine-tuning
     ft_epochs: int = Field(30, ge=1, le=1000, description="fine-tuning epochs on the support")
     ft_base_lr: float = Field(

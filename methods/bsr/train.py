@@ -6,13 +6,16 @@ to ``min_lr``), so a run resumed at step s continues as an uninterrupted one doe
 are z-scored per source subject with that subject's own trials; videos are rendered per batch
 (one matmul with the montage's interpolation matrix). ``val_frac`` of the clips are held out:
 their masked MSE under a fixed set of masks is ``val_mae_mse``, in normalised-target units
-(predicting 0 scores about 1).
+(predicting 0 scores about 1). Two references put it in scale: ``PositionMean``, which predicts
+each masked tubelet by its position's mean target and ignores the visible patches, and
+``ridge_references``, a linear map from a few visible patches to the masked targets.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -30,7 +33,15 @@ from .data import (
     montage_channels,
     montage_xy,
 )
-from .model import build_pretrainer, masked_loss, tube_mask
+from .model import (
+    build_pretrainer,
+    masked_loss,
+    normalised_targets,
+    patch_in_head,
+    patchify,
+    tokens_per_clip,
+    tube_mask,
+)
 
 
 @dataclass
@@ -107,6 +118,82 @@ def held_out_mse(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, idx: np.n
     return total / max(n, 1)
 
 
+class PositionMean(torch.nn.Module):
+    """Reference predictor of the masked tubelets that ignores the visible ones: each masked
+    token gets its position's mean normalised target over the training clips. ``mae_mse`` at
+    this level means the pretrainer learned the layout of the head disc, not to read the
+    visible patches."""
+
+    def __init__(self, mean: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean)  # (L, D)
+
+    def forward(self, pixel_values: torch.Tensor, bool_masked_pos: torch.Tensor) -> SimpleNamespace:
+        b = pixel_values.shape[0]
+        out = self.mean.expand(b, -1, -1)[bool_masked_pos].view(b, -1, self.mean.shape[-1])
+        return SimpleNamespace(logits=out)
+
+    @classmethod
+    @torch.no_grad()
+    def fit(cls, cfg: BsrConfig, clips: Clips, idx: np.ndarray) -> PositionMean:
+        total = 0.0
+        for s in range(0, len(idx), 64):
+            total = total + normalised_targets(cfg, clips.videos(idx[s : s + 64])).sum(0)
+        return cls(total / len(idx))
+
+
+def ridge_references(cfg: BsrConfig, clips: Clips, train_idx: np.ndarray, val_idx: np.ndarray,
+                     visible: tuple[int, ...] = (1, 2, 4), reps: int = 3,
+                     lambdas: tuple[float, ...] = (1e1, 1e2, 1e3, 1e4, 1e5)) -> dict:  # fmt: skip
+    """What the visible patches determine of the masked targets, linearly: per draw, ``k``
+    in-head spatial patches are visible (at every temporal position) and a ridge regression
+    from their pixels (standardised) to the normalised targets of the other in-head tubelets
+    is fitted on the training clips (kernel form; its penalty chosen from ``lambdas`` on an
+    80/20 split of them) and scored on the held-out clips, beside ``PositionMean`` on the same
+    tubelets: {k: {"ridge": [...], "position_mean": [...], "lambda": [...], "visible": [...]}}."""
+    t, s = tokens_per_clip(cfg)
+    head = np.flatnonzero(patch_in_head(cfg).numpy())
+    rng = np.random.default_rng([cfg.data_seed, 13])
+
+    def tokens(patches: np.ndarray) -> np.ndarray:
+        return (patches[None, :] + s * np.arange(t)[:, None]).ravel()
+
+    def pixels_targets(idx: np.ndarray, vis: np.ndarray, hid: np.ndarray):
+        v = clips.videos(idx)
+        x = patchify(cfg, v)[:, tokens(vis)].flatten(1).double()
+        return x, normalised_targets(cfg, v)[:, tokens(hid)].flatten(1).double()
+
+    def kernel_ridge(xa, ya, xb, lams):
+        """Predictions at ``xb`` for every penalty, from one eigendecomposition of xa·xaᵀ."""
+        w, u = torch.linalg.eigh(xa @ xa.T)
+        mu = ya.mean(0)
+        uty, cu = u.T @ (ya - mu), (xb @ xa.T) @ u
+        return [cu @ (uty / (w + lam).clamp_min(1e-12)[:, None]) + mu for lam in lams]
+
+    pm = PositionMean.fit(cfg, clips, train_idx).mean.double()
+    out: dict[str, dict] = {}
+    for k in visible:
+        entry: dict[str, list] = {"ridge": [], "position_mean": [], "lambda": [], "visible": []}
+        for _ in range(reps):
+            vis = np.sort(rng.choice(head, size=k, replace=False))
+            hid = np.setdiff1d(head, vis)
+            xt, yt = pixels_targets(train_idx, vis, hid)
+            xv, yv = pixels_targets(val_idx, vis, hid)
+            m, sd = xt.mean(0), xt.std(0) + 1e-6
+            xt, xv = (xt - m) / sd, (xv - m) / sd
+            n_in = int(0.8 * len(xt))
+            inner = [float(((p - yt[n_in:]) ** 2).mean())
+                     for p in kernel_ridge(xt[:n_in], yt[:n_in], xt[n_in:], lambdas)]  # fmt: skip
+            lam = lambdas[int(np.argmin(inner))]
+            pred = kernel_ridge(xt, yt, xv, (lam,))[0]
+            entry["ridge"].append(float(((pred - yv) ** 2).mean()))
+            entry["position_mean"].append(float(((pm[tokens(hid)].flatten() - yv) ** 2).mean()))
+            entry["lambda"].append(lam)
+            entry["visible"].append(vis.tolist())
+        out[str(k)] = entry
+    return out
+
+
 def renderer_record(cfg: BsrConfig, stats: NormStats, subjects: dict[str, NormStats]) -> dict:
     """What a checkpoint keeps about the rendering (the predictor re-renders requests)."""
     return {
@@ -163,7 +250,9 @@ def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module
             curve.append((step, float(np.mean(window))))
             window.clear()
     record = {"mae_mse": held_out_mse(cfg, model, clips, val_idx), "curve": curve,
-              "renderer": renderer_record(cfg, stats, subjects)}  # fmt: skip
+              "renderer": renderer_record(cfg, stats, subjects),
+              "mae_mse_position_mean": held_out_mse(
+                  cfg, PositionMean.fit(cfg, clips, train_idx), clips, val_idx)}  # fmt: skip
     return model.eval(), record
 
 
