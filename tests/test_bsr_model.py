@@ -96,11 +96,12 @@ def test_linear_probe_standardises_and_fits_the_support():
     assert p.shape == (2, 4) and (p[:, 3] == 0).all() and np.allclose(p.sum(1), 1)
 
 
-def test_reconstruction_references_are_exact_when_every_clip_has_the_same_shape():
+def test_reconstruction_references_exact_on_one_shape_and_the_ridge_reads_the_visible_patches():
     """The references of ``mae_mse``: when every clip is a positive multiple of one pattern,
     every tubelet's normalised target is the same in every clip, so the position-mean
     predictor and the ridge from the visible patches are exact; on clips of independent noise
-    the position mean is not (a wrong token order would fail the first half too)."""
+    the position mean is not (a wrong token order would fail the first half too); on clips
+    that mix two patterns, the ridge reads the mix off the visible patches."""
     import numpy as np
 
     from nshot.methods.bsr.train import (
@@ -126,3 +127,10 @@ def test_reconstruction_references_are_exact_when_every_clip_has_the_same_shape(
         assert all(len(v) == int(k) for v in entry["visible"])
     noise = Clips(rng.normal(size=(40, cfg.frames, 3, m.shape[1])).astype(np.float32), m, cfg.grid)
     assert held_out_mse(cfg, PositionMean.fit(cfg, noise, train), noise, val) > 0.3
+    # two patterns mixed in proportions that vary by clip: the visible patches tell the mix,
+    # so the ridge must beat the position mean by far (one that ignored them would not)
+    a = rng.uniform(0.5, 2.0, size=(40, 1, 1, 1)).astype(np.float32)
+    b = rng.uniform(-1.0, 1.0, size=(40, 1, 1, 1)).astype(np.float32)
+    mixed = Clips(a * pattern + b * np.roll(pattern, 1, axis=-1), m, cfg.grid)
+    for entry in ridge_references(cfg, mixed, train, val, visible=(1,), reps=2).values():
+        assert max(entry["ridge"]) < 0.5 * min(entry["position_mean"])
