@@ -130,6 +130,64 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained, tmp_path):
         assert got.json()["detail"][0]["field"] == "class_name"
 
 
+def test_a_bundle_serves_several_classes_and_shots_in_one_deployment(trained, tmp_path):
+    """Three runs bundled into one checkpoint: each answer equals its own checkpoint's, the
+    request's class and shot pick the model (default: the class's largest k), a class or k the
+    bundle lacks is a 422 naming the field, evaluation covers every model; duplicates, models
+    that do not share the extractors and an existing output are refused."""
+    from fastapi.testclient import TestClient
+
+    from nshot.errors import NshotError
+    from nshot.methods.cfr.bundle import main as bundle_main
+    from nshot.methods.cfr.model import check_bundle, write_bundle
+    from nshot.serve.bare import make_app
+    from nshot.train import Scaling, fit, load_checkpoint
+
+    storage, cfg, res = trained
+    cfr = get("cfr")
+    ring = fit("cfr", cfg.replace(classes=["bump", "ring"], class_name="ring"),
+               scaling=Scaling(workers=0), storage=storage, name="ring")  # fmt: skip
+    bump2 = fit("cfr", cfg.replace(shot=2), scaling=Scaling(workers=0), storage=storage,
+                name="bump-k2")  # fmt: skip
+    singles = {("bump", 1): res.checkpoint, ("ring", 1): ring.checkpoint,
+               ("bump", 2): bump2.checkpoint}  # fmt: skip
+    out = tmp_path / "bundle"
+    assert bundle_main([str(out), *(str(p) for p in singles.values())]) == 0
+    bundle = cfr.predictor(load_checkpoint(out, method="cfr"))
+    for (name, k), path in singles.items():
+        one = cfr.predictor(load_checkpoint(path, method="cfr"))
+        req = {**one.example_request(), "shot": k}
+        want = one(one.Request.model_validate(req)).model_dump()
+        assert want["class_name"] == name and want["shot"] == k
+        assert bundle(bundle.Request.model_validate(req)).model_dump() == want
+    meta = bundle.metadata()
+    assert meta["classes"] == ["bump", "ring"] and len(meta["bundle"]) == 3
+    good = bundle.example_request()  # bump, no shot: its largest k
+    assert bundle(bundle.Request.model_validate(good)).shot == 2
+    with TestClient(make_app("cfr", str(out))) as client:
+        ok = client.post("/cfr/predict", json={**good, "class_name": "ring", "shot": 1})
+        assert ok.status_code == 200 and ok.json()["shot"] == 1, ok.text
+        for field, req in {"class_name": {**good, "class_name": "saddle"},
+                           "shot": {**good, "class_name": "ring", "shot": 2}}.items():  # fmt: skip
+            got = client.post("/cfr/predict", json=req)
+            assert got.status_code == 422, (field, got.text)
+            assert got.json()["detail"][0]["field"] == field, got.json()
+        got = client.post("/cfr/predict", json={**good, "shot": "2"})  # strict: no coercion
+        assert got.status_code == 422 and got.json()["detail"][0]["field"] == "shot"
+    metrics = cfr.evaluate(load_checkpoint(out, method="cfr"), cfg)
+    assert len(metrics) == 15
+    alone = cfr.evaluate(load_checkpoint(ring.checkpoint, method="cfr"), cfg)
+    assert {k: metrics[f"ring.k1.{k}"] for k in alone} == alone
+    ckpt = load_checkpoint(res.checkpoint, method="cfr")
+    with pytest.raises(NshotError, match="exists"):
+        write_bundle([ckpt], out)
+    with pytest.raises(NshotError, match=r"both the model of class 'bump' at k = 1"):
+        write_bundle([ckpt, load_checkpoint(out, method="cfr")], tmp_path / "dup")
+    with pytest.raises(NshotError, match="field 'feature_seed'"):
+        check_bundle([(cfg, "bump", "a"), (cfg.replace(feature_seed=1), "ring", "b")], "x")
+    assert not (tmp_path / "dup").exists()
+
+
 def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate
@@ -156,3 +214,12 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     run_example("cfr", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "test metrics:" in out and "anomalous image" in out
+
+
+def test_bundle_example_serves_two_classes_from_one_checkpoint(
+    ray_session, tmp_path, run_example, capsys
+):
+    run_example("cfr_bundle", ["--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "wrote" in out and "2 models" in out
+    assert "bump (k=1), anomalous image" in out and "ring (k=1), normal image" in out

@@ -14,7 +14,7 @@ from nshot.train.limits import ModelBudget, meta_counts
 
 from .claims import CLAIMS
 from .config import VERSION, CfrConfig
-from .model import BANKS, build_model, load_model
+from .model import BANKS, build_model, bundle_entries, load_models
 from .serve import MAX_SIDE, CfrPredictor
 from .train import train_loop
 
@@ -40,21 +40,38 @@ class CfrMethod(Method):
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: CfrConfig) -> dict[str, float]:
         """I-AUROC, P-AUROC, AUPRO@30 %, AUPRO@10 % and the replaced fraction on normal test
-        images of the checkpoint's class."""
+        images of the checkpoint's class; for a bundle, every model's, named
+        ``<class>.k<k>.<metric>``."""
         from .evaluation import evaluate_model
 
-        model, ckpt_cfg, run = load_model(checkpoint)
-        if not run.get("banks_built"):
-            raise ValueError("checkpoint: saved during stage 1, before its memory banks exist")
-        run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in CfrConfig.EVAL_FIELDS})
-        return evaluate_model(model, run_cfg, str(run.get("class_name", ckpt_cfg.class_name)))
+        models = load_models(checkpoint)
+        out: dict[str, float] = {}
+        for m in models:
+            if not m.banks_built:
+                raise ValueError("checkpoint: saved during stage 1, before its memory banks exist")
+            run_cfg = m.cfg.replace(**{k: getattr(cfg, k) for k in CfrConfig.EVAL_FIELDS})
+            metrics = evaluate_model(m.model, run_cfg, m.class_name)
+            if "bundle" not in checkpoint.extra:
+                return metrics
+            out |= {f"{m.class_name}.k{m.shot}.{k}": v for k, v in metrics.items()}
+        return out
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> CfrPredictor:
         return CfrPredictor.from_checkpoint(checkpoint)
 
     def model_budget(self, cfg: CfrConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
         """The mappings and the retriever, the banks of the checkpoint (the config's k shots
-        at 10 % when there is none), and one request's per-pixel features at the largest side."""
+        at 10 % when there is none), and one request's per-pixel features at the largest side;
+        for a bundle, the sum of its models' weights and the largest one's activations."""
+        if extra and "bundle" in extra:
+            parts = [self.model_budget(c, {"run": run})
+                     for c, run, _ in bundle_entries(extra, "bundle")]  # fmt: skip
+            numel = [b.weights_numel for b in parts]
+            return ModelBudget(
+                params=sum(b.params for b in parts),
+                activation_bytes=max(b.activation_bytes for b in parts),
+                weights_numel=None if None in numel else sum(numel),
+            )
         run = (extra or {}).get("run") or {}
         sizes = run.get("bank_sizes") if isinstance(run, dict) else None
         if not isinstance(sizes, dict):

@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +27,7 @@ from torch import nn
 from nshot.errors import NshotError
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .config import CfrConfig
+from .config import VERSION, CfrConfig
 
 BANKS = ("rgb_bank", "kv_keys", "kv_values", "xyz_bank", "joint_bank")
 # how each system scores a test image
@@ -255,18 +257,161 @@ def build_model(cfg: CfrConfig, bank_sizes: dict[str, int] | None = None) -> Cfr
     return CfrModel(cfg, bank_sizes)
 
 
-def load_model(checkpoint: LoadedCheckpoint) -> tuple[CfrModel, CfrConfig, dict]:
-    """The model of a cfr checkpoint (eval mode), its config and its run record."""
-    cfg = CfrConfig.validated(checkpoint.config)
-    run = checkpoint.extra.get("run")
+def bank_sizes_of(run: Any, where: str) -> dict[str, int]:
+    """The memory-bank sizes a run record declares, checked (a checkpoint's or a bundle
+    entry's; ``where`` names it in the error)."""
     sizes = run.get("bank_sizes") if isinstance(run, dict) else None
     if not isinstance(sizes, dict) or set(sizes) != set(BANKS):
-        raise NshotError(f"{checkpoint.path}: not a cfr checkpoint (no memory-bank record)")
+        raise NshotError(f"{where}: not a cfr checkpoint (no memory-bank record)")
     if any(not isinstance(n, int) or not 0 <= n <= 10_000_000 for n in sizes.values()):
-        raise NshotError(f"{checkpoint.path}: memory-bank sizes out of range: {sizes}")
+        raise NshotError(f"{where}: memory-bank sizes out of range: {sizes}")
+    return sizes
+
+
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[CfrModel, CfrConfig, dict]:
+    """The model of a cfr checkpoint (eval mode), its config and its run record."""
+    if "bundle" in checkpoint.extra:
+        raise NshotError(
+            f"{checkpoint.path}: a bundle of {len(checkpoint.extra['bundle'])} cfr models; "
+            "read it with load_models"
+        )
+    cfg = CfrConfig.validated(checkpoint.config)
+    run = checkpoint.extra.get("run")
+    sizes = bank_sizes_of(run, str(checkpoint.path))
     model = build_model(cfg, sizes)
     try:
         model.load_state_dict(checkpoint.weights())
     except RuntimeError as err:
         raise NshotError(f"{checkpoint.path}: weights do not fit the config: {err}") from None
     return model.eval(), cfg, run
+
+
+# --- bundles: one checkpoint holding several (class, k) models, so that one deployment
+# serves them all (`python -m nshot.methods.cfr.bundle`)
+
+# what every model of a bundle shares: one set of frozen extractors and one image size
+BUNDLE_SHARED = ("generator", "features", "grid", "rgb_dim", "xyz_dim", "feature_seed",
+                 "dino_path", "pointmae_path", "pointmae_groups", "pointmae_group_size")  # fmt: skip
+MAX_BUNDLE = 256
+
+
+@dataclass
+class Loaded:
+    """One (class, k) model of a checkpoint or a bundle, with its config and run record."""
+
+    model: CfrModel
+    cfg: CfrConfig
+    run: dict
+    step: int
+
+    @property
+    def class_name(self) -> str:
+        return str(self.run.get("class_name", self.cfg.class_name))
+
+    @property
+    def shot(self) -> int:
+        return int(self.cfg.shot)
+
+    @property
+    def banks_built(self) -> bool:
+        return bool(self.run.get("banks_built", False))
+
+
+def bundle_entries(extra: dict[str, Any], where: str) -> list[tuple[CfrConfig, dict, int]]:
+    """A bundle's entries, checked without reading a tensor: (config, run record, step) each,
+    every config valid, banks built, one model per (class, k), the shared fields equal."""
+    entries = extra.get("bundle")
+    if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_BUNDLE:
+        raise NshotError(f"{where}: a bundle holds 1 to {MAX_BUNDLE} models")
+    out: list[tuple[CfrConfig, dict, int]] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or set(e) != {"config", "run", "step"}:
+            raise NshotError(f"{where}: bundle entry {i} is not {{config, run, step}}")
+        cfg = CfrConfig.validated(e["config"])
+        bank_sizes_of(e["run"], f"{where}: bundle entry {i}")
+        if not e["run"].get("banks_built") or not isinstance(e["step"], int):
+            raise NshotError(f"{where}: bundle entry {i} has no memory banks")
+        out.append((cfg, e["run"], e["step"]))
+    check_bundle([(c, str(r.get("class_name", c.class_name)), f"entry {i}")
+                  for i, (c, r, _) in enumerate(out)], where)  # fmt: skip
+    return out
+
+
+def check_bundle(models: list[tuple[CfrConfig, str, str]], where: str) -> None:
+    """``models``: (config, class name, what to call it). One per (class, k); the shared
+    fields (``BUNDLE_SHARED``) equal to the first's."""
+    seen: dict[tuple[str, int], str] = {}
+    first = models[0][0]
+    for cfg, name, what in models:
+        key = (name, cfg.shot)
+        if key in seen:
+            raise NshotError(
+                f"{where}: {seen[key]} and {what} are both the model of class {name!r} at "
+                f"k = {cfg.shot}; a bundle holds one model per (class, k)"
+            )
+        seen[key] = what
+        for f in BUNDLE_SHARED:
+            if getattr(cfg, f) != getattr(first, f):
+                raise NshotError(
+                    f"{where}: field '{f}' is {getattr(cfg, f)!r} in {what} but "
+                    f"{getattr(first, f)!r} in {models[0][2]}; the models of a bundle share "
+                    f"their extractors and image size ({', '.join(BUNDLE_SHARED)})"
+                )
+
+
+def load_models(checkpoint: LoadedCheckpoint) -> list[Loaded]:
+    """Every model of a checkpoint: its one model, or a bundle's, in the bundle's order."""
+    if "bundle" not in checkpoint.extra:
+        model, cfg, run = load_model(checkpoint)
+        return [Loaded(model, cfg, run, checkpoint.step)]
+    where = str(checkpoint.path)
+    entries = bundle_entries(checkpoint.extra, where)
+    weights = checkpoint.weights()
+    prefixes = [f"m{i}." for i in range(len(entries))]
+    stray = sorted(k for k in weights if not k.startswith(tuple(prefixes)))
+    if stray:
+        raise NshotError(f"{where}: tensors of no bundle entry: {', '.join(stray[:3])}")
+    out = []
+    for (cfg, run, step), p in zip(entries, prefixes, strict=True):
+        model = build_model(cfg, bank_sizes_of(run, where))
+        state = {k[len(p) :]: v for k, v in weights.items() if k.startswith(p)}
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as err:
+            raise NshotError(f"{where}: the weights of {p[:-1]} do not fit: {err}") from None
+        out.append(Loaded(model.eval(), cfg, run, step))
+    return out
+
+
+def write_bundle(checkpoints: list[LoadedCheckpoint], out: str | Path) -> Path:
+    """One checkpoint holding every model of ``checkpoints`` (single runs or bundles, each
+    with its memory banks built): tensors ``m<i>.<name>``, each model's config, run record
+    and step in ``extra["bundle"]``. ``out`` must not exist."""
+    from nshot.train.checkpoint import save_checkpoint
+
+    out = Path(out)
+    if out.exists():
+        raise NshotError(f"{out}: exists; a bundle is written to a new path")
+    models: list[tuple[Loaded, str]] = []
+    for ckpt in checkpoints:
+        if ckpt.method != "cfr":
+            raise NshotError(f"{ckpt.path}: a {ckpt.method} checkpoint, not a cfr one")
+        for i, m in enumerate(load_models(ckpt)):
+            if not m.banks_built:
+                raise NshotError(
+                    f"{ckpt.path}: saved at step {m.step}, during stage 1, before its memory "
+                    "banks exist"
+                )
+            what = str(ckpt.path) if "bundle" not in ckpt.extra else f"{ckpt.path} (m{i})"
+            models.append((m, what))
+    if not 1 <= len(models) <= MAX_BUNDLE:
+        raise NshotError(f"a bundle holds 1 to {MAX_BUNDLE} models, not {len(models)}")
+    check_bundle([(m.cfg, m.class_name, what) for m, what in models], "bundle")
+    state = {f"m{i}.{k}": v for i, (m, _) in enumerate(models)
+             for k, v in m.model.state_dict().items()}  # fmt: skip
+    entries = [{"config": m.cfg.model_dump(), "run": m.run, "step": m.step}
+               for m, _ in models]  # fmt: skip
+    return save_checkpoint(
+        out, method="cfr", method_version=VERSION, config=entries[0]["config"],
+        step=max(m.step for m, _ in models), model_state=state, extra={"bundle": entries},
+    )  # fmt: skip

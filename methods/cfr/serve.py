@@ -3,8 +3,11 @@ per-pixel anomaly map, for the object class of the checkpoint.
 
 The support set of normal samples (the memory banks built from the k shots) is part of the
 **checkpoint**, not of the request: a checkpoint saved before its banks were built (during
-stage 1) is refused with a 422 naming ``class_name``. One checkpoint holds one (class, k), and
-a predictor serves the class of its checkpoint (a request for another class is a 422).
+stage 1) is refused with a 422 naming ``class_name``. A run's checkpoint holds one (class, k);
+a bundle (``python -m nshot.methods.cfr.bundle``) holds several, so that one deployment serves
+them all: the request's ``class_name`` picks the class and ``shot`` the k (default: the
+class's largest), and the answer says which model it came from. A class or k that the
+checkpoint does not hold is a 422 naming the field.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 
 from .data import load_class
 from .features import make_extractors
-from .model import load_model
+from .model import Loaded, load_models
 
 MAX_SIDE = 256
 MAX_PNG_BYTES = 1 << 20
@@ -95,6 +98,11 @@ class CfrRequest(StrictRequest):
         ..., description="H × W × 3 organised point cloud; (0, 0, 0) marks a pixel with no point"
     )
     return_map: bool = Field(True, description="include the per-pixel anomaly map")
+    shot: int | None = Field(
+        None, ge=1, le=64,
+        description="k of the model that answers (a bundle may hold several per class); "
+        "default: the class's largest",
+    )  # fmt: skip
     _arrays: tuple[np.ndarray, np.ndarray] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -111,6 +119,7 @@ class CfrRequest(StrictRequest):
 
 class CfrResponse(BaseModel):
     class_name: str
+    shot: int = Field(..., description="k of the model that answered")
     image_score: float
     anomaly_map: list[list[float]] | None = Field(
         None, description="per pixel, normalised by the mean of the nonzero scores (AUPRO's map)"
@@ -127,61 +136,83 @@ class CfrPredictor(Predictor[CfrRequest, CfrResponse]):
     Response = CfrResponse
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
-        self.model, self.cfg, self.run = load_model(checkpoint)
+        self.models = load_models(checkpoint)
+        self.bundle = "bundle" in checkpoint.extra
+        self.by_key = {(m.class_name, m.shot): m for m in self.models}
+        # a bundle's models share the extractors and the grid (BUNDLE_SHARED)
+        self.cfg = self.models[0].cfg
         self.extractors = make_extractors(self.cfg)
-        self.class_name = str(self.run.get("class_name", self.cfg.class_name))
-        self.banks_built = bool(self.run.get("banks_built", False))
-        self.step = checkpoint.step
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> CfrPredictor:
         return cls(checkpoint)
 
+    @staticmethod
+    def _describe(m: Loaded) -> dict[str, Any]:
+        return {"class_name": m.class_name, "shot": m.shot, "system": m.cfg.system,
+                "grid": m.cfg.grid, "theta_mode": m.cfg.theta_mode,
+                "theta": float(m.model.theta_q) if m.cfg.theta_mode == "quantile"
+                else m.cfg.theta, "threshold_hint": float(m.model.threshold_hint),
+                "memory_bank": "in the checkpoint", "banks_built": m.banks_built,
+                "bank_sizes": m.model.bank_sizes()}  # fmt: skip
+
     def metadata(self) -> dict[str, Any]:
-        return {"class_name": self.class_name, "shot": self.cfg.shot, "system": self.cfg.system,
-                "grid": self.cfg.grid, "theta_mode": self.cfg.theta_mode,
-                "theta": float(self.model.theta_q) if self.cfg.theta_mode == "quantile"
-                else self.cfg.theta, "threshold_hint": float(self.model.threshold_hint),
-                "memory_bank": "in the checkpoint", "banks_built": self.banks_built,
-                "bank_sizes": self.model.bank_sizes()}  # fmt: skip
+        if not self.bundle:
+            return self._describe(self.models[0])
+        return {"bundle": [self._describe(m) for m in self.models], "grid": self.cfg.grid,
+                "classes": sorted({m.class_name for m in self.models})}  # fmt: skip
 
     def example_request(self) -> dict[str, Any]:
-        """The first anomalous test image of the checkpoint's class (generated data, or the
-        checkpoint's ``data_path``)."""
-        cfg = self.cfg.replace(classes=[self.class_name], class_name=self.class_name)
-        test = load_class(cfg, self.class_name)["test"]
+        """The first anomalous test image of the class of the checkpoint's (first) model
+        (generated data, or the checkpoint's ``data_path``)."""
+        m = self.models[0]
+        cfg = m.cfg.replace(classes=[m.class_name], class_name=m.class_name)
+        test = load_class(cfg, m.class_name)["test"]
         i = int(np.argmax(test.label))
-        return {"class_name": self.class_name, "rgb": test.rgb[i].tolist(),
+        return {"class_name": m.class_name, "rgb": test.rgb[i].tolist(),
                 "xyz": test.xyz[i].astype(float).tolist(), "return_map": True}  # fmt: skip
 
+    def model_for(self, request: CfrRequest) -> Loaded:
+        """The model of the request's class and k (the class's largest k without ``shot``)."""
+        name = request.class_name
+        shots = sorted(k for c, k in self.by_key if c == name)
+        if not shots:
+            served = sorted({m.class_name for m in self.models})
+            one = repr(served[0]) if len(served) == 1 else f"one of {served}"
+            raise ValueError(f"class_name: unknown class {name!r}; this model serves {one}")
+        if request.shot is not None and request.shot not in shots:
+            raise ValueError(
+                f"shot: no model of class {name!r} at k = {request.shot}; this checkpoint "
+                f"holds k = {', '.join(map(str, shots))}"
+            )
+        m = self.by_key[(name, shots[-1] if request.shot is None else request.shot)]
+        if not m.banks_built:
+            raise ValueError(
+                f"class_name: the checkpoint of {name!r} holds no memory bank yet "
+                f"(saved at step {m.step}, during stage 1)"
+            )
+        return m
+
     def __call__(self, request: CfrRequest) -> CfrResponse:
-        if request.class_name != self.class_name:
-            raise ValueError(
-                f"class_name: unknown class {request.class_name!r}; this model serves "
-                f"{self.class_name!r}"
-            )
-        if not self.banks_built:
-            raise ValueError(
-                f"class_name: the checkpoint of {self.class_name!r} holds no memory bank yet "
-                f"(saved at step {self.step}, during stage 1)"
-            )
+        m = self.model_for(request)
         rgb, xyz = request.arrays()
         g = self.cfg.grid
         if rgb.shape[:2] != (g, g):
             raise ValueError(f"rgb: {rgb.shape[0]}×{rgb.shape[1]}, this model takes {g}×{g}")
         f2, f3 = self.extractors(rgb[None], xyz[None])
         valid = self.extractors.valid(xyz[None], f3)[0]
-        theta = None if self.cfg.theta_mode == "quantile" else self.cfg.theta
-        gen = torch.Generator().manual_seed(self.cfg.infer_seed)
-        sc = self.model.score(f2[0], f3[0], valid, self.cfg.system, theta, gen)
+        theta = None if m.cfg.theta_mode == "quantile" else m.cfg.theta
+        gen = torch.Generator().manual_seed(m.cfg.infer_seed)
+        sc = m.model.score(f2[0], f3[0], valid, m.cfg.system, theta, gen)
         amap = None
         if request.return_map:
             amap = [[round(float(v), 6) for v in row] for row in sc.aupro_map]
         return CfrResponse(
-            class_name=self.class_name,
+            class_name=m.class_name,
+            shot=m.shot,
             image_score=round(sc.image_score, 6),
             anomaly_map=amap,
             valid_fraction=round(sc.valid / valid.numel(), 6),
             replaced_fraction=round(sc.replaced / max(sc.valid, 1), 6),
-            threshold_hint=round(float(self.model.threshold_hint), 6),
+            threshold_hint=round(float(m.model.threshold_hint), 6),
         )
