@@ -134,3 +134,58 @@ def test_reconstruction_references_exact_on_one_shape_and_the_ridge_reads_the_vi
     mixed = Clips(a * pattern + b * np.roll(pattern, 1, axis=-1), m, cfg.grid)
     for entry in ridge_references(cfg, mixed, train, val, visible=(1,), reps=2).values():
         assert max(entry["ridge"]) < 0.5 * min(entry["position_mean"])
+
+
+def test_pretraining_starts_from_a_videomae_checkpoint_on_disk(tmp_path):
+    """``init_weights``: a saved VideoMAE pretrainer is loaded whole, a bare encoder
+    (VideoMAEModel) or a video classifier into the encoder alone; a checkpoint of another width
+    or depth, a folder without safetensors (a pickle is never read) and non-finite weights are
+    refused naming the field."""
+    import torch
+    from transformers import VideoMAEForPreTraining, VideoMAEForVideoClassification, VideoMAEModel
+
+    from nshot.errors import NshotError
+    from nshot.methods.bsr.model import vmae_config
+    from nshot.methods.bsr.train import new_pretrainer
+
+    cfg = BsrConfig.from_preset("smoke")
+    torch.manual_seed(123)
+    saved = VideoMAEForPreTraining(vmae_config(cfg))
+    saved.save_pretrained(tmp_path / "full")
+    model, _ = new_pretrainer(cfg.replace(init_weights=str(tmp_path / "full")))
+    for name, t in saved.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], t, rtol=0, atol=0, msg=name)
+    encoder = VideoMAEModel(vmae_config(cfg))
+    encoder.save_pretrained(tmp_path / "encoder")
+    model, _ = new_pretrainer(
+        cfg.replace(init_weights=str(tmp_path / "encoder" / "model.safetensors"))
+    )
+    fresh, _ = new_pretrainer(cfg)
+    for name, t in model.state_dict().items():
+        want = (
+            encoder.state_dict()[name[9:]]
+            if name.startswith("videomae.")
+            else fresh.state_dict()[name]
+        )
+        torch.testing.assert_close(t, want, rtol=0, atol=0, msg=name)
+    clf = VideoMAEForVideoClassification(vmae_config(cfg))  # its head is left out
+    clf.save_pretrained(tmp_path / "classifier")
+    model, _ = new_pretrainer(cfg.replace(init_weights=str(tmp_path / "classifier")))
+    for name, t in clf.videomae.state_dict().items():
+        torch.testing.assert_close(model.videomae.state_dict()[name], t, rtol=0, atol=0)
+    VideoMAEForPreTraining(vmae_config(cfg.replace(width=48))).save_pretrained(tmp_path / "wide")
+    VideoMAEForPreTraining(vmae_config(cfg.replace(depth=2))).save_pretrained(tmp_path / "deep")
+    (tmp_path / "pickled").mkdir()
+    torch.save({}, tmp_path / "pickled" / "pytorch_model.bin")
+    bad = saved.state_dict()
+    bad["videomae.embeddings.patch_embeddings.projection.bias"][0] = float("nan")
+    from safetensors.torch import save_file
+
+    (tmp_path / "nan").mkdir()
+    save_file(
+        {k: v.contiguous() for k, v in bad.items()}, str(tmp_path / "nan" / "model.safetensors")
+    )
+    cases = (("wide", "shapes"), ("deep", "lacks"), ("pickled", "pickled"), ("nan", "not finite"))
+    for where, match in cases:
+        with pytest.raises(NshotError, match=rf"field 'init_weights'.*{match}"):
+            new_pretrainer(cfg.replace(init_weights=str(tmp_path / where)))

@@ -91,6 +91,13 @@ class BsrConfig(MethodConfig):
     warmup_steps: int = Field(150, ge=0, description="linear warm-up steps")
     weight_decay: float = Field(0.05, ge=0.0, le=1.0)
     val_frac: float = Field(0.1, gt=0.0, lt=0.5, description="source clips held out for mae_mse")
+    init_weights: str | None = Field(
+        None,
+        description="start masked pretraining from a VideoMAE checkpoint on disk (the paper's "
+        "video foundation model, e.g. Kinetics-400 VideoMAE-Base): a Hugging Face folder with "
+        "model.safetensors, or the file; the encoder must fit the config (preset paper fits "
+        "VideoMAE-Base), the decoder is loaded when present; never a pickle",
+    )  # fmt: skip
     mae_references: bool = Field(
         False,
         description="`nshot reproduce`: also fit ridge regressions from 1, 2 and 4 visible "

@@ -1,4 +1,5 @@
-"""VideoMAE on spectrum videos (transformers' implementation, randomly initialised).
+"""VideoMAE on spectrum videos (transformers' implementation; randomly initialised, or loaded
+from a VideoMAE checkpoint on disk with ``init_weights``: :func:`load_init_weights`).
 
 Stage 1 (paper §3, following VideoMAE): tube masking (one spatial mask repeated over every
 temporal position), an encoder on the visible tubelets, a light decoder over all tokens, MSE on
@@ -42,6 +43,69 @@ def build_pretrainer(cfg: BsrConfig) -> nn.Module:
     from transformers import VideoMAEForPreTraining
 
     return VideoMAEForPreTraining(vmae_config(cfg))
+
+
+def load_init_weights(model: nn.Module, path: str) -> dict[str, int]:
+    """Load a VideoMAE checkpoint from disk into a pretrainer (``init_weights``): a Hugging Face
+    folder holding ``model.safetensors`` (or that file), read by transformers' own loader with
+    this config, safetensors only and no network. Accepted: a pretrainer
+    (``VideoMAEForPreTraining``: encoder and decoder), a video classifier or a bare
+    ``VideoMAEModel`` (their encoder; the decoder keeps its own initialisation). Every encoder
+    tensor must be there with the config's shape. Pickled ``.bin`` / ``.pt`` files are never
+    read. Returns the counts of tensors loaded into the encoder and the decoder."""
+    from pathlib import Path
+
+    from transformers import VideoMAEForPreTraining
+
+    p = Path(path).expanduser()
+    folder = p.parent if p.name == "model.safetensors" else p
+    if not (folder / "model.safetensors").is_file():
+        raise NshotError(
+            f"field 'init_weights': {path}: no model.safetensors there (pickled .bin / .pt "
+            "files are not read: convert one where you trust it, with save_pretrained(..., "
+            "safe_serialization=True))"
+        )
+    with torch.random.fork_rng():  # the loader's own initialisation leaves the seed alone
+        try:
+            loaded, info = VideoMAEForPreTraining.from_pretrained(
+                str(folder), config=model.config, use_safetensors=True, local_files_only=True,
+                output_loading_info=True, ignore_mismatched_sizes=True,
+            )  # fmt: skip
+        except (OSError, RuntimeError, ValueError) as err:
+            msg = " ".join(str(err).split())[:400]
+            raise NshotError(
+                f"field 'init_weights': {folder} does not load into this config's VideoMAE "
+                f"(width {model.config.hidden_size}, depth {model.config.num_hidden_layers}, "
+                f"patch {model.config.patch_size}, frames {model.config.num_frames}): {msg}"
+            ) from None
+    shape = f"width {model.config.hidden_size}, depth {model.config.num_hidden_layers}"
+    if wrong := [str(m) for m in info.get("mismatched_keys", [])]:
+        raise NshotError(
+            f"field 'init_weights': {folder} does not fit this config's VideoMAE ({shape}, "
+            f"patch {model.config.patch_size}, frames {model.config.num_frames}): shapes of "
+            f"{len(wrong)} tensors differ, e.g. {'; '.join(sorted(wrong)[:2])}"
+        )
+    # a video classifier's head is of no use here; any other tensor the config lacks means a
+    # deeper or otherwise different model
+    if extra := sorted(k for k in info["unexpected_keys"]
+                       if not k.startswith(("classifier.", "fc_norm."))):  # fmt: skip
+        raise NshotError(
+            f"field 'init_weights': {folder} holds tensors this config's VideoMAE ({shape}) "
+            f"lacks: {len(extra)}, e.g. {extra[:2]}"
+        )
+    missing = set(info["missing_keys"])
+    if enc_missing := sorted(k for k in missing if k.startswith("videomae.")):
+        raise NshotError(
+            f"field 'init_weights': {folder} lacks encoder tensors of this config's VideoMAE: "
+            f"{enc_missing[:3]}"
+        )
+    state = {k: v for k, v in loaded.state_dict().items() if k not in missing}
+    for name, t in state.items():
+        if not torch.isfinite(t).all():
+            raise NshotError(f"field 'init_weights': {folder}: tensor {name} is not finite")
+    model.load_state_dict(state, strict=False)
+    return {"encoder": sum(k.startswith("videomae.") for k in state),
+            "decoder": sum(not k.startswith("videomae.") for k in state)}  # fmt: skip
 
 
 def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:

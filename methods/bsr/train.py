@@ -35,6 +35,7 @@ from .data import (
 )
 from .model import (
     build_pretrainer,
+    load_init_weights,
     masked_loss,
     normalised_targets,
     patch_in_head,
@@ -209,6 +210,8 @@ def renderer_record(cfg: BsrConfig, stats: NormStats, subjects: dict[str, NormSt
 def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_pretrainer(cfg)
+    if cfg.init_weights is not None:  # the video foundation model the paper starts from
+        load_init_weights(model, cfg.init_weights)
     opt = torch.optim.AdamW(
         model.parameters(), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
         weight_decay=cfg.weight_decay, foreach=True,
