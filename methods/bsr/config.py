@@ -37,7 +37,30 @@ DATA_FIELDS = (
 )  # fmt: skip
 
 
+# the fields that shape the eegbci trials (dataset eegbci: the cache key of the data)
+EEGBCI_FIELDS = (
+    "dataset", "sfreq", "trial_s", "n_source_subjects", "n_source_trials", "n_target_subjects",
+    "n_target_trials", "data_seed",
+)  # fmt: skip
+
+
 class BsrConfig(MethodConfig):
+    dataset: Literal["simulated", "eegbci"] = Field(
+        "simulated",
+        description="simulated (the generator below; offline) or eegbci: PhysioNet's EEG Motor "
+        "Movement/Imagery recordings (64 channels, 160 Hz; imagined left hand, right hand, "
+        "feet and rest), read from data_path or, with fetch_data, downloaded",
+    )
+    data_path: str | None = Field(
+        None,
+        description="dataset eegbci: the folder of the EDF files (PhysioNet's layout "
+        "S001/S001R04.edf, or MNE's MNE-eegbci-data/files/eegmmidb/1.0.0/ below it)",
+    )
+    fetch_data: bool = Field(
+        False,
+        description="dataset eegbci without data_path: download the runs needed from PhysioNet "
+        "into $NSHOT_CACHE/eegbci (MNE's downloader; checksums from MNE)",
+    )
     # --- the generated EEG (paper §4 protocol, reconstructed; see the README's Data section)
     data_seed: int = Field(0, ge=0, description="seed of the EEG generator (subjects, trials)")
     sfreq: float = Field(128.0, ge=64.0, le=1024.0, description="sampling rate of the data (Hz)")
@@ -191,7 +214,8 @@ class BsrConfig(MethodConfig):
         return min(self.spatial_patches - 1, math.floor(self.mask_ratio * self.spatial_patches))
 
     def data_key(self) -> dict:
-        return {k: getattr(self, k) for k in DATA_FIELDS}
+        fields = EEGBCI_FIELDS if self.dataset == "eegbci" else DATA_FIELDS
+        return {k: getattr(self, k) for k in fields}
 
     @model_validator(mode="after")
     def _check(self) -> BsrConfig:
@@ -225,6 +249,11 @@ class BsrConfig(MethodConfig):
             raise ValueError("field 'eval_subjects': more than n_target_subjects")
         if any(k < 1 or k >= self.n_target_trials for k in self.shots):
             raise ValueError("field 'shots': each k must lie in [1, n_target_trials - 1]")
+        if self.dataset == "eegbci" and self.data_path is None and not self.fetch_data:
+            raise ValueError(
+                "field 'data_path': dataset eegbci reads PhysioNet's EDF files: give data_path "
+                "(a folder holding S001/S001R04.edf, ...) or set fetch_data=true to download them"
+            )
         if self.checkpoint_every % self.log_every and self.checkpoint_every < self.steps:
             raise ValueError("field 'checkpoint_every': must be a multiple of log_every")
         return self

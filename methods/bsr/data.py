@@ -33,11 +33,14 @@ import json
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from nshot.data.cache import cached_table
+from nshot.data.cache import cache_dir, cached_table
+from nshot.errors import NshotError
+from nshot.hashing import sha256_file
 
 from .config import BsrConfig
 
@@ -375,10 +378,148 @@ def generate(cfg: BsrConfig) -> pa.Table:
     })  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# real EEG: PhysioNet's EEG Motor Movement/Imagery dataset (eegbci), read from its EDF files
+
+# imagery runs: T1 / T2 of each (T0 is rest in every run; "both fists" is not a class here)
+EEGBCI_RUNS = {4: ("left_hand", "right_hand"), 8: ("left_hand", "right_hand"),
+               12: ("left_hand", "right_hand"), 6: (None, "feet"), 10: (None, "feet"),
+               14: (None, "feet")}  # fmt: skip
+# recorded at another rate or with other annotations than the rest: left out, as is customary
+EEGBCI_EXCLUDED = (88, 89, 92, 100, 104)
+EEGBCI_MNE_FOLDER = ("MNE-eegbci-data", "files", "eegmmidb", "1.0.0")
+
+
+def eegbci_subjects(cfg: BsrConfig) -> tuple[list[int], list[int]]:
+    """PhysioNet subject numbers: the first ``n_source_subjects`` usable ones are the source
+    subjects, the next ``n_target_subjects`` the targets."""
+    ids = [i for i in range(1, 110) if i not in EEGBCI_EXCLUDED]
+    n = cfg.n_source_subjects + cfg.n_target_subjects
+    if n > len(ids):
+        raise NshotError(
+            f"field 'n_source_subjects': eegbci has {len(ids)} usable subjects, "
+            f"n_source_subjects + n_target_subjects asks for {n}"
+        )
+    return ids[: cfg.n_source_subjects], ids[cfg.n_source_subjects : n]
+
+
+def eegbci_checksums() -> dict[str, str]:
+    """sha256 of every eegbci file, from the registry that ships with MNE."""
+    from importlib.resources import files
+
+    text = files("mne").joinpath("data", "eegbci_checksums.txt").read_text()
+    return dict(line.split()[:2] for line in text.splitlines() if line.strip())
+
+
+def eegbci_files(cfg: BsrConfig, subjects: list[int]) -> dict[tuple[int, int], Path]:
+    """The EDF file of every (subject, imagery run), found under ``data_path`` (or downloaded
+    into the cache with ``fetch_data``) and checked against MNE's checksums."""
+    runs = sorted(EEGBCI_RUNS)
+    if cfg.data_path is not None:
+        root = Path(cfg.data_path).expanduser()
+    else:  # fetch_data (the config requires one of the two)
+        from mne.datasets import eegbci
+
+        root = cache_dir() / "eegbci"
+        eegbci.load_data(subjects, runs, path=str(root), update_path=False, verbose="error")
+    bases = [root, root.joinpath(*EEGBCI_MNE_FOLDER)]
+    sums = eegbci_checksums()
+    out: dict[tuple[int, int], Path] = {}
+    for subj in subjects:
+        for run in runs:
+            rel = f"S{subj:03d}/S{subj:03d}R{run:02d}.edf"
+            path = next((b / rel for b in bases if (b / rel).is_file()), None)
+            if path is None:
+                raise NshotError(
+                    f"field 'data_path': {rel} is not under {root} (nor under "
+                    f"{'/'.join(EEGBCI_MNE_FOLDER)} there); fetch_data=true downloads it"
+                )
+            if sha256_file(path) != sums.get(rel):
+                raise NshotError(
+                    f"field 'data_path': {path} differs from PhysioNet's file (its sha256 is not "
+                    "the one MNE lists): a partial download or another file"
+                )
+            out[(subj, run)] = path
+    return out
+
+
+def eegbci_trials(cfg: BsrConfig, files: dict[int, Path]) -> dict[str, list[np.ndarray]]:
+    """One subject's trials per class: montage A's channels (µV), band-passed 1–40 Hz,
+    resampled to ``sfreq``, ``trial_s`` from each cue's onset (``files``: run → EDF)."""
+    import mne
+    from mne.datasets import eegbci
+
+    per: dict[str, list[np.ndarray]] = {c: [] for c in CLASSES}
+    for run, path in sorted(files.items()):
+        raw = mne.io.read_raw_edf(path, preload=True, verbose="error")
+        eegbci.standardize(raw)
+        if missing := [c for c in MONTAGE_A if c not in raw.ch_names]:
+            raise NshotError(f"{path}: no channel {missing[0]} (montage A needs {MONTAGE_A})")
+        raw.pick(MONTAGE_A)
+        raw.filter(1.0, 40.0, verbose="error")
+        raw.resample(cfg.sfreq, verbose="error")
+        data = raw.get_data(picks=MONTAGE_A) * 1e6  # V → µV
+        t1, t2 = EEGBCI_RUNS[run]
+        names = {"T0": "rest", "T1": t1, "T2": t2}
+        for onset, desc in zip(raw.annotations.onset, raw.annotations.description, strict=True):
+            cls = names.get(str(desc).strip())
+            start = int(round(float(onset) * cfg.sfreq))
+            if cls is not None and start + cfg.samples <= data.shape[1]:
+                per[cls].append(data[:, start : start + cfg.samples].astype(np.float32))
+    return per
+
+
+def read_eegbci(cfg: BsrConfig) -> pa.Table:
+    """The eegbci trials in the generated table's layout: per subject, the same number of
+    trials of each class (the fewest it has, at most ``n_source_trials / 4`` for a source and
+    ``n_target_trials`` for a target subject), drawn by ``data_seed``."""
+    sources, targets = eegbci_subjects(cfg)
+    files = eegbci_files(cfg, sources + targets)
+    rows: dict[str, list] = {"subject": [], "role": [], "trial": [], "label": [], "eeg": []}
+    for role, ids, cap in (("source", sources, cfg.n_source_trials // 4),
+                           ("target", targets, cfg.n_target_trials)):  # fmt: skip
+        for subj in ids:
+            per = eegbci_trials(cfg, {r: files[(subj, r)] for r in EEGBCI_RUNS})
+            n = min(cap, *(len(v) for v in per.values()))
+            if n == 0:
+                rare = min(per, key=lambda c: len(per[c]))
+                raise NshotError(f"S{subj:03d}: no {rare} trial of {cfg.trial_s} s in its runs")
+            if role == "target" and n <= max(cfg.shots):
+                raise NshotError(
+                    f"S{subj:03d}: {n} trials of its rarest class, too few for k = "
+                    f"{max(cfg.shots)} shots and a query (field 'shots')"
+                )
+            rng = np.random.default_rng([cfg.data_seed, subj])
+            eeg, labels = [], []
+            for c, cls in enumerate(CLASSES):
+                pick = np.sort(rng.choice(len(per[cls]), size=n, replace=False))
+                eeg += [per[cls][i] for i in pick]
+                labels += [c] * n
+            order = rng.permutation(len(labels))
+            name = f"{role[0]}S{subj:03d}"
+            for t, i in enumerate(order):
+                rows["subject"].append(name)
+                rows["role"].append(role)
+                rows["trial"].append(t)
+                rows["label"].append(int(labels[i]))
+                rows["eeg"].append(eeg[i].ravel())
+    return pa.table({
+        "subject": pa.array(rows["subject"], pa.string()),
+        "role": pa.array(rows["role"], pa.string()),
+        "trial": pa.array(rows["trial"], pa.int32()),
+        "label": pa.array(rows["label"], pa.int8()),
+        "eeg": pa.array(rows["eeg"], pa.list_(pa.float32())),
+    })  # fmt: skip
+
+
 def eeg_table(cfg: BsrConfig) -> pa.Table:
-    """The generated trials, built once and cached as verified Parquet under ``$NSHOT_CACHE``."""
+    """The trials (generated, or eegbci's), built once and cached as verified Parquet under
+    ``$NSHOT_CACHE``."""
     key = json.dumps(cfg.data_key(), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    if cfg.dataset == "eegbci":
+        return cached_table(f"bsr-eegbci-{digest}", lambda: read_eegbci(cfg),
+                            version=DATA_VERSION)  # fmt: skip
     return cached_table(f"bsr-eeg-{digest}", lambda: generate(cfg), version=DATA_VERSION)
 
 
