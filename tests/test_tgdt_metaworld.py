@@ -98,6 +98,7 @@ def test_tiny_run_trains_evaluates_and_serves(ray_session, tmp_path):
     pytest.importorskip("metaworld")
     from nshot.method import get
     from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.evaluation import rollout
     from nshot.methods.tgdt.experiments import reference_scores
     from nshot.train import Scaling, fit, load_checkpoint
 
@@ -114,10 +115,27 @@ def test_tiny_run_trains_evaluates_and_serves(ray_session, tmp_path):
     good = pred.example_request()
     answer = pred(pred.Request.model_validate(good))
     assert len(answer.action) == 4 and all(abs(v) <= 1.0 for v in answer.action)
+    # rollouts on the checkpoint's held-out tasks, whose goals the metadata lists
+    data = load_data(cfg)
+    tasks = pred.metadata()["held_out_tasks"]
+    assert [t["task"] for t in tasks] == list(range(cfg.n_test_tasks))
+    np.testing.assert_allclose([t["goal"] for t in tasks], data.goals[cfg.n_train_tasks :],
+                               atol=1e-4)  # fmt: skip
+    ask = {"mode": "rollout", "description": data.test_description(cfg.n_train_tasks + 1),
+           "task": 1, "episodes": 2}  # fmt: skip
+    run = pred(pred.Request.model_validate(ask))
+    assert len(run.returns) == len(run.success) == 2
+    assert np.shape(run.trajectory) == (cfg.horizon + 1, 39)
+    assert pred(pred.Request.model_validate(ask)) == run  # greedy: the same episodes again
+    sim = data.simulator(cfg, np.array([cfg.n_train_tasks + 1]), 2)  # the evaluation's own
+    want = rollout(pred.model, cfg, sim, texts=[ask["description"]], episodes=2)
+    np.testing.assert_allclose(run.returns, want.returns[0], atol=1e-5)
     bad = {
         "states[0]": {**good, "states": [[0.0, 0.0], [0.0, 0.0]], "actions": [[0.0] * 4]},
         "actions[0]": {**good, "actions": [[0.0, 0.0]]},
-        "mode": {"mode": "rollout", "description": good["description"], "goal": [0.0, 0.5]},
+        "task": {"mode": "rollout", "description": good["description"], "goal": [0.0, 0.5]},
+        "task: 9": {**ask, "task": 9},
+        "goal": {**ask, "goal": [0.0, 0.5, 0.1]},
     }
     for field, body in bad.items():
         with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):

@@ -1,7 +1,8 @@
 """TG-DT predictor (paper §3, zero-shot inference): a task description, the trajectory so far
-and a target return → the next action; or, with ``mode: "rollout"``, episodes in the built-in
-PointRobot environment (PointRobot checkpoints only: a Meta-World checkpoint answers ``act``
-requests, its states being the environment's 39 observation values with the goal entries 0).
+and a target return → the next action; or, with ``mode: "rollout"``, episodes in the
+environment: PointRobot at the request's ``goal``, or Meta-World on one of the checkpoint's
+held-out tasks (``task``; the metaworld extra must be installed where it is served). A
+Meta-World state is the environment's 39 observation values with the goal entries 0.
 
 ``act``: ``states`` holds s_0 … s_t (1 or more; longer histories are truncated to the last K
 steps), ``actions`` and ``rewards`` the len(states) − 1 steps taken; the return-to-go starts at
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
 
+from nshot.errors import ConfigError
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
@@ -70,6 +72,11 @@ class TGDTRequest(StrictRequest):
         "(3 coordinates on Meta-World)",
     )
     episodes: int = Field(1, ge=1, le=20, description="rollout: episodes (1–20)")
+    task: int | None = Field(
+        None, ge=0, le=999,
+        description="rollout on Meta-World: which of the checkpoint's held-out tasks (0 … "
+        "n_test_tasks − 1; metadata lists them)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> TGDTRequest:
@@ -81,8 +88,9 @@ class TGDTRequest(StrictRequest):
             if not all(math.isfinite(v) for v in self.goal):
                 raise ValueError("goal: NaN or inf")
         if self.mode == "rollout":
-            if self.goal is None:
-                raise ValueError("goal: a rollout needs the environment's goal")
+            if self.goal is None and self.task is None:
+                raise ValueError("goal: a rollout needs the environment's goal (PointRobot) or "
+                                 "a held-out task (Meta-World: field task)")  # fmt: skip
             return self
         if self.states is None:
             raise ValueError("states: the act mode needs the states so far")
@@ -107,6 +115,9 @@ class TGDTResponse(BaseModel):
     rtg: float | None = Field(None, description="act: the return-to-go at s_t")
     returns: list[float] | None = Field(None, description="rollout: return of each episode")
     trajectory: list[list[float]] | None = Field(None, description="rollout: first episode")
+    success: list[bool] | None = Field(
+        None, description="rollout on Meta-World: whether each episode reached the goal"
+    )
 
 
 class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
@@ -115,17 +126,24 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
 
     def __init__(self, checkpoint: LoadedCheckpoint) -> None:
         self.model, self.cfg = load_model(checkpoint)
+        self._held_out: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> TGDTPredictor:
         return cls(checkpoint)
 
     def metadata(self) -> dict[str, Any]:
-        return {"system": self.cfg.system, "context": self.cfg.context,
-                "env": self.cfg.env, "horizon": self.cfg.horizon,
-                "state_dim": self.cfg.state_dim, "action_dim": self.cfg.act_dim,
-                "max_action": self.cfg.max_action,
-                "target_return": round(float(self.model.target_return), 4)}  # fmt: skip
+        out = {"system": self.cfg.system, "context": self.cfg.context,
+               "env": self.cfg.env, "horizon": self.cfg.horizon,
+               "state_dim": self.cfg.state_dim, "action_dim": self.cfg.act_dim,
+               "max_action": self.cfg.max_action,
+               "target_return": round(float(self.model.target_return), 4)}  # fmt: skip
+        if self.cfg.env == "metaworld":
+            try:
+                out["held_out_tasks"] = self.held_out_tasks()
+            except ConfigError:  # served without the metaworld extra: act requests only
+                out["held_out_tasks"] = None
+        return out
 
     def example_request(self) -> dict[str, Any]:
         from .data import describe
@@ -152,9 +170,26 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         cfg = self.cfg
         if cfg.system == "oracle_dt" and request.goal is None:
             raise ValueError("goal: an oracle_dt checkpoint is conditioned on the goal")
-        if request.mode == "rollout" and cfg.env != "pointrobot":
-            raise ValueError(f"mode: rollouts run the built-in PointRobot only; this {cfg.env} "
-                             "checkpoint answers act requests")  # fmt: skip
+        if request.mode == "rollout" and cfg.env == "metaworld":
+            if request.task is None:
+                raise ValueError(f"task: a Meta-World rollout runs one of the checkpoint's "
+                                 f"{cfg.n_test_tasks} held-out tasks; name it")  # fmt: skip
+            if request.task >= cfg.n_test_tasks:
+                raise ValueError(f"task: {request.task}, the checkpoint holds out "
+                                 f"{cfg.n_test_tasks} tasks (0 … {cfg.n_test_tasks - 1})")  # fmt: skip
+            if request.goal is not None:
+                raise ValueError("goal: a Meta-World rollout takes the held-out task's own "
+                                 "goal (field task), not one of the request's")  # fmt: skip
+            try:
+                from .metaworld import require
+
+                require()
+            except ConfigError:
+                raise ValueError("mode: a Meta-World rollout needs the metaworld extra where the "
+                                 "checkpoint is served (pip install 'nshot[metaworld]'); act "
+                                 "requests do not") from None  # fmt: skip
+        elif request.mode == "rollout" and request.task is not None:
+            raise ValueError("task: PointRobot rollouts take a goal, not a task")
         if request.goal is not None:
             want = 2 if request.mode == "rollout" else cfg.goal_dim
             if len(request.goal) != want:
@@ -167,6 +202,40 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
             _check_dims("states", request.states, cfg.state_dim)
             _check_dims("actions", request.actions or [], cfg.act_dim)
 
+    def held_out_tasks(self) -> list[dict[str, Any]]:
+        """A Meta-World checkpoint's held-out tasks: index, class and goal (what a rollout's
+        ``task`` names and its description should say)."""
+        from .metaworld import benchmark
+
+        if self._held_out is None:
+            bench, n = benchmark(self.cfg), self.cfg.n_train_tasks
+            self._held_out = [
+                {"task": i, "class": bench.names[n + i],
+                 "goal": [round(float(v), 4) for v in self._task_goal(bench, n + i)]}
+                for i in range(self.cfg.n_test_tasks)]  # fmt: skip
+        return self._held_out
+
+    @staticmethod
+    def _task_goal(bench: Any, task: int) -> np.ndarray:
+        env = bench.env(task)
+        env.reset()
+        return np.asarray(env._target_pos, np.float64)
+
+    @torch.no_grad()
+    def _metaworld_rollout(self, request: TGDTRequest, target: float) -> TGDTResponse:
+        from .metaworld import MetaWorldSim, benchmark
+
+        cfg, model = self.cfg, self.model
+        task = cfg.n_train_tasks + int(request.task)
+        sim = MetaWorldSim(cfg, np.array([task]), request.episodes)
+        goal = self._task_goal(benchmark(cfg), task)[None]
+        r = rollout(model, cfg, sim, texts=[request.description],
+                    model_goals=goal if cfg.system == "oracle_dt" else None,
+                    episodes=request.episodes, target_return=target)  # fmt: skip
+        return TGDTResponse(returns=[round(float(v), 6) for v in r.returns[0]],
+                            trajectory=np.round(r.states[0, 0], 6).tolist(),
+                            success=[bool(v) for v in r.success[0]])  # fmt: skip
+
     @torch.no_grad()
     def __call__(self, request: TGDTRequest) -> TGDTResponse:
         self._check_system(request)
@@ -174,6 +243,8 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         target = float(model.target_return) if request.target_return is None \
             else request.target_return  # fmt: skip
         goal = None if request.goal is None else np.asarray([request.goal], np.float64)
+        if request.mode == "rollout" and cfg.env == "metaworld":
+            return self._metaworld_rollout(request, target)
         if request.mode == "rollout":
             assert goal is not None
             sim = PointSim(goal, request.episodes, seed=0, jitter=cfg.start_jitter)
