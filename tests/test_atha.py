@@ -183,6 +183,39 @@ def checkpoint(smoke_clip, cfg, tmp_path_factory):
     return load_checkpoint(path, method="atha")
 
 
+def test_textile_domain_reads_three_classes_and_says_how_to_install_it(
+    nshot_cache, tmp_path, monkeypatch
+):
+    """The optional textile domain: one label per conformal-clip-data folder (nominal, local,
+    global), 32 × 32 grey replicated to RGB, at most 3-way episodes; without the package, an
+    error naming the field and the install command. Stand-in JPEGs, a different mean grey per
+    folder, show which folder each label came from."""
+    import sys
+
+    from PIL import Image
+
+    from nshot.errors import NshotError
+    from nshot.methods.atha import data
+
+    for c, folder in enumerate(data.TEXTILE_FOLDERS):
+        (tmp_path / folder).mkdir()
+        for i in range(24):
+            grey = np.full((250, 250), 40 + 80 * c, np.uint8)
+            Image.fromarray(grey).save(tmp_path / folder / f"textile_{i:04d}.jpg")
+    monkeypatch.setattr(data, "textile_root", lambda: tmp_path)
+    pool = data.domain_pool("textile", 20, seed=3)
+    assert pool.images.shape == (60, 3, 32, 32) and pool.names == data.TEXTILE_NAMES
+    for c in range(3):
+        mean = pool.images[pool.labels == c].mean() * 255
+        assert abs(mean - (40 + 80 * c)) < 3, (c, mean)
+    ep = data.sample_episode(pool, seed=0, episode=0, n_way=5, shots=1, queries=4)
+    assert ep.names == list(data.TEXTILE_NAMES) and ep.query_x.shape[0] == 12
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "conformal_clip_data", None)  # not installed
+    with pytest.raises(NshotError, match=r"field 'domains'.*nshot\[atha-textile\]"):
+        data.textile_root()
+
+
 def test_predictor_answers_and_refuses_bad_episodes_with_422(checkpoint):
     from fastapi.testclient import TestClient
 

