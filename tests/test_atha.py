@@ -330,6 +330,9 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     paired = san["paired_5shot_minus_1shot"]
     assert set(paired) == {"atha", "coop_lora"} and set(paired["atha"]) == {"sketch"}
     assert san["paired_min_5shot_minus_1shot"] == min(min(v.values()) for v in paired.values())
+    ref = table.extra["domain_references"]["sketch"]  # many-shot probes beside the episodes
+    assert ref["classes"] == 8 and all(0.0 <= ref[k] <= 1.0 for k in ("clip_features",
+                                                                      "image_statistics"))  # fmt: skip
     tiny = table.extra["tiny_clip"]  # clip_workers=0: the in-process CLIP the fixtures share
     assert tiny["folder"] == f"tinyclip-smoke-word-s0-v{VERSION}" and tiny["world_size"] == 1
     results = table.to_json()
