@@ -355,20 +355,26 @@ def generate(cfg: BsrConfig) -> pa.Table:
     """All trials: source subjects (balanced labels, used unlabelled for pretraining and
     labelled only by the EEGNet baseline) and target subjects (``n_target_trials`` per class)."""
     head = head_model(cfg.source_spacing_mm)
-    rows: dict[str, list] = {"subject": [], "role": [], "trial": [], "label": [], "eeg": []}
     subjects = [("source", i, cfg.n_source_trials // 4) for i in range(cfg.n_source_subjects)]
     subjects += [("target", i, cfg.n_target_trials) for i in range(cfg.n_target_subjects)]
+    blocks = []
     for role, i, per_class in subjects:
         rng = np.random.default_rng([cfg.data_seed, 0 if role == "source" else 1, i])
         labels = rng.permutation(np.repeat(np.arange(4), per_class))
-        eeg = _subject_trials(cfg, head, rng, labels)
-        name = f"{role[0]}{i:03d}"
+        blocks.append((f"{role[0]}{i:03d}", role, _subject_trials(cfg, head, rng, labels), labels))
+    return trials_table(blocks)
+
+
+def trials_table(blocks: list[tuple[str, str, np.ndarray, np.ndarray]]) -> pa.Table:
+    """The trials table (one row per trial) of (subject name, role, eeg (n, C, T), labels)."""
+    rows: dict[str, list] = {"subject": [], "role": [], "trial": [], "label": [], "eeg": []}
+    for name, role, eeg, labels in blocks:
         for t in range(len(labels)):
             rows["subject"].append(name)
             rows["role"].append(role)
             rows["trial"].append(t)
             rows["label"].append(int(labels[t]))
-            rows["eeg"].append(eeg[t].ravel())
+            rows["eeg"].append(np.asarray(eeg[t]).ravel())
     return pa.table({
         "subject": pa.array(rows["subject"], pa.string()),
         "role": pa.array(rows["role"], pa.string()),
@@ -475,7 +481,7 @@ def read_eegbci(cfg: BsrConfig) -> pa.Table:
     ``n_target_trials`` for a target subject), drawn by ``data_seed``."""
     sources, targets = eegbci_subjects(cfg)
     files = eegbci_files(cfg, sources + targets)
-    rows: dict[str, list] = {"subject": [], "role": [], "trial": [], "label": [], "eeg": []}
+    blocks = []
     for role, ids, cap in (("source", sources, cfg.n_source_trials // 4),
                            ("target", targets, cfg.n_target_trials)):  # fmt: skip
         for subj in ids:
@@ -496,20 +502,9 @@ def read_eegbci(cfg: BsrConfig) -> pa.Table:
                 eeg += [per[cls][i] for i in pick]
                 labels += [c] * n
             order = rng.permutation(len(labels))
-            name = f"{role[0]}S{subj:03d}"
-            for t, i in enumerate(order):
-                rows["subject"].append(name)
-                rows["role"].append(role)
-                rows["trial"].append(t)
-                rows["label"].append(int(labels[i]))
-                rows["eeg"].append(eeg[i].ravel())
-    return pa.table({
-        "subject": pa.array(rows["subject"], pa.string()),
-        "role": pa.array(rows["role"], pa.string()),
-        "trial": pa.array(rows["trial"], pa.int32()),
-        "label": pa.array(rows["label"], pa.int8()),
-        "eeg": pa.array(rows["eeg"], pa.list_(pa.float32())),
-    })  # fmt: skip
+            blocks.append((f"{role[0]}S{subj:03d}", role, np.stack(eeg)[order],
+                           np.asarray(labels)[order]))  # fmt: skip
+    return trials_table(blocks)
 
 
 def eeg_table(cfg: BsrConfig) -> pa.Table:
