@@ -39,7 +39,7 @@ def test_config_validation_names_the_field():
     atha = get("atha")
     with pytest.raises(ConfigError, match="minus_ratio"):
         atha.config("small", add_ratio=0.7, minus_ratio=0.4)
-    for field, bad in (("domains", ["textile"]), ("lora_r", 0), ("epochs", 500),
+    for field, bad in (("domains", ["eurosat"]), ("lora_r", 0), ("epochs", 500),
                        ("clip_path", "/x.pt")):  # fmt: skip
         with pytest.raises(ConfigError, match=field):
             atha.config("small", **{field: bad})
