@@ -1,6 +1,7 @@
 """TG-DT on Meta-World: train on ML1 reach tasks collected with Meta-World's scripted policies,
 evaluate zero-shot on held-out goal positions described in text, then drive one held-out
-episode of the real environment through the predictor, step by step, as a client would.
+episode of the real environment through the predictor, step by step, as a client would, and
+ask the predictor for a rollout of the same held-out task (the server runs the episodes).
 
     pip install 'nshot[metaworld]'                   # metaworld 3.1.1 + mujoco 3.3.0
     python examples/tgdt_metaworld.py --quick        # a few tasks, short training: ~1 minute
@@ -64,6 +65,14 @@ def main() -> None:
     print(f"description: {desc!r}")
     print(f"return {sum(rewards):.1f}, reached the goal: {success}, final distance "
           f"{np.linalg.norm(np.asarray(states[-1][:3]) - goal):.3f} m")  # fmt: skip
+
+    # the same held-out task as one rollout request: the server runs the episodes itself
+    held_out = predictor.metadata()["held_out_tasks"][0]
+    answer = predictor(predictor.Request(mode="rollout", description=desc,
+                                         task=held_out["task"], episodes=2))  # fmt: skip
+    print(f"rollout request on held-out task {held_out['task']} ({held_out['class']}, goal "
+          f"{held_out['goal']}): returns {[round(r, 1) for r in answer.returns]}, "
+          f"success {answer.success}")  # fmt: skip
 
 
 if __name__ == "__main__":

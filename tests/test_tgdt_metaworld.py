@@ -156,3 +156,4 @@ def test_example_drives_the_environment_through_the_predictor(
     out = capsys.readouterr().out
     assert "zero-shot on the held-out goals" in out and "'success'" in out
     assert "reached the goal:" in out and "final distance" in out
+    assert "rollout request on held-out task 0" in out and "success [" in out
