@@ -45,14 +45,14 @@ def build_pretrainer(cfg: BsrConfig) -> nn.Module:
     return VideoMAEForPreTraining(vmae_config(cfg))
 
 
-def load_init_weights(model: nn.Module, path: str) -> dict[str, int]:
+def load_init_weights(model: nn.Module, path: str) -> None:
     """Load a VideoMAE checkpoint from disk into a pretrainer (``init_weights``): a Hugging Face
     folder holding ``model.safetensors`` (or that file), read by transformers' own loader with
     this config, safetensors only and no network. Accepted: a pretrainer
     (``VideoMAEForPreTraining``: encoder and decoder), a video classifier or a bare
     ``VideoMAEModel`` (their encoder; the decoder keeps its own initialisation). Every encoder
     tensor must be there with the config's shape. Pickled ``.bin`` / ``.pt`` files are never
-    read. Returns the counts of tensors loaded into the encoder and the decoder."""
+    read."""
     from pathlib import Path
 
     from transformers import VideoMAEForPreTraining
@@ -65,6 +65,9 @@ def load_init_weights(model: nn.Module, path: str) -> dict[str, int]:
             "files are not read: convert one where you trust it, with save_pretrained(..., "
             "safe_serialization=True))"
         )
+    c = model.config
+    shape = (f"width {c.hidden_size}, depth {c.num_hidden_layers}, patch {c.patch_size}, "
+             f"frames {c.num_frames}")  # fmt: skip
     with torch.random.fork_rng():  # the loader's own initialisation leaves the seed alone
         try:
             loaded, info = VideoMAEForPreTraining.from_pretrained(
@@ -75,15 +78,12 @@ def load_init_weights(model: nn.Module, path: str) -> dict[str, int]:
             msg = " ".join(str(err).split())[:400]
             raise NshotError(
                 f"field 'init_weights': {folder} does not load into this config's VideoMAE "
-                f"(width {model.config.hidden_size}, depth {model.config.num_hidden_layers}, "
-                f"patch {model.config.patch_size}, frames {model.config.num_frames}): {msg}"
+                f"({shape}): {msg}"
             ) from None
-    shape = f"width {model.config.hidden_size}, depth {model.config.num_hidden_layers}"
     if wrong := [str(m) for m in info.get("mismatched_keys", [])]:
         raise NshotError(
-            f"field 'init_weights': {folder} does not fit this config's VideoMAE ({shape}, "
-            f"patch {model.config.patch_size}, frames {model.config.num_frames}): shapes of "
-            f"{len(wrong)} tensors differ, e.g. {'; '.join(sorted(wrong)[:2])}"
+            f"field 'init_weights': {folder} does not fit this config's VideoMAE ({shape}): "
+            f"shapes of {len(wrong)} tensors differ, e.g. {'; '.join(sorted(wrong)[:2])}"
         )
     # a video classifier's head is of no use here; any other tensor the config lacks means a
     # deeper or otherwise different model
@@ -104,8 +104,6 @@ def load_init_weights(model: nn.Module, path: str) -> dict[str, int]:
         if not torch.isfinite(t).all():
             raise NshotError(f"field 'init_weights': {folder}: tensor {name} is not finite")
     model.load_state_dict(state, strict=False)
-    return {"encoder": sum(k.startswith("videomae.") for k in state),
-            "decoder": sum(not k.startswith("videomae.") for k in state)}  # fmt: skip
 
 
 def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:

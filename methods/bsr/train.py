@@ -159,10 +159,15 @@ def ridge_references(cfg: BsrConfig, clips: Clips, train_idx: np.ndarray, val_id
     def tokens(patches: np.ndarray) -> np.ndarray:
         return (patches[None, :] + s * np.arange(t)[:, None]).ravel()
 
-    def pixels_targets(idx: np.ndarray, vis: np.ndarray, hid: np.ndarray):
-        v = clips.videos(idx)
-        x = patchify(cfg, v)[:, tokens(vis)].flatten(1).double()
-        return x, normalised_targets(cfg, v)[:, tokens(hid)].flatten(1).double()
+    def pixels_and_targets(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        v = clips.videos(idx)  # rendered once; every draw takes its tokens from these
+        return patchify(cfg, v), normalised_targets(cfg, v)
+
+    train, val = pixels_and_targets(train_idx), pixels_and_targets(val_idx)
+
+    def select(data: tuple[torch.Tensor, torch.Tensor], vis: np.ndarray, hid: np.ndarray):
+        x, y = data
+        return x[:, tokens(vis)].flatten(1).double(), y[:, tokens(hid)].flatten(1).double()
 
     def kernel_ridge(xa, ya, xb, lams):
         """Predictions at ``xb`` for every penalty, from one eigendecomposition of xa·xaᵀ."""
@@ -178,8 +183,8 @@ def ridge_references(cfg: BsrConfig, clips: Clips, train_idx: np.ndarray, val_id
         for _ in range(reps):
             vis = np.sort(rng.choice(head, size=k, replace=False))
             hid = np.setdiff1d(head, vis)
-            xt, yt = pixels_targets(train_idx, vis, hid)
-            xv, yv = pixels_targets(val_idx, vis, hid)
+            xt, yt = select(train, vis, hid)
+            xv, yv = select(val, vis, hid)
             m, sd = xt.mean(0), xt.std(0) + 1e-6
             xt, xv = (xt - m) / sd, (xv - m) / sd
             n_in = int(0.8 * len(xt))

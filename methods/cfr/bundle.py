@@ -19,7 +19,7 @@ import sys
 from nshot.errors import NshotError
 from nshot.train.checkpoint import load_checkpoint
 
-from .model import load_models, write_bundle
+from .model import bundle_entries, class_of, write_bundle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,13 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ckpts = [load_checkpoint(p, method="cfr") for p in args.checkpoints]
         path = write_bundle(ckpts, args.out)
-        models = load_models(load_checkpoint(path, method="cfr"))
+        # read back as a deployment will: verified files, checked entries
+        entries = bundle_entries(load_checkpoint(path, method="cfr").extra, str(path))
     except NshotError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {path}: {len(models)} models")
-    for m in models:
-        print(f"  {m.class_name} k={m.shot} ({m.cfg.system}, step {m.step})")
+    print(f"wrote {path}: {len(entries)} models")
+    for c, run, step in entries:
+        print(f"  {class_of(c, run)} k={c.shot} ({c.system}, step {step})")
     print(f"serve them with: nshot serve cfr --checkpoint {path}")
     return 0
 

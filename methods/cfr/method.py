@@ -44,17 +44,16 @@ class CfrMethod(Method):
         ``<class>.k<k>.<metric>``."""
         from .evaluation import evaluate_model
 
-        models = load_models(checkpoint)
-        out: dict[str, float] = {}
-        for m in models:
+        per_model = {}
+        for m in load_models(checkpoint):
             if not m.banks_built:
                 raise ValueError("checkpoint: saved during stage 1, before its memory banks exist")
             run_cfg = m.cfg.replace(**{k: getattr(cfg, k) for k in CfrConfig.EVAL_FIELDS})
-            metrics = evaluate_model(m.model, run_cfg, m.class_name)
-            if "bundle" not in checkpoint.extra:
-                return metrics
-            out |= {f"{m.class_name}.k{m.shot}.{k}": v for k, v in metrics.items()}
-        return out
+            per_model[f"{m.class_name}.k{m.shot}."] = evaluate_model(m.model, run_cfg, m.class_name)
+        if "bundle" not in checkpoint.extra:
+            (metrics,) = per_model.values()
+            return metrics
+        return {p + k: v for p, metrics in per_model.items() for k, v in metrics.items()}
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> CfrPredictor:
         return CfrPredictor.from_checkpoint(checkpoint)

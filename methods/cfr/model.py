@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nshot.errors import NshotError
-from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.checkpoint import LoadedCheckpoint, save_checkpoint
 
 from .config import VERSION, CfrConfig
 
@@ -306,7 +306,7 @@ class Loaded:
 
     @property
     def class_name(self) -> str:
-        return str(self.run.get("class_name", self.cfg.class_name))
+        return class_of(self.cfg, self.run)
 
     @property
     def shot(self) -> int:
@@ -315,6 +315,11 @@ class Loaded:
     @property
     def banks_built(self) -> bool:
         return bool(self.run.get("banks_built", False))
+
+
+def class_of(cfg: CfrConfig, run: dict) -> str:
+    """The object class of a run (its record's, else its config's)."""
+    return str(run.get("class_name", cfg.class_name))
 
 
 def bundle_entries(extra: dict[str, Any], where: str) -> list[tuple[CfrConfig, dict, int]]:
@@ -332,8 +337,7 @@ def bundle_entries(extra: dict[str, Any], where: str) -> list[tuple[CfrConfig, d
         if not e["run"].get("banks_built") or not isinstance(e["step"], int):
             raise NshotError(f"{where}: bundle entry {i} has no memory banks")
         out.append((cfg, e["run"], e["step"]))
-    check_bundle([(c, str(r.get("class_name", c.class_name)), f"entry {i}")
-                  for i, (c, r, _) in enumerate(out)], where)  # fmt: skip
+    check_bundle([(c, class_of(c, r), f"entry {i}") for i, (c, r, _) in enumerate(out)], where)
     return out
 
 
@@ -387,8 +391,6 @@ def write_bundle(checkpoints: list[LoadedCheckpoint], out: str | Path) -> Path:
     """One checkpoint holding every model of ``checkpoints`` (single runs or bundles, each
     with its memory banks built): tensors ``m<i>.<name>``, each model's config, run record
     and step in ``extra["bundle"]``. ``out`` must not exist."""
-    from nshot.train.checkpoint import save_checkpoint
-
     out = Path(out)
     if out.exists():
         raise NshotError(f"{out}: exists; a bundle is written to a new path")

@@ -228,9 +228,9 @@ class TGDTPredictor(Predictor[TGDTRequest, TGDTResponse]):
         cfg, model = self.cfg, self.model
         task = cfg.n_train_tasks + int(request.task)
         sim = MetaWorldSim(cfg, np.array([task]), request.episodes)
-        goal = self._task_goal(benchmark(cfg), task)[None]
+        oracle = cfg.system == "oracle_dt"  # conditioned on the task's goal
         r = rollout(model, cfg, sim, texts=[request.description],
-                    model_goals=goal if cfg.system == "oracle_dt" else None,
+                    model_goals=self._task_goal(benchmark(cfg), task)[None] if oracle else None,
                     episodes=request.episodes, target_return=target)  # fmt: skip
         return TGDTResponse(returns=[round(float(v), 6) for v in r.returns[0]],
                             trajectory=np.round(r.states[0, 0], 6).tolist(),
