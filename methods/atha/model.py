@@ -93,7 +93,8 @@ def select_tokens(
     if generator is None:
         order = torch.sort(s_max.detach(), dim=1, descending=True, stable=True).indices
     else:
-        order = torch.rand(b, length, generator=generator).argsort(dim=1)
+        # drawn on the generator's device (the CPU), so CPU and GPU runs pick the same tokens
+        order = torch.rand(b, length, generator=generator).argsort(dim=1).to(s_max.device)
     return order[:, :k_h], order[:, length - k_t :]
 
 

@@ -46,7 +46,8 @@ def sincos_positions(length: int, d: int) -> torch.Tensor:
 
 def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    steps = torch.arange(half, dtype=torch.float32, device=t.device)
+    freqs = torch.exp(-math.log(10000.0) * steps / half)
     args = t.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -147,7 +148,7 @@ class MoDE(nn.Module):
 
     def orthogonality(self) -> torch.Tensor:
         p = self.normalised_prototypes().reshape(-1, self.prototypes.shape[-1])
-        eye = torch.eye(p.shape[0], dtype=p.dtype)
+        eye = torch.eye(p.shape[0], dtype=p.dtype, device=p.device)
         return (p @ p.T - eye).pow(2).sum()
 
     @staticmethod
@@ -307,7 +308,7 @@ class Diffusion:
         self.post_var = b * (1 - prev) / (1 - abar)  # β̃_t, the ddpm_posterior chain's σ_t²
 
     def _at(self, v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return v[t].float()[:, None, None]
+        return v.to(t.device)[t].float()[:, None, None]
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         return self._at(self.abar, t).sqrt() * x0 + (1 - self._at(self.abar, t)).sqrt() * eps

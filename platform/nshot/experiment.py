@@ -172,9 +172,12 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
 
 
 def fetch(handle: Any) -> Any:
-    """The value behind what :func:`share` or :func:`submit` returned (waits for a job)."""
-    import ray
-
+    """The value behind what :func:`share` or :func:`submit` returned (waits for a job).
+    Without Ray imported there can be no reference, so in-process runs never import it (a
+    machine without Ray, ``NSHOT_IN_PROCESS=1``)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return handle
     return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
 
 

@@ -798,12 +798,16 @@ def write_tiny_clip(
     layers: int = 2,
     embed: int = 32,
     context: int = 32,
+    text_width: int | None = None,
+    text_layers: int | None = None,
 ) -> Path:
     """Write a randomly initialised CLIP in the Hugging Face format (``config.json``,
     ``model.safetensors``, ``tokenizer.json``, ``preprocessor_config.json``) to ``folder``:
     the real architecture at toy sizes (QuickGELU, 64-wide heads), and a byte-level BPE
     tokenizer of open_clip's layout whose merges spell ``words`` whole (any other text falls
-    back to characters). For tests and examples; it knows nothing."""
+    back to characters). ``text_width`` / ``text_layers`` give the text tower its own sizes
+    (default: the image tower's; ViT-B's text tower is 512 wide, 12 blocks). For tests,
+    examples and timing; it knows nothing."""
     from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
 
     merges: list[tuple[str, str]] = []
@@ -817,10 +821,12 @@ def write_tiny_clip(
     vocab = _vocab_from_merges(merges)
     tok = CLIPTokenizer(vocab=vocab, merges=merges)
     heads = max(1, width // HEAD_WIDTH)
+    t_width = width if text_width is None else text_width
+    t_layers = layers if text_layers is None else text_layers
     config = CLIPConfig(
         text_config={
-            "vocab_size": len(vocab), "hidden_size": width, "intermediate_size": 4 * width,
-            "num_hidden_layers": layers, "num_attention_heads": heads,
+            "vocab_size": len(vocab), "hidden_size": t_width, "intermediate_size": 4 * t_width,
+            "num_hidden_layers": t_layers, "num_attention_heads": max(1, t_width // HEAD_WIDTH),
             "max_position_embeddings": context, "hidden_act": "quick_gelu",
             "bos_token_id": len(vocab) - 2, "eos_token_id": 2, "pad_token_id": 0,
         },
