@@ -176,7 +176,7 @@ class CfrConfig(MethodConfig):
         },
         "small": {
             "generator": "mesh", "classes": list(MESH_CLASSES), "class_name": "box",
-            "grid": 64, "map_epochs": 40, "ret_epochs": 40, "log_every": 10,
+            "grid": 64, "map_epochs": 100, "ret_epochs": 100, "seeds": 3, "log_every": 10,
             "checkpoint_every": 20,
         },
         "paper": {
