@@ -349,8 +349,8 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     _image_folder(tmp_path / "data" / "shapes", names, 12, 2)
     cfg = atha.config(
         "paper", clip_path=str(folder), data_path=str(tmp_path / "data"), clip_arch="any",
-        txtlayer=0, rho_block=1, epochs=2, queries=2, eval_episodes=1, episodes_1shot=1,
-        episodes_5shot=1,
+        txtlayer=0, rho_block=1, epochs=2, queries=2, eval_episodes=1, episodes_1shot=2,
+        episodes_5shot=1, job_gpus=0.0,
     )  # fmt: skip
     bb = load_hf_backbone(cfg)
     zero = bb.episode_model(names[:2], cfg, "zero_shot", shots=1, seed=0)
@@ -374,7 +374,14 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     for k in ("acc_1shot_avg", "acc_1shot_shapes", "acc_1shot_avg_coop_lora"):
         assert 0.0 <= ckpt.metrics[k] <= 1.0, k
     assert atha.evaluate(ckpt, cfg)["acc_1shot_avg"] == ckpt.metrics["acc_1shot_avg"]
-    table = atha.experiments(cfg, tmp_path / "exp")
+    with pytest.raises(ConfigError, match="job_gpus"):  # the CPU cluster has no GPU
+        atha.experiments(cfg.replace(job_gpus=1.0), tmp_path / "exp")
+    # Ray tasks of one episode each give the table of one task of every episode, in process
+    table = atha.experiments(cfg.replace(episodes_per_job=1), tmp_path / "exp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NSHOT_IN_PROCESS", "1")
+        one = atha.experiments(cfg.replace(episodes_per_job=2), tmp_path / "exp1")
+    assert table.rows == one.rows and table.samples == one.samples
     assert set(table.rows) == set(cfg.systems)
     assert table.rows["coop_lora"]["paired_gain_vs_coop_lora"] == 0.0
     unit = table.extra["unit"]

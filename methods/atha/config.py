@@ -132,6 +132,11 @@ class AthaConfig(MethodConfig):
     )
     eval_episodes: int = Field(10, ge=1, le=10_000, description="episodes per domain (evaluate)")
     episodes_per_job: int = Field(10, ge=1, le=10_000, description="episodes per Ray task")
+    job_gpus: float = Field(
+        0.0, ge=0.0, le=8.0,
+        description="GPUs each task of the paper reproduction reserves (Ray; a fraction shares "
+        "a GPU; 0 on a CPU-only cluster)",
+    )  # fmt: skip
 
     TUNE: ClassVar[TuneSpec] = TuneSpec(
         space={
@@ -181,6 +186,7 @@ class AthaConfig(MethodConfig):
             "lora_alpha": 8.0, "lr_lora": 2e-4, "epochs": 100, "episodes_1shot": 800,
             "episodes_5shot": 400, "steps": 1, "checkpoint_every": 1, "log_every": 1,
             "pool_per_class": 200, "eval_episodes": 100, "episodes_per_job": 20,
+            "job_gpus": 1.0,
         },
     }  # fmt: skip
 

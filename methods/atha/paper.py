@@ -9,9 +9,10 @@
   (``clip_path``, tokenizer, architecture in its config; a parameter fingerprint in
   ``extra.clip``), which :mod:`.serve` reads back from that path.
 * ``evaluate``: the same on the checkpoint's CLIP.
-* ``run_experiments``: every system on the same episodes of every domain, in this process on
-  its device (a GPU), an episode's images read once for all systems; the toy's rows, metrics
-  and paired gains (``acc_src_8way``, the tiny CLIP's precondition, has no counterpart: null).
+* ``run_experiments``: every system on the same episodes of every domain, as Ray tasks of
+  ``episodes_per_job`` episodes on ``job_gpus`` GPUs each, an episode's images read once for
+  all systems; the toy's rows, metrics and paired gains (``acc_src_8way``, the tiny CLIP's
+  precondition, has no counterpart: null).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from nshot.errors import CheckpointError
+from nshot.experiment import Job, check_gpus, run_jobs
 from nshot.method import ResultsTable
 from nshot.train import session
 
@@ -129,29 +131,52 @@ def unit_checks(bb: HFBackbone, cfg: AthaConfig, names: list[str]) -> dict[str, 
             "anchor_rel_error": rel}  # fmt: skip
 
 
+def episodes_job(cfg_dict: dict, domain: str, shots: int, episodes: list[int],
+                 systems: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """One task of the reproduction: ``episodes`` of ``domain`` at ``shots``, every system on
+    each (an episode's images read once), on this task's device (its GPU when it reserved
+    one): ``[{"system", "episode", "acc", "rates"}]`` in episode order."""
+    cfg = AthaConfig.validated(cfg_dict)
+    bb = load_hf_backbone(cfg, _device())
+    pool = folder_pool(cfg, domain, bb.image_size)
+    out: list[dict[str, Any]] = []
+    for e in episodes:
+        ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=shots,
+                                   queries=cfg.queries)  # fmt: skip
+        for s in systems:
+            r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
+            out.append({"system": s, "episode": e, "acc": r["acc"], "rates": r["rates"]})
+    return out
+
+
 def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     """Every system on the same episodes of every image-folder domain (see the module
-    docstring)."""
+    docstring), as Ray tasks of ``episodes_per_job`` episodes that reserve ``job_gpus`` GPUs
+    each (a fraction shares a GPU); the unit checks in this process."""
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
+    check_gpus(cfg.job_gpus)
     bb = load_hf_backbone(cfg, _device())
     domains = paper_domains(cfg)
-    pools = {d: folder_pool(cfg, d, bb.image_size) for d in domains}
-    acc: dict[tuple[str, str, int], list[float]] = {}
-    rates: dict[str, list[dict[str, list[float]]]] = {}
+    pools = {d: folder_pool(cfg, d, bb.image_size) for d in domains}  # checks every domain
     shots_runs = [(1, cfg.episodes_1shot, list(cfg.systems))]
     if cfg.episodes_5shot:
         shots_runs.append((5, cfg.episodes_5shot, list(cfg.systems_5shot)))
-    for d, pool in pools.items():
-        for shots, n_ep, systems in shots_runs:
-            for e in range(n_ep):
-                ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way,
-                                           shots=shots, queries=cfg.queries)  # fmt: skip
-                for s in systems:
-                    r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
-                    acc.setdefault((s, d, shots), []).append(r["acc"])
-                    rates.setdefault(s, []).append(r["rates"])
-            print(f"[nshot atha paper] {d} {shots}-shot: {time.time() - t0:.0f}s", flush=True)
+    jobs = [
+        Job((d, shots, start), episodes_job,
+            (cfg.model_dump(), d, shots,
+             list(range(start, min(n_ep, start + cfg.episodes_per_job))), systems),
+            num_gpus=cfg.job_gpus)
+        for shots, n_ep, systems in shots_runs for d in domains
+        for start in range(0, n_ep, cfg.episodes_per_job)
+    ]  # fmt: skip
+    done = run_jobs(jobs, description=f"atha {cfg.preset}")
+    acc: dict[tuple[str, str, int], list[float]] = {}
+    rates: dict[str, list[dict[str, list[float]]]] = {}
+    for (d, shots, _), res in done.items():  # the jobs' order: episodes in order per domain
+        for r in res:
+            acc.setdefault((r["system"], d, shots), []).append(r["acc"])
+            rates.setdefault(r["system"], []).append(r["rates"])
     table = summarise(cfg.model_copy(update={"domains": domains}), acc, None)
     extra = table.extra
     extra["unit"] = unit_checks(bb, cfg, list(pools[domains[0]].names[:2]))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, check_gpus, run_jobs
 from nshot.method import ResultsTable
 
 from .config import CfrConfig
@@ -103,6 +103,7 @@ def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     workdir.mkdir(parents=True, exist_ok=True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     shots = sorted(set(cfg.shots), reverse=True)  # the larger k first (the longer jobs)
+    check_gpus(cfg.job_gpus)
     jobs = [Job((cls, k, seed), _job, (cfg.model_dump(), cls, k, seed), num_gpus=cfg.job_gpus)
             for k in shots for cls in cfg.classes for seed in seeds]  # fmt: skip
     done = run_jobs(jobs, description=f"cfr {cfg.preset}")

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.errors import NshotError
+from nshot.errors import ConfigError, NshotError
 
 Key = tuple[Hashable, ...]
 
@@ -169,6 +169,25 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
         .options(max_retries=max_retries, **options)
         .remote(*job.args, **job.kwargs)
     )
+
+
+def check_gpus(job_gpus: float, field: str = "job_gpus") -> None:
+    """Refuse, naming ``field``, jobs that reserve more GPUs than the Ray cluster has (Ray would
+    hold them pending forever). In process (:func:`in_process`) jobs reserve nothing and run on
+    this process's device: no check."""
+    if job_gpus <= 0 or in_process():
+        return
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    ensure_ray()
+    have = float(ray.cluster_resources().get("GPU", 0.0))
+    if have < job_gpus:
+        raise ConfigError(
+            f"field '{field}': each job reserves {job_gpus:g} GPU(s) but the Ray cluster has "
+            f"{have:g}; set {field}=0 to run the jobs on CPUs (or add GPU nodes first)"
+        )
 
 
 def fetch(handle: Any) -> Any:
