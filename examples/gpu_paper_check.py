@@ -24,7 +24,10 @@ accuracies say nothing about the methods). What the run measures is:
 3. cfr: the ``smoke`` reproduction with its stages on ``cuda`` (``job_gpus=1``) against the
    same on the CPU (``job_gpus=0``), row by row;
 4. timemode: the mixture-of-experts layer's sparse dispatch (used on ``cuda``) against the
-   dense one (the CPU's) on the same weights and inputs.
+   dense one (the CPU's) on the same weights and inputs;
+5. train: ``nshot train``'s steps of bsr (masked pretraining) and timemode (``fit``) on the CPU
+   and on the device from the same weights and batches (added after the first H200 lease: not
+   yet run on a GPU).
 
 Every part writes its record into ``--out/gpu_paper_check.json`` as soon as it ends, so a run
 stopped by a time limit keeps what finished. ``--parts`` picks parts (default: all). On a
@@ -46,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-PARTS = ("atha", "dirclip", "cfr", "timemode")
+PARTS = ("atha", "dirclip", "cfr", "timemode", "train")
 # the paper presets' counts (methods/atha/config.py, methods/dirclip/config.py): BSCD-FSL has
 # four target domains
 ATHA_DOMAINS = 4
@@ -318,6 +321,59 @@ def timemode_part(root: Path, tiny: bool) -> dict:
     return out
 
 
+def train_part(root: Path, tiny: bool) -> dict:
+    """bsr's and timemode's training steps (``nshot train``'s) on the CPU and on the device from
+    the same weights and batches: the loss of each step, and the largest difference."""
+    import copy
+
+    from nshot.method import get
+    from nshot.methods.bsr.data import MONTAGE_A
+    from nshot.methods.bsr.train import Clips, new_pretrainer, pretrain_step
+    from nshot.methods.timemode.experiments import randomise
+    from nshot.methods.timemode.model import build_state
+    from nshot.methods.timemode.train import StageData, fit, new_optimizer
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out: dict = {"device": str(dev)}
+    steps = 3
+    # bsr: the pretrainer on random spectrum powers through a random interpolation matrix
+    cfg = get("bsr").config("smoke" if tiny else "small")
+    g = torch.Generator().manual_seed(0)
+    powers = torch.randn(64, cfg.frames, 3, len(MONTAGE_A), generator=g).numpy()
+    clips = Clips(powers, torch.randn(cfg.grid**2, len(MONTAGE_A), generator=g), cfg.grid)
+    idx = np.arange(64)
+    model, _ = new_pretrainer(cfg)
+    losses = {}
+    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+        m = copy.deepcopy(model).to(d)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), foreach=True)
+        losses[where] = [pretrain_step(cfg, m, opt, clips, idx, s)[0] for s in range(1, steps + 1)]
+    out["bsr_losses"] = losses
+    out["bsr_max_abs_diff"] = max(abs(a - b) for a, b in zip(*losses.values(), strict=True))
+    # timemode: fit() from the same randomised state on random windows of two domains
+    tcfg = get("timemode").config(
+        "smoke" if tiny else "small", stage="pretrain", pretrain_steps=steps
+    )
+    x = torch.randn(2, 64, tcfg.window, 1, generator=g).numpy()
+    data = StageData(["a", "b"], [x[0], x[1]], [], [])
+    torch.manual_seed(0)
+    state = build_state(tcfg, 2)
+    randomise(state.net, 0)
+    state.ema.load_state_dict(state.net.state_dict())
+    losses = {}
+    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+        st = copy.deepcopy(state).to(d)
+        seen: list[float] = []
+        fit(tcfg, data, state=st, opt=new_optimizer(tcfg, st),
+            on_step=lambda _s, terms, seen=seen: seen.append(terms["loss"]))  # fmt: skip
+        losses[where] = seen
+    out["timemode_losses"] = losses
+    out["timemode_max_rel_diff"] = max(
+        abs(a - b) / abs(a) for a, b in zip(*losses.values(), strict=True)
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_paper_check.json")
@@ -334,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device visible: every part runs on the CPU", flush=True)
     fns = {"atha": atha_part, "dirclip": dirclip_part, "cfr": cfr_part,
-           "timemode": timemode_part}  # fmt: skip
+           "timemode": timemode_part, "train": train_part}  # fmt: skip
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts:

@@ -15,7 +15,7 @@ def test_the_gpu_paper_check_runs_every_part_at_toy_sizes(run_example, nshot_cac
     run_example("gpu_paper_check", ["--tiny", "--out", str(tmp_path)])
     assert os.environ.get("NSHOT_IN_PROCESS") == before  # the cfr part restores it
     rec = json.loads((tmp_path / "gpu_paper_check.json").read_text())
-    for part in ("atha", "dirclip", "cfr", "timemode"):
+    for part in ("atha", "dirclip", "cfr", "timemode", "train"):
         assert "error" not in rec[part], rec[part].get("traceback")
     atha = rec["atha"]
     assert set(atha["episode_seconds"]["1shot"]) == {
@@ -29,6 +29,9 @@ def test_the_gpu_paper_check_runs_every_part_at_toy_sizes(run_example, nshot_cac
     tm = rec["timemode"]
     assert tm["max_abs_value"] > 1.0 and tm["cpu_sparse_max_abs_diff"] < 1e-5
     assert tm["cpu_loss"] == tm["device_loss"] and tm["grad_rel_diff"] == 0.0
+    tr = rec["train"]  # nshot train's steps of bsr and timemode, three each
+    assert len(tr["bsr_losses"]["cpu"]) == 3 and len(tr["timemode_losses"]["device"]) == 3
+    assert tr["bsr_max_abs_diff"] == 0.0 and tr["timemode_max_rel_diff"] == 0.0
 
 
 def test_the_timemode_loss_follows_its_inputs_device():

@@ -103,17 +103,25 @@ def lr_at(cfg: BsrConfig, step: int) -> float:
     return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * min(frac, 1.0)))
 
 
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s tensors live (videos and masks are made on the CPU and sent there)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def held_out_mse(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, idx: np.ndarray) -> float:
     """Masked MSE (in-head tubelets) on held-out clips under fixed masks."""
     was = model.training
     model.eval()
+    dev = device_of(model)
     gen = torch.Generator().manual_seed(12345)
     total, n = 0.0, 0
     for s in range(0, len(idx), 64):
         b = idx[s : s + 64]
-        v = clips.videos(b)
-        total += float(masked_loss(cfg, model, v, tube_mask(cfg, len(b), gen))) * len(b)
+        v, m = clips.videos(b).to(dev), tube_mask(cfg, len(b), gen).to(dev)
+        total += float(masked_loss(cfg, model, v, m)) * len(b)
         n += len(b)
     model.train(was)
     return total / max(n, 1)
@@ -234,7 +242,9 @@ def pretrain_step(cfg: BsrConfig, model: torch.nn.Module, opt: torch.optim.Optim
     mask = tube_mask(cfg, len(batch), gen)
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, step)
-    loss = masked_loss(cfg, forward if forward is not None else model, clips.videos(batch), mask)
+    dev = device_of(model)
+    videos, mask = clips.videos(batch).to(dev), mask.to(dev)
+    loss = masked_loss(cfg, forward if forward is not None else model, videos, mask)
     if forward is not None:  # every parameter takes part in DDP's reduction
         loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
     opt.zero_grad(set_to_none=True)
@@ -274,6 +284,7 @@ def train_loop(cfg: BsrConfig) -> None:
     clips, stats, subjects = source_clips(cfg, ds)
     train_idx, val_idx = split_clips(cfg, len(clips.powers))
     model, opt = new_pretrainer(cfg)
+    model.to(ctx.device)  # the worker's GPU when it has one (in place: opt keeps its params)
     restored = session.restore(model, opt)
     start = restored.step if restored else 0
     fwd = session.prepare_model(model) if ctx.world_size > 1 else None

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nshot.errors import ConfigError
 from nshot.train import session
 
 from .config import TGDTConfig
@@ -268,6 +269,11 @@ def train_loop(cfg: TGDTConfig) -> None:
     return, optimiser) every ``checkpoint_every`` and at the end. With several workers DDP
     averages the gradients and each worker draws its own batches."""
     ctx = session.context()
+    if ctx.device.type != "cpu":  # batches, masks and draws are made on the CPU
+        raise ConfigError(
+            f"tgdt trains on CPU workers (this worker has {ctx.device}): run it with "
+            "--gpus-per-worker 0; the model is small enough that CPUs are the right place"
+        )
     torch.set_num_threads(cfg.torch_threads)
     data = load_data(cfg)
     model = build_model(cfg, data)

@@ -147,11 +147,13 @@ def fit(
     opt = opt or new_optimizer(cfg, state)
     diffusion = Diffusion(cfg.diffusion_steps, prediction=cfg.prediction)
     params = [p for g in opt.param_groups for p in g["params"]]
+    device = next(state.net.parameters()).device  # batches are drawn on the CPU, sent there
     state.net.train()
     for step in range(start + 1, cfg.steps + 1):
         if before_step is not None:
             before_step(step)
-        terms = loss_terms(cfg, state.net, diffusion, batch(cfg, data, step, rank), forward)
+        b = tuple(v.to(device) for v in batch(cfg, data, step, rank))
+        terms = loss_terms(cfg, state.net, diffusion, b, forward)
         opt.zero_grad(set_to_none=True)
         terms["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -197,6 +199,7 @@ def train_loop(cfg: TimeModeConfig) -> None:
     torch.set_num_threads(cfg.torch_threads)
     data = stage_data(cfg)
     state = new_state(cfg, data, init_weights(cfg))
+    state.to(ctx.device)  # the worker's GPU when it has one: denoiser, EMA, bank, scaler
     opt = new_optimizer(cfg, state)
     restored = session.restore(state, opt)
     start = restored.step if restored else 0
