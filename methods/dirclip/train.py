@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -144,8 +145,8 @@ def fit_model(
     """Train ``cfg.steps`` steps from ``start``; returns the model holding the validation-
     selected weights and the selection record ``{"step", "val_h", "state"}``. ``splits``'
     training images are any array indexable by a row array (the paper backbone's are read
-    from files per batch); batches go to the model's device; ``validate(model, splits, cfg,
-    step)`` scores the held-out images."""
+    from files per batch, the next one in a thread while a step computes); batches go to the
+    model's device; ``validate(model, splits, cfg, step)`` scores the held-out images."""
     opt = opt or make_optimizer(model, cfg)
     fwd = forward if forward is not None else model
     best = best if best is not None else {"step": 0, "val_h": -1.0, "state": None}
@@ -156,26 +157,39 @@ def fit_model(
         v = validate(model, splits, cfg, 0)
         best.update(step=0, state=trainable_state(model), **v)
     model.train()
-    for step in range(start + 1, cfg.steps + 1):
-        if before_step is not None:
-            before_step(step)
-        rows = batch_rows(len(y_all), cfg.batch_size, step, cfg.seed)[rank * per : (rank + 1) * per]
-        gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, rank, 5])
-                                                .integers(2**62)))  # fmt: skip
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, step)
-        x = torch.as_tensor(splits.x_train[rows]).to(device)
-        loss, stats = step_loss(model, fwd, cfg, x, y_all[rows].to(device), gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % cfg.val_every == 0 or step == cfg.steps:
-            v = validate(model, splits, cfg, step)
-            stats.update(v)
-            if v["val_h"] > best["val_h"]:
-                best.update(step=step, state=trainable_state(model), **v)
-        if on_step is not None:
-            on_step(step, stats, best)
+
+    def rows_at(step: int) -> np.ndarray:
+        return batch_rows(len(y_all), cfg.batch_size, step, cfg.seed)[rank * per : (rank + 1) * per]
+
+    def read_ahead(step: int) -> Future | None:
+        return (
+            reader.submit(splits.x_train.__getitem__, rows_at(step)) if step <= cfg.steps else None
+        )
+
+    # the next step's images are read (from files, on the paper path) while this step computes
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        ahead = read_ahead(start + 1)
+        for step in range(start + 1, cfg.steps + 1):
+            if before_step is not None:
+                before_step(step)
+            rows = rows_at(step)
+            gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, rank, 5])
+                                                    .integers(2**62)))  # fmt: skip
+            for group in opt.param_groups:
+                group["lr"] = lr_at(cfg, step)
+            images, ahead = ahead.result(), read_ahead(step + 1)
+            x = torch.as_tensor(images).to(device)
+            loss, stats = step_loss(model, fwd, cfg, x, y_all[rows].to(device), gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step % cfg.val_every == 0 or step == cfg.steps:
+                v = validate(model, splits, cfg, step)
+                stats.update(v)
+                if v["val_h"] > best["val_h"]:
+                    best.update(step=step, state=trainable_state(model), **v)
+            if on_step is not None:
+                on_step(step, stats, best)
     model.load_state_dict({**model.state_dict(), **best["state"]})
     return model.eval(), best
 
