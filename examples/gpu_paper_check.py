@@ -25,9 +25,9 @@ accuracies say nothing about the methods). What the run measures is:
    same on the CPU (``job_gpus=0``), row by row;
 4. timemode: the mixture-of-experts layer's sparse dispatch (used on ``cuda``) against the
    dense one (the CPU's) on the same weights and inputs;
-5. train: ``nshot train``'s steps of bsr (masked pretraining) and timemode (``fit``) on the CPU
-   and on the device from the same weights and batches (added after the first H200 lease: not
-   yet run on a GPU).
+5. train: ``nshot train``'s steps of bsr (masked pretraining), timemode and tgdt (``fit``) on
+   the CPU and on the device from the same weights and batches (added after the first H200
+   lease: not yet run on a GPU).
 
 Every part writes its record into ``--out/gpu_paper_check.json`` as soon as it ends, so a run
 stopped by a time limit keeps what finished. ``--parts`` picks parts (default: all). On a
@@ -369,6 +369,26 @@ def train_part(root: Path, tiny: bool) -> dict:
         losses[where] = seen
     out["timemode_losses"] = losses
     out["timemode_max_rel_diff"] = max(
+        abs(a - b) / abs(a) for a, b in zip(*losses.values(), strict=True)
+    )
+    # tgdt: fit() (L_DT + L_TBC + L_TBM) on the PointRobot data from the same initial weights
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.train import build_model
+    from nshot.methods.tgdt.train import fit as tgdt_fit
+    from nshot.methods.tgdt.train import new_optimizer as tgdt_optimizer
+
+    gcfg = get("tgdt").config("smoke", steps=steps)
+    gdata = load_data(gcfg)
+    gmodel = build_model(gcfg, gdata)
+    losses = {}
+    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+        m = copy.deepcopy(gmodel).to(d)
+        seen = []
+        tgdt_fit(gcfg, gdata, model=m, opt=tgdt_optimizer(gcfg, m),
+                 on_step=lambda _s, terms, seen=seen: seen.append(terms["loss"]))  # fmt: skip
+        losses[where] = seen
+    out["tgdt_losses"] = losses
+    out["tgdt_max_rel_diff"] = max(
         abs(a - b) / abs(a) for a, b in zip(*losses.values(), strict=True)
     )
     return out

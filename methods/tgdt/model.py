@@ -137,8 +137,9 @@ class MiniLMEncoder(nn.Module):
             from nshot.data.sources import embed_texts
 
             self._memo.update(zip(missing, torch.from_numpy(embed_texts(missing)), strict=True))
-        emb = torch.stack([self._memo[t] for t in texts])
-        return self.proj(emb)[:, None], torch.ones(len(texts), 1, dtype=torch.bool)
+        dev = self.proj[0].weight.device
+        emb = torch.stack([self._memo[t] for t in texts]).to(dev)
+        return self.proj(emb)[:, None], torch.ones(len(texts), 1, dtype=torch.bool, device=dev)
 
 
 @dataclass
@@ -212,7 +213,9 @@ class TGDTModel(nn.Module):
         if isinstance(self.text, MiniLMEncoder):
             tokens, valid = self.text(texts)
         else:
-            tokens, valid = self.text(torch.as_tensor(tokenize(texts)))
+            tokens, valid = self.text(
+                torch.as_tensor(tokenize(texts), device=self.state_mean.device)
+            )
         return Text(tokens, valid, index)
 
     def tokens(self, w: Window) -> tuple[torch.Tensor, torch.Tensor]:

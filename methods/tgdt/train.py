@@ -50,8 +50,9 @@ class AlignBatch:
 class Sampler:
     """Windows and descriptions drawn from the offline data."""
 
-    def __init__(self, cfg: TGDTConfig, data: OfflineData) -> None:
-        self.cfg, self.data = cfg, data
+    def __init__(self, cfg: TGDTConfig, data: OfflineData, device: torch.device | str = "cpu"):
+        """Batches are drawn on the CPU (numpy) and their tensors sent to ``device``."""
+        self.cfg, self.data, self.device = cfg, data, torch.device(device)
         r = data.rewards
         self.rtg = np.flip(np.cumsum(np.flip(r, -1), -1), -1).copy() / cfg.rtg_scale
         self.desc = {(t, q): data.description(t, q)
@@ -68,16 +69,19 @@ class Sampler:
         states = np.where(valid[..., None], d.states[idx], 0.0)
         actions = np.where(valid[..., None], d.actions[idx], 0.0)
         rtg = np.where(valid, self.rtg[idx], 0.0)
-        return Window(torch.as_tensor(rtg, dtype=torch.float32),
-                      torch.as_tensor(states, dtype=torch.float32),
-                      torch.as_tensor(actions, dtype=torch.float32),
-                      torch.as_tensor(st, dtype=torch.long), torch.as_tensor(valid))  # fmt: skip
+        dev = self.device
+        return Window(torch.as_tensor(rtg, dtype=torch.float32, device=dev),
+                      torch.as_tensor(states, dtype=torch.float32, device=dev),
+                      torch.as_tensor(actions, dtype=torch.float32, device=dev),
+                      torch.as_tensor(st, dtype=torch.long, device=dev),
+                      torch.as_tensor(valid, device=dev))  # fmt: skip
 
     def texts(self, keys: list[tuple[int, int]]) -> tuple[list[str], torch.Tensor]:
         """(the unique descriptions, index of each key's description)."""
         uniq = list(dict.fromkeys(keys))
         pos = {u: i for i, u in enumerate(uniq)}
-        return [self.desc[u] for u in uniq], torch.as_tensor([pos[k] for k in keys])
+        return [self.desc[u] for u in uniq], torch.as_tensor([pos[k] for k in keys],
+                                                             device=self.device)  # fmt: skip
 
     def prompt(self, tasks: np.ndarray, rng: np.random.Generator) -> Window:
         """Prompt-DT's prompt: the last ``prompt_len`` steps of an expert episode of each task."""
@@ -97,11 +101,12 @@ class Sampler:
         uniq = index = goal = prompt = None
         if cfg.uses_text and texts is not None:
             uniq = list(dict.fromkeys(texts))
-            index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long)
+            index = torch.as_tensor([uniq.index(t) for t in texts], dtype=torch.long,
+                                    device=self.device)  # fmt: skip
         elif cfg.uses_text:
             uniq, index = self.texts(list(zip(tasks.tolist(), quality.tolist(), strict=True)))
         if cfg.system == "oracle_dt":
-            goal = torch.as_tensor(d.goals[tasks], dtype=torch.float32)
+            goal = torch.as_tensor(d.goals[tasks], dtype=torch.float32, device=self.device)
         if cfg.system == "prompt_dt":
             prompt = self.prompt(tasks, rng)
         return DTBatch(w, w.actions / cfg.max_action, uniq, index, goal, prompt)
@@ -145,9 +150,9 @@ def dt_loss(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> to
 
 def _draw_other(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Per row, an index ≠ the row's own drawn ∝ softmax(logits) (uniform for equal logits)."""
-    masked = logits.detach().float().clone()
+    masked = logits.detach().float().cpu().clone()  # drawn by the CPU generator on any device
     masked.fill_diagonal_(float("-inf"))
-    return torch.multinomial(masked.softmax(-1), 1, generator=gen)[:, 0]
+    return torch.multinomial(masked.softmax(-1), 1, generator=gen)[:, 0].to(logits.device)
 
 
 def align_terms(
@@ -157,9 +162,10 @@ def align_terms(
     descriptions; ``b.text_index`` picks the tasks' expert descriptions among them)."""
     out: dict[str, torch.Tensor] = {}
     a = len(b.tasks)
-    eye = torch.arange(a)
+    dev = b.expert.states.device
+    eye = torch.arange(a, device=dev)
     text = Text(encoded.tokens[b.text_index], encoded.valid[b.text_index], eye)
-    sims = torch.zeros(a, a)
+    sims = torch.zeros(a, a, device=dev)
     if model.has_tbc:
         t = model.text_embedding(text)
         v = model.traj_embedding(b.expert)
@@ -172,7 +178,7 @@ def align_terms(
         text_neg = _draw_other(sims.T, gen)  # per trajectory: the description of another task
         windows = _cat(b.expert, _index(b.expert, traj_neg), b.negative_self, b.expert)
         index = torch.cat([eye, eye, eye, text_neg])
-        labels = torch.cat([torch.ones(a), torch.zeros(3 * a)]).long()
+        labels = torch.cat([torch.ones(a, device=dev), torch.zeros(3 * a, device=dev)]).long()
         logits = model.tbm_logits(windows, Text(text.tokens, text.valid, index))
         out["tbm"] = F.cross_entropy(logits, labels)
         out["tbm_acc"] = (logits.argmax(1) == labels).float().mean()
@@ -241,7 +247,7 @@ def fit(
     data = data or load_data(cfg)
     model = model or build_model(cfg, data)
     opt = opt or new_optimizer(cfg, model)
-    sampler = Sampler(cfg, data)
+    sampler = Sampler(cfg, data, next(model.parameters()).device)
     loss_fn = forward or LossModule(model, cfg)
     model.train()
     for step in range(start + 1, cfg.steps + 1):
@@ -269,10 +275,10 @@ def train_loop(cfg: TGDTConfig) -> None:
     return, optimiser) every ``checkpoint_every`` and at the end. With several workers DDP
     averages the gradients and each worker draws its own batches."""
     ctx = session.context()
-    if ctx.device.type != "cpu":  # batches, masks and draws are made on the CPU
+    if ctx.device.type != "cpu":  # until examples/gpu_paper_check.py's train part has run
         raise ConfigError(
-            f"tgdt trains on CPU workers (this worker has {ctx.device}): run it with "
-            "--gpus-per-worker 0; the model is small enough that CPUs are the right place"
+            f"tgdt trains on CPU workers (this worker has {ctx.device}): its step has not yet "
+            "run on a GPU; run it with --gpus-per-worker 0"
         )
     torch.set_num_threads(cfg.torch_threads)
     data = load_data(cfg)
