@@ -27,7 +27,9 @@ accuracies say nothing about the methods). What the run measures is:
    dense one (the CPU's) on the same weights and inputs;
 5. train: ``nshot train``'s steps of bsr (masked pretraining), timemode and tgdt (``fit``) on
    the CPU and on the device from the same weights and batches (added after the first H200
-   lease: not yet run on a GPU).
+   lease: not yet run on a GPU);
+6. bsr_paper: the ``paper`` preset's masked-pretraining step (VideoMAE-Base shape) timed, and
+   its 40,000 steps extrapolated (added after the first lease: not yet run on a GPU).
 
 Every part writes its record into ``--out/gpu_paper_check.json`` as soon as it ends, so a run
 stopped by a time limit keeps what finished. ``--parts`` picks parts (default: all). On a
@@ -49,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-PARTS = ("atha", "dirclip", "cfr", "timemode", "train")
+PARTS = ("atha", "dirclip", "cfr", "timemode", "train", "bsr_paper")
 # the paper presets' counts (methods/atha/config.py, methods/dirclip/config.py): BSCD-FSL has
 # four target domains
 ATHA_DOMAINS = 4
@@ -394,6 +396,40 @@ def train_part(root: Path, tiny: bool) -> dict:
     return out
 
 
+def bsr_paper_part(root: Path, tiny: bool) -> dict:
+    """bsr's ``paper`` pretraining step (VideoMAE-Base, 224², 16 frames, batch 64, mask 0.9)
+    on random spectrum powers: seconds a step after one warm-up step, and the preset's
+    40,000 steps extrapolated."""
+    from nshot.method import get
+    from nshot.methods.bsr.data import MONTAGE_A
+    from nshot.methods.bsr.train import Clips, new_pretrainer, pretrain_step
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = get("bsr").config("smoke" if tiny else "paper")
+    g = torch.Generator().manual_seed(0)
+    n = 2 * cfg.batch
+    powers = torch.randn(n, cfg.frames, 3, len(MONTAGE_A), generator=g).numpy()
+    clips = Clips(powers, torch.randn(cfg.grid**2, len(MONTAGE_A), generator=g), cfg.grid)
+    model, opt = new_pretrainer(cfg)
+    model.to(dev)
+    idx = np.arange(n)
+    t0 = _now()
+    pretrain_step(cfg, model, opt, clips, idx, 1)
+    first = _now() - t0
+    timed = 3
+    t1 = _now()
+    losses = [pretrain_step(cfg, model, opt, clips, idx, s)[0] for s in range(2, timed + 2)]
+    step_s = (_now() - t1) / timed
+    return {
+        "device": str(dev), "grid": cfg.grid, "frames": cfg.frames, "width": cfg.width,
+        "depth": cfg.depth, "batch": cfg.batch, "mask_ratio": cfg.mask_ratio,
+        "first_step_s": round(first, 3), "step_s": round(step_s, 4), "losses": losses,
+        "paper_steps": cfg.steps, "paper_hours_estimate": round(cfg.steps * step_s / 3600, 2),
+        "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if dev.type == "cuda" else None,
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_paper_check.json")
@@ -410,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device visible: every part runs on the CPU", flush=True)
     fns = {"atha": atha_part, "dirclip": dirclip_part, "cfr": cfr_part,
-           "timemode": timemode_part, "train": train_part}  # fmt: skip
+           "timemode": timemode_part, "train": train_part,
+           "bsr_paper": bsr_paper_part}  # fmt: skip
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts:

@@ -15,7 +15,7 @@ def test_the_gpu_paper_check_runs_every_part_at_toy_sizes(run_example, nshot_cac
     run_example("gpu_paper_check", ["--tiny", "--out", str(tmp_path)])
     assert os.environ.get("NSHOT_IN_PROCESS") == before  # the cfr part restores it
     rec = json.loads((tmp_path / "gpu_paper_check.json").read_text())
-    for part in ("atha", "dirclip", "cfr", "timemode", "train"):
+    for part in ("atha", "dirclip", "cfr", "timemode", "train", "bsr_paper"):
         assert "error" not in rec[part], rec[part].get("traceback")
     atha = rec["atha"]
     assert set(atha["episode_seconds"]["1shot"]) == {
@@ -34,6 +34,8 @@ def test_the_gpu_paper_check_runs_every_part_at_toy_sizes(run_example, nshot_cac
     assert tr["bsr_max_abs_diff"] == 0.0 and tr["timemode_max_rel_diff"] == 0.0
     # tgdt's embedding gradients are summed by several CPU threads in no fixed order
     assert len(tr["tgdt_losses"]["cpu"]) == 3 and tr["tgdt_max_rel_diff"] < 1e-5
+    bp = rec["bsr_paper"]  # the smoke shape here: the step runs and its loss is finite
+    assert bp["step_s"] > 0 and all(0.5 < v < 2.0 for v in bp["losses"])
 
 
 def test_the_timemode_loss_follows_its_inputs_device():
