@@ -55,6 +55,22 @@ PARTS = ("atha", "dirclip", "cfr", "timemode", "train", "bsr_paper")
 # the paper presets' counts (methods/atha/config.py, methods/dirclip/config.py): BSCD-FSL has
 # four target domains
 ATHA_DOMAINS = 4
+CLASSES = ("zero", "one", "two", "three", "four")  # the generated image folders' classes
+
+
+def _device() -> torch.device:
+    """The GPU when there is one, else the CPU (every part then runs on the CPU)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sides(dev: torch.device) -> tuple[tuple[str, torch.device], ...]:
+    """The two sides of a comparison: the CPU and ``dev``."""
+    return (("cpu", torch.device("cpu")), ("device", dev))
+
+
+def _max_rel(losses: dict[str, list[float]]) -> float:
+    """The largest relative difference of the device's losses from the CPU's, step by step."""
+    return max(abs(c - d) / abs(c) for c, d in zip(losses["cpu"], losses["device"], strict=True))
 
 
 def _sync() -> None:
@@ -94,7 +110,7 @@ def _png_folder(root: Path, classes: list[str], per_class: int, seed: int, size:
 def _clip(root: Path, arch: str, tiny: bool) -> Path:
     from nshot.nn.hfclip import write_tiny_clip
 
-    words = ["a", "photo", "of", "the", "shape", "zero", "one", "two", "three", "four"]
+    words = ["a", "photo", "of", "the", "shape", *CLASSES]
     if tiny:
         return write_tiny_clip(root / arch, words=words, seed=1)
     patch = {"ViT-B-16": 16, "ViT-B-32": 32}[arch]
@@ -115,7 +131,7 @@ def atha_part(root: Path, tiny: bool) -> dict:
     from nshot.methods.atha.train import run_episode
 
     atha = get("atha")
-    names = ["zero", "one", "two", "three", "four"]
+    names = list(CLASSES)
     queries = 2 if tiny else 15
     _png_folder(root / "atha" / "shapes", names, 10 + queries + 1, 0, 32 if tiny else 64)
     over = {"clip_arch": "ViT-B-16"}
@@ -125,7 +141,7 @@ def atha_part(root: Path, tiny: bool) -> dict:
         "paper", clip_path=str(_clip(root / "clip", "ViT-B-16", tiny)),
         data_path=str(root / "atha"), queries=queries, **over,
     )  # fmt: skip
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device()
     t0 = _now()
     bb = load_hf_backbone(cfg, device)
     pool = folder_pool(cfg, "shapes", bb.image_size)
@@ -166,6 +182,7 @@ def atha_part(root: Path, tiny: bool) -> dict:
 
 def dirclip_part(root: Path, tiny: bool) -> dict:
     from nshot.method import get
+    from nshot.methods.dirclip.experiments import SYSTEMS
     from nshot.methods.dirclip.paper import (
         HFDirClip,
         folder_splits,
@@ -176,7 +193,7 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
     from nshot.methods.dirclip.train import fit_model
 
     dirclip = get("dirclip")
-    names = ["zero", "one", "two", "three", "four"]
+    names = list(CLASSES)
     size = 32 if tiny else 64
     steps = 2 if tiny else 20
     n_test = 8 if tiny else 256
@@ -192,7 +209,7 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
         val_every=steps, val_images=val_images, apgd_images=min(n_test, 64), loss="ucat",
         **over,
     )  # fmt: skip
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device()
     pre = load_backbone(cfg)
     splits = folder_splits(cfg, pre.image_size)
     torch.manual_seed(0)
@@ -201,8 +218,6 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
     one = cfg.replace(steps=1, val_every=10**6)
     fit_model(one, splits, model, validate=paper_validation)  # warm-up: kernels, allocator
     warm_s = _now() - t0
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(state)
     t1 = _now()
     fit_model(cfg.replace(val_every=10**6), splits, model, validate=paper_validation)
     step_s = (_now() - t1) / steps
@@ -224,7 +239,7 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
     eval_s = _now() - t3
     n_eval = len(splits.y_test)
     paper = dirclip.config("paper")
-    trained = 6  # tecoa, fare, ucat, ucat_forward_kl, prob_kl, ucat_lambda0 (clip is untrained)
+    trained = sum(over is not None for over in SYSTEMS.values())  # `clip` is not trained
     # evaluation cost scaled to the paper's 10,000 Tiny-ImageNet val images (PGD on every
     # image) and its apgd_images; validation every val_every steps on val_images
     pgd_share = eval_s * (n_eval / max(n_eval + cfg.apgd_images, 1))
@@ -243,7 +258,7 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
         "validation_s_per_image": round(val_s_per_image, 5),
         "eval_s": round(eval_s, 2), "eval_images": n_eval, "apgd_images": cfg.apgd_images,
         "metrics_random_weights": metrics,
-        "paper_hours_estimate": round((train_paper + 7 * eval_paper) / 3600, 2),
+        "paper_hours_estimate": round((train_paper + len(SYSTEMS) * eval_paper) / 3600, 2),
         "paper_hours_training": round(train_paper / 3600, 2),
     }  # fmt: skip
 
@@ -292,7 +307,7 @@ def timemode_part(root: Path, tiny: bool) -> dict:
     g = torch.Generator().manual_seed(1)
     x, ex = torch.randn(2, 64, cfg.window, 1, generator=g)
     t = torch.randint(cfg.diffusion_steps, (64,), generator=g)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _device()
     out: dict = {"device": str(dev)}
     with torch.no_grad():
         net.dispatch = "dense"
@@ -311,7 +326,7 @@ def timemode_part(root: Path, tiny: bool) -> dict:
     data = StageData(["a", "b"], [x[:32].numpy(), ex[32:].numpy()], [], [])
     b = batch(cfg, data, step=1)
     grads = {}
-    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+    for where, d in _sides(dev):
         net.to(d).train()
         net.zero_grad(set_to_none=True)
         terms = loss_terms(cfg, net, diffusion, tuple(v.to(d) for v in b))
@@ -335,7 +350,7 @@ def train_part(root: Path, tiny: bool) -> dict:
     from nshot.methods.timemode.model import build_state
     from nshot.methods.timemode.train import StageData, fit, new_optimizer
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _device()
     out: dict = {"device": str(dev)}
     steps = 3
     # bsr: the pretrainer on random spectrum powers through a random interpolation matrix
@@ -346,12 +361,14 @@ def train_part(root: Path, tiny: bool) -> dict:
     idx = np.arange(64)
     model, _ = new_pretrainer(cfg)
     losses = {}
-    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+    for where, d in _sides(dev):
         m = copy.deepcopy(model).to(d)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), foreach=True)
         losses[where] = [pretrain_step(cfg, m, opt, clips, idx, s)[0] for s in range(1, steps + 1)]
     out["bsr_losses"] = losses
-    out["bsr_max_abs_diff"] = max(abs(a - b) for a, b in zip(*losses.values(), strict=True))
+    out["bsr_max_abs_diff"] = max(
+        abs(c - d) for c, d in zip(losses["cpu"], losses["device"], strict=True)
+    )
     # timemode: fit() from the same randomised state on random windows of two domains
     tcfg = get("timemode").config(
         "smoke" if tiny else "small", stage="pretrain", pretrain_steps=steps
@@ -363,16 +380,14 @@ def train_part(root: Path, tiny: bool) -> dict:
     randomise(state.net, 0)
     state.ema.load_state_dict(state.net.state_dict())
     losses = {}
-    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+    for where, d in _sides(dev):
         st = copy.deepcopy(state).to(d)
         seen: list[float] = []
         fit(tcfg, data, state=st, opt=new_optimizer(tcfg, st),
             on_step=lambda _s, terms, seen=seen: seen.append(terms["loss"]))  # fmt: skip
         losses[where] = seen
     out["timemode_losses"] = losses
-    out["timemode_max_rel_diff"] = max(
-        abs(a - b) / abs(a) for a, b in zip(*losses.values(), strict=True)
-    )
+    out["timemode_max_rel_diff"] = _max_rel(losses)
     # tgdt: fit() (L_DT + L_TBC + L_TBM) on the PointRobot data from the same initial weights
     from nshot.methods.tgdt.data import load_data
     from nshot.methods.tgdt.train import build_model
@@ -383,16 +398,14 @@ def train_part(root: Path, tiny: bool) -> dict:
     gdata = load_data(gcfg)
     gmodel = build_model(gcfg, gdata)
     losses = {}
-    for where, d in (("cpu", torch.device("cpu")), ("device", dev)):
+    for where, d in _sides(dev):
         m = copy.deepcopy(gmodel).to(d)
         seen = []
         tgdt_fit(gcfg, gdata, model=m, opt=tgdt_optimizer(gcfg, m),
                  on_step=lambda _s, terms, seen=seen: seen.append(terms["loss"]))  # fmt: skip
         losses[where] = seen
     out["tgdt_losses"] = losses
-    out["tgdt_max_rel_diff"] = max(
-        abs(a - b) / abs(a) for a, b in zip(*losses.values(), strict=True)
-    )
+    out["tgdt_max_rel_diff"] = _max_rel(losses)
     return out
 
 
@@ -404,7 +417,7 @@ def bsr_paper_part(root: Path, tiny: bool) -> dict:
     from nshot.methods.bsr.data import MONTAGE_A
     from nshot.methods.bsr.train import Clips, new_pretrainer, pretrain_step
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _device()
     cfg = get("bsr").config("smoke" if tiny else "paper")
     g = torch.Generator().manual_seed(0)
     n = 2 * cfg.batch

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def episode_seed(cfg: AthaConfig, pool: FolderPool, episode: int) -> int:
     return cfg.seed * 1_000_003 + pool.index * 100_003 + episode
 
 
+def domain_episodes(bb: HFBackbone, cfg: AthaConfig, pool: FolderPool, shots: int,
+                    episodes: Iterable[int], systems: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """Every system on each of ``episodes`` of ``pool`` at ``shots`` (an episode's images read
+    once for all systems): ``[{"system", "episode", "acc", "rates"}]`` in episode order."""
+    out: list[dict[str, Any]] = []
+    for e in episodes:
+        ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=shots,
+                                   queries=cfg.queries)  # fmt: skip
+        for s in systems:
+            r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
+            out.append({"system": s, "episode": e, "acc": r["acc"], "rates": r["rates"]})
+    return out
+
+
 def paper_accuracy(
     bb: HFBackbone, cfg: AthaConfig, systems: list[str], episodes: int | None = None
 ) -> dict[str, float]:
@@ -60,15 +75,11 @@ def paper_accuracy(
     out: dict[str, float] = {}
     per: dict[str, list[float]] = {s: [] for s in systems}
     accs: dict[tuple[str, str], list[float]] = {}
-    for d in paper_domains(cfg):
-        pool = folder_pool(cfg, d, bb.image_size)
-        for e in range(n):
-            ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=1,
-                                       queries=cfg.queries)  # fmt: skip
-            for s in systems:
-                r = run_episode(bb, ep, cfg, s, shots=1, seed=episode_seed(cfg, pool, e))
-                accs.setdefault((s, d), []).append(r["acc"])
     domains = paper_domains(cfg)
+    for d in domains:
+        pool = folder_pool(cfg, d, bb.image_size)
+        for r in domain_episodes(bb, cfg, pool, 1, range(n), systems):
+            accs.setdefault((r["system"], d), []).append(r["acc"])
     for i, s in enumerate(systems):
         suffix = "" if i == 0 else f"_{s}"
         for d in domains:
@@ -133,20 +144,12 @@ def unit_checks(bb: HFBackbone, cfg: AthaConfig, names: list[str]) -> dict[str, 
 
 def episodes_job(cfg_dict: dict, domain: str, shots: int, episodes: list[int],
                  systems: list[str]) -> list[dict[str, Any]]:  # fmt: skip
-    """One task of the reproduction: ``episodes`` of ``domain`` at ``shots``, every system on
-    each (an episode's images read once), on this task's device (its GPU when it reserved
-    one): ``[{"system", "episode", "acc", "rates"}]`` in episode order."""
+    """One task of the reproduction: :func:`domain_episodes` of ``domain`` on this task's
+    device (its GPU when it reserved one)."""
     cfg = AthaConfig.validated(cfg_dict)
     bb = load_hf_backbone(cfg, _device())
-    pool = folder_pool(cfg, domain, bb.image_size)
-    out: list[dict[str, Any]] = []
-    for e in episodes:
-        ep = sample_folder_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=shots,
-                                   queries=cfg.queries)  # fmt: skip
-        for s in systems:
-            r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
-            out.append({"system": s, "episode": e, "acc": r["acc"], "rates": r["rates"]})
-    return out
+    return domain_episodes(bb, cfg, folder_pool(cfg, domain, bb.image_size), shots, episodes,
+                           systems)  # fmt: skip
 
 
 def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from nshot.nn.lm import model_device
 from nshot.train import session
 
 from .config import BsrConfig
@@ -103,19 +104,12 @@ def lr_at(cfg: BsrConfig, step: int) -> float:
     return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * min(frac, 1.0)))
 
 
-def device_of(model: torch.nn.Module) -> torch.device:
-    """Where ``model``'s tensors live (videos and masks are made on the CPU and sent there)."""
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device
-    return torch.device("cpu")
-
-
 @torch.no_grad()
 def held_out_mse(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, idx: np.ndarray) -> float:
     """Masked MSE (in-head tubelets) on held-out clips under fixed masks."""
     was = model.training
     model.eval()
-    dev = device_of(model)
+    dev = model_device(model)  # videos and masks are made on the CPU and sent there
     gen = torch.Generator().manual_seed(12345)
     total, n = 0.0, 0
     for s in range(0, len(idx), 64):
@@ -242,7 +236,7 @@ def pretrain_step(cfg: BsrConfig, model: torch.nn.Module, opt: torch.optim.Optim
     mask = tube_mask(cfg, len(batch), gen)
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, step)
-    dev = device_of(model)
+    dev = model_device(model)
     videos, mask = clips.videos(batch).to(dev), mask.to(dev)
     loss = masked_loss(cfg, forward if forward is not None else model, videos, mask)
     if forward is not None:  # every parameter takes part in DDP's reduction

@@ -158,13 +158,13 @@ def fit_model(
         best.update(step=0, state=trainable_state(model), **v)
     model.train()
 
-    def rows_at(step: int) -> np.ndarray:
-        return batch_rows(len(y_all), cfg.batch_size, step, cfg.seed)[rank * per : (rank + 1) * per]
+    def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's rows of ``step`` and their images."""
+        rows = batch_rows(len(y_all), cfg.batch_size, step, cfg.seed)[rank * per : (rank + 1) * per]
+        return rows, splits.x_train[rows]
 
     def read_ahead(step: int) -> Future | None:
-        return (
-            reader.submit(splits.x_train.__getitem__, rows_at(step)) if step <= cfg.steps else None
-        )
+        return reader.submit(batch, step) if step <= cfg.steps else None
 
     # the next step's images are read (from files, on the paper path) while this step computes
     with ThreadPoolExecutor(max_workers=1) as reader:
@@ -172,12 +172,11 @@ def fit_model(
         for step in range(start + 1, cfg.steps + 1):
             if before_step is not None:
                 before_step(step)
-            rows = rows_at(step)
             gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, rank, 5])
                                                     .integers(2**62)))  # fmt: skip
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step)
-            images, ahead = ahead.result(), read_ahead(step + 1)
+            (rows, images), ahead = ahead.result(), read_ahead(step + 1)
             x = torch.as_tensor(images).to(device)
             loss, stats = step_loss(model, fwd, cfg, x, y_all[rows].to(device), gen)
             opt.zero_grad(set_to_none=True)

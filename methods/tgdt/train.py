@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from nshot.errors import ConfigError
+from nshot.nn.lm import model_device
 from nshot.train import session
 
 from .config import TGDTConfig
@@ -247,7 +248,7 @@ def fit(
     data = data or load_data(cfg)
     model = model or build_model(cfg, data)
     opt = opt or new_optimizer(cfg, model)
-    sampler = Sampler(cfg, data, next(model.parameters()).device)
+    sampler = Sampler(cfg, data, model_device(model))
     loss_fn = forward or LossModule(model, cfg)
     model.train()
     for step in range(start + 1, cfg.steps + 1):

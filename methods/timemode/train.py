@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nshot.nn.lm import model_device
 from nshot.train import session
 from nshot.train.checkpoint import load_checkpoint
 
@@ -147,7 +148,7 @@ def fit(
     opt = opt or new_optimizer(cfg, state)
     diffusion = Diffusion(cfg.diffusion_steps, prediction=cfg.prediction)
     params = [p for g in opt.param_groups for p in g["params"]]
-    device = next(state.net.parameters()).device  # batches are drawn on the CPU, sent there
+    device = model_device(state.net)  # batches are drawn on the CPU and sent there
     state.net.train()
     for step in range(start + 1, cfg.steps + 1):
         if before_step is not None:
