@@ -166,9 +166,9 @@ class TimeModeConfig(MethodConfig):
         },
         "small": {
             "fetch_data": True, "pretrain_steps": 1000, "batch": 64, "finetune_steps": 300,
-            "scratch_steps": 600, "n_generate": 200, "disc_seeds": 1, "disc_folds": 2,
+            "scratch_steps": 600, "n_generate": 200, "disc_seeds": 3, "disc_folds": 2,
             "disc_iters": 150, "disc_batch": 256, "disc_lr": 1e-2, "regime_seeds": 1,
-            "ablation_seeds": 1,
+            "regime_disc_seeds": 3, "ablation_seeds": 1,
             "pred_iters": 200, "log_every": 50, "checkpoint_every": 500,
         },
         "paper": {
