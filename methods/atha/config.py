@@ -52,7 +52,7 @@ class AthaConfig(MethodConfig):
         description="tiny: nshot's tiny CLIP, pre-trained by `nshot train atha` (or taken from "
         "the cache); clip: a real CLIP read from clip_path (paper preset, a GPU)",
     )
-    clip_preset: Literal["smoke", "small"] = Field(
+    clip_preset: Literal["smoke", "small", "small-cls"] = Field(
         "small", description="the tiny CLIP preset (nshot.train.clip.PRESETS)"
     )
     text: Literal["word", "minilm"] = Field(

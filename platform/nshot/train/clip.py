@@ -253,6 +253,24 @@ PRESETS: dict[str, ClipPreset] = {
         stem="conv",
         version="6",
     ),
+    # The spec's CLIP structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
+    # visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's
+    # proj maps 768 down to 512 (the anchors of the atha method invert it).
+    "small-cls": ClipPreset(
+        images=20_000,
+        patch=4,
+        width=64,
+        depth=4,
+        heads=4,
+        embed_dim=48,
+        steps=1500,
+        batch=128,
+        lr=1.5e-3,
+        warmup=40,
+        stem="conv",
+        pool="token",
+        version="7",
+    ),
     "digits": ClipPreset(
         images=DIGITS_TRAIN,
         side=8,
