@@ -224,6 +224,45 @@ def test_scoring_normalisations_and_replacement(smoke_cfg):
     for system in ("patchcore_rgb", "patchcore_3d", "btf"):
         sc = m.score(f2, f3, valid, system)
         assert torch.all(sc.raw[~valid] == 0) and sc.raw[valid].max() > 0
+        # PatchCore's image score is the plain max (spec §5); the others are normalised
+        plain = system != "btf"
+        assert (sc.image_score == float(sc.raw.max())) is plain
+        assert abs(sc.image_score - s_norm(sc.raw)) < 1e-6 or plain
+
+
+def s_norm(raw):
+    nz = raw[raw != 0]
+    return float((raw / nz.mean().sqrt()).max())
+
+
+def test_a_stage_steps_only_its_own_part_also_through_the_ddp_dispatch(smoke_cfg):
+    """Under DDP every parameter gets a gradient (zero for the part a stage does not train):
+    Adam must neither move the mappings in stage 3 (on their stage-1 momentum) nor count
+    stage-1 steps for the retriever."""
+    import torch
+
+    from nshot.methods.cfr.train import _Dispatch, epoch, new_model, new_optimizer, shot_features
+
+    class Ddp(torch.nn.Module):  # what `_call` sees of DDP: a `module` and a forward
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+        def forward(self, *args):
+            return self.module(*args)
+
+    cfg = smoke_cfg.replace(system="cfr")
+    shots = shot_features(cfg)
+    model = new_model(cfg, shots)
+    opt = new_optimizer(cfg, model)
+    fwd = Ddp(_Dispatch(model))
+    epoch(cfg, model, opt, shots, 1, forward=fwd)  # stage 1
+    assert all(p not in opt.state for p in model.retriever.parameters())
+    model.set_banks(shots.all_f2, shots.all_f3, 0)
+    before = [p.detach().clone() for p in model.mapping_parameters()]
+    epoch(cfg, model, opt, shots, cfg.map_epochs + 1, forward=fwd)  # stage 3
+    assert all(torch.equal(a, p) for a, p in zip(before, model.mapping_parameters(), strict=True))
+    assert all(int(opt.state[p]["step"]) == len(shots.f2) for p in model.retriever.parameters())
 
 
 def test_frozen_extractors_are_seeded_and_zero_off_the_object(smoke_cfg):

@@ -100,6 +100,22 @@ def test_config_names_the_field():
     assert cfg.steps == cfg.scratch_steps
 
 
+def test_ema_copies_then_warms_up_to_its_decay():
+    from nshot.methods.timemode.train import ema_decay
+
+    cfg = TimeModeConfig.from_preset("small")
+    assert cfg.ema == 0.999 and cfg.ema_start == 100
+    assert [ema_decay(cfg, s) for s in (1, 100, 101)] == [0.0, 0.0, 0.0]  # a copy
+    warm = [ema_decay(cfg, s) for s in range(101, 20_000)]
+    assert all(b >= a for a, b in zip(warm, warm[1:], strict=False)) and max(warm) < 0.999
+    assert ema_decay(cfg, 10**6) == 0.999  # capped (reached after 1000^1.5 ≈ 31,600 steps)
+    # 200 steps after the start the average spans tens of steps, not a thousand
+    assert abs(ema_decay(cfg, 301) - (1 - 201 ** (-2 / 3))) < 1e-12  # n = 200
+    const = cfg.replace(ema_warmup=None)
+    assert ema_decay(const, 100) == 0.0 and ema_decay(const, 101) == 0.999
+    assert ema_decay(cfg.replace(ema=0.0), 5_000) == 0.0
+
+
 def test_model_unit_checks():
     from nshot.methods.timemode.experiments import unit_checks
 

@@ -24,7 +24,11 @@ from .config import BsrConfig
 from .data import CLASSES
 
 
-def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES)):
+def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: bool = False):
+    """transformers' VideoMAE config of ``cfg``. The pretrainer's encoder ends in a LayerNorm
+    (VideoMAE's pre-training encoder, and the tensors ``videomae.layernorm.*`` of its
+    checkpoints: ``use_mean_pooling=False``); the classifier mean-pools the tokens into its own
+    ``fc_norm`` instead (VideoMAE's fine-tuning), so it drops that LayerNorm."""
     from transformers import VideoMAEConfig
 
     return VideoMAEConfig(
@@ -33,7 +37,7 @@ def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES)):
         num_attention_heads=cfg.heads, intermediate_size=4 * cfg.width,
         decoder_hidden_size=cfg.dec_width, decoder_num_hidden_layers=cfg.dec_depth,
         decoder_num_attention_heads=cfg.dec_heads, decoder_intermediate_size=4 * cfg.dec_width,
-        norm_pix_loss=True, use_mean_pooling=True, num_labels=num_labels,
+        norm_pix_loss=True, use_mean_pooling=not pretraining, num_labels=num_labels,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )  # fmt: skip
 
@@ -42,7 +46,7 @@ def build_pretrainer(cfg: BsrConfig) -> nn.Module:
     """``VideoMAEForPreTraining`` of the config (random initialisation)."""
     from transformers import VideoMAEForPreTraining
 
-    return VideoMAEForPreTraining(vmae_config(cfg))
+    return VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
 
 
 def load_init_weights(model: nn.Module, path: str) -> None:
@@ -94,7 +98,9 @@ def load_init_weights(model: nn.Module, path: str) -> None:
             f"lacks: {len(extra)}, e.g. {extra[:2]}"
         )
     missing = set(info["missing_keys"])
-    if enc_missing := sorted(k for k in missing if k.startswith("videomae.")):
+    # a fine-tuned encoder (bare or a classifier's) has no final LayerNorm: it stays fresh
+    if enc_missing := sorted(k for k in missing if k.startswith("videomae.")
+                             and not k.startswith("videomae.layernorm.")):  # fmt: skip
         raise NshotError(
             f"field 'init_weights': {folder} lacks encoder tensors of this config's VideoMAE: "
             f"{enc_missing[:3]}"
@@ -108,11 +114,15 @@ def load_init_weights(model: nn.Module, path: str) -> None:
 
 def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:
     """``VideoMAEForVideoClassification``; ``encoder_state`` is a pretrainer's
-    ``videomae`` state dict (every encoder tensor must fit)."""
+    ``videomae`` state dict (every encoder tensor must fit; the pre-training encoder's final
+    ``layernorm``, which the mean-pooling classifier replaces by its ``fc_norm``, is left out,
+    as VideoMAE's fine-tuning does)."""
     from transformers import VideoMAEForVideoClassification
 
     clf = VideoMAEForVideoClassification(vmae_config(cfg))
     if encoder_state is not None:
+        encoder_state = {k: v for k, v in encoder_state.items()
+                         if not k.startswith("layernorm.")}  # fmt: skip
         res = clf.videomae.load_state_dict(encoder_state, strict=False)
         if res.missing_keys or res.unexpected_keys:
             raise NshotError(
@@ -180,9 +190,11 @@ def masked_loss(cfg: BsrConfig, model: nn.Module, videos: torch.Tensor,
 
 
 def encode(model: nn.Module, videos: torch.Tensor) -> torch.Tensor:
-    """Mean-pooled encoder tokens (B, width) of a pretrainer or classifier, all tokens visible."""
-    enc = model.videomae
-    return enc(pixel_values=videos).last_hidden_state.mean(1)
+    """Mean-pooled encoder tokens (B, width) of a pretrainer or classifier, all tokens visible:
+    the last block's output, before the pretrainer's final LayerNorm (which the classifier
+    drops), so that both give the same features."""
+    out = model.videomae(pixel_values=videos, output_hidden_states=True)
+    return out.hidden_states[-1].mean(1)
 
 
 def layer_decay_groups(clf: nn.Module, cfg: BsrConfig, lr: float, weight_decay: float) -> list:

@@ -141,7 +141,14 @@ class CfrConfig(MethodConfig):
     )
     infer_seed: int = Field(42, ge=0, description="seed of inference randomness (paper: 42)")
     smooth: int = Field(5, ge=1, le=31, description="box filter side on the score map (odd)")
-    pro_thresholds: int = Field(99, ge=2, le=10_000, description="thresholds of the AUPRO curve")
+    pro_thresholds: int | None = Field(
+        None,
+        ge=2,
+        le=10_000,
+        description="thresholds of the AUPRO curve; None: the exact curve (every distinct score), "
+        "the reference, which 99 thresholds miss by more than 0.005 on maps that are mostly "
+        "background",
+    )
     seeds: int = Field(1, ge=1, le=20, description="training seeds of the reproduction")
 
     TUNE: ClassVar[TuneSpec] = TuneSpec(

@@ -45,9 +45,11 @@ def score_images(
     }
 
 
-def metrics(scores: dict[str, np.ndarray], split: Split, thresholds: int) -> dict[str, float]:
-    """I-AUROC, P-AUROC, AUPRO@30 %/10 % (``thresholds`` thresholds) and the replaced
-    fraction on normal test images."""
+def metrics(
+    scores: dict[str, np.ndarray], split: Split, thresholds: int | None
+) -> dict[str, float]:
+    """I-AUROC, P-AUROC, AUPRO@30 %/10 % (``thresholds`` thresholds; None: the exact curve) and
+    the replaced fraction on normal test images."""
     normal = split.label == 0
     return {
         "i_auroc": image_auroc(scores["image_score"], split.label),

@@ -108,6 +108,8 @@ class Scored:
     raw: torch.Tensor
     replaced: int
     valid: int
+    #: the image score is max(S), not normalised (PatchCore's, spec §5)
+    plain_max: bool = False
 
     @property
     def aupro_map(self) -> torch.Tensor:  # S / mean(S[S ≠ 0])
@@ -115,7 +117,9 @@ class Scored:
         return self.raw / nz.mean() if len(nz) else self.raw
 
     @property
-    def image_score(self) -> float:  # max(S / sqrt(mean(S[S ≠ 0])))
+    def image_score(self) -> float:  # max(S / sqrt(mean(S[S ≠ 0]))); PatchCore: max(S)
+        if self.plain_max:
+            return float(self.raw.max())
         nz = self.raw[self.raw != 0]
         return float((self.raw / nz.mean().sqrt()).max()) if len(nz) else 0.0
 
@@ -250,7 +254,12 @@ class CfrModel(nn.Module):
         sm = F.avg_pool2d(full.reshape(1, 1, h, w), k, stride=1, padding=k // 2,
                           count_include_pad=True).reshape(h, w)  # fmt: skip
         sm = torch.where(valid, sm, torch.zeros_like(sm))
-        return Scored(raw=sm.cpu(), replaced=replaced, valid=int(v.sum()))
+        return Scored(
+            raw=sm.cpu(),
+            replaced=replaced,
+            valid=int(v.sum()),
+            plain_max=system in ("patchcore_rgb", "patchcore_3d"),
+        )
 
 
 def build_model(cfg: CfrConfig, bank_sizes: dict[str, int] | None = None) -> CfrModel:

@@ -6,13 +6,15 @@ the next ``ret_epochs`` steps are stage-3 epochs of the retriever, whose queries
 subsample are drawn from a generator seeded by (seed, step, rank), so a resumed run sees what an
 uninterrupted one sees. The bank-only baselines (PatchCore, BTF) have one step: the banks.
 One Adam holds both trained parts in two parameter groups (the mappings at ``map_lr``, the
-retriever at ``ret_lr``); a stage's loss reaches only its own part, so Adam leaves the other
-group untouched.
+retriever at ``ret_lr``); a stage steps only its own part: the other part's gradients are
+dropped before the step (under DDP every parameter gets a gradient, zero for the other part,
+and Adam would otherwise move a frozen part on its momentum and count steps the part never
+took).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,6 +114,7 @@ def epoch(
             loss = _call(fwd, "mapping_loss", f2, f3, cfg.cycles)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            _drop_grads(model.retriever.parameters())
             opt.step()
             losses.append(float(loss.detach()))
         return {"loss": float(np.mean(losses)), "stage": 1.0}
@@ -123,9 +126,16 @@ def epoch(
         loss = _call(fwd, "retrieval_loss", f3[idx], f2[idx], cfg.bank_subsample, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        _drop_grads(model.mapping_parameters())
         opt.step()
         losses.append(float(loss.detach()))
     return {"loss": float(np.mean(losses)), "stage": 3.0}
+
+
+def _drop_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """Adam skips a parameter without a gradient: it neither moves it nor counts the step."""
+    for p in params:
+        p.grad = None
 
 
 def _call(fwd: torch.nn.Module, name: str, *args: object) -> torch.Tensor:
@@ -178,7 +188,8 @@ class _Dispatch(torch.nn.Module):
 
     def forward(self, name: str, *args: object) -> torch.Tensor:
         out = getattr(self.model, name)(*args)
-        # every parameter takes part in DDP's reduction (a stage trains only its own part)
+        # every parameter takes part in DDP's reduction; `epoch` drops the zero gradients of
+        # the part a stage does not train
         return out + 0.0 * sum(p.sum() for p in self.model.parameters())
 
 

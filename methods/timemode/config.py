@@ -91,6 +91,14 @@ class TimeModeConfig(MethodConfig):
     weight_decay: float = Field(1e-5, ge=0.0, le=1.0, description="AdamW weight decay")
     ema: float = Field(0.999, ge=0.0, lt=1.0, description="EMA decay (0: off)")
     ema_start: int = Field(100, ge=0, description="steps before the EMA starts (a copy until)")
+    ema_warmup: float | None = Field(
+        2 / 3,
+        gt=0.0,
+        le=10.0,
+        description="EMA warm-up power: n steps after ema_start the decay is "
+        "min(ema, 1 − (1 + n)^−power) (ema_pytorch's schedule, whose update_after_step is the "
+        "spec's 'EMA 0 for the first 100 steps'); null: the constant decay ema from ema_start on",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip")
     freeze: list[Literal["attention", "prototypes", "shared_expert"]] = Field(
         [], description="parts frozen during fine-tuning"

@@ -159,14 +159,25 @@ def fit(
         terms["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        if cfg.ema == 0.0 or step <= cfg.ema_start:
-            state.update_ema(0.0)
-        else:
-            state.update_ema(cfg.ema)
+        state.update_ema(ema_decay(cfg, step))
         if on_step is not None:
             on_step(step, {k: float(v.detach()) for k, v in terms.items()})
     state.net.eval()
     return state
+
+
+def ema_decay(cfg: TimeModeConfig, step: int) -> float:
+    """The EMA decay after optimiser step ``step`` (1-based): 0 (a copy of the weights) up to
+    ``ema_start``, then ``min(ema, 1 − (1 + n)^−ema_warmup)`` with n = step − ema_start − 1,
+    ema_pytorch's warm-up (inverse gamma 1). Without the warm-up, a decay of 0.999 over runs of
+    a few hundred steps keeps most of the step-``ema_start`` weights: 0.999^200 = 0.82 of them
+    after a 300-step fine-tune."""
+    if cfg.ema == 0.0 or step <= cfg.ema_start:
+        return 0.0
+    if cfg.ema_warmup is None:
+        return cfg.ema
+    n = step - cfg.ema_start - 1
+    return min(cfg.ema, 1.0 - (1.0 + n) ** -cfg.ema_warmup)
 
 
 class _Forward(torch.nn.Module):
