@@ -53,7 +53,10 @@ class AthaConfig(MethodConfig):
         "the cache); clip: a real CLIP read from clip_path (paper preset, a GPU)",
     )
     clip_preset: Literal["smoke", "small", "small-cls"] = Field(
-        "small", description="the tiny CLIP preset (nshot.train.clip.PRESETS)"
+        "small-cls",
+        description="the tiny CLIP preset (nshot.train.clip.PRESETS): small-cls (recipe 7, the "
+        "class token and a joint space narrower than the width, as CLIP's head) or small "
+        "(recipe 6, mean-pooled, a square projection)",
     )
     text: Literal["word", "minilm"] = Field(
         "minilm", description="the tiny CLIP's text tower: word (no extra) or frozen MiniLM"

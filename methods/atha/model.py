@@ -122,9 +122,8 @@ def atha_update(
     head, tail = select_tokens(s_max, k_h, k_t, generator)
     head_mask = torch.zeros_like(s_max).scatter_(1, head, 1.0)[..., None]
     tail_mask = torch.zeros_like(s_max).scatter_(1, tail, 1.0)[..., None]
-    if use_all_texts:  # softmax(tau * S)-weighted mix of the anchors
-        add = torch.einsum("bcl,cd->bld", (tau * sim).softmax(dim=1), anchors)
-        sub = torch.einsum("bcl,cd->bld", (-tau * sim).softmax(dim=1), anchors)
+    if use_all_texts:  # the softmax(tau * S)-weighted mix of the anchors, for head and tail
+        add = sub = torch.einsum("bcl,cd->bld", (tau * sim).softmax(dim=1), anchors)
     else:
         add, sub = anchors[c_plus], anchors[c_minus]  # [B, L, D]
     return x + rho_plus * head_mask * add - rho_minus * tail_mask * sub
