@@ -359,3 +359,21 @@ def test_example_on_two_ray_train_workers(ray_session, tmp_path, run_example, ca
     assert "acc_src_8way" in ckpt.metrics and ckpt.extra["clip_preset"] == "smoke"
     clip, _ = load_model(ckpt)
     assert clip.cfg.vision_depth == 2
+
+
+def test_anchor_diagnostic_example(smoke_clip, tmp_path, run_example, capsys):
+    """examples/atha_anchors.py on the smoke tiny CLIP (the fixture's, cached): the
+    projection's conditioning, the anchors' spread and the tokens' best classes per block."""
+    import json
+
+    out = tmp_path / "anchors.json"
+    run_example("atha_anchors", ["--preset", "smoke", "--domains", "digits", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["clip_preset"] == "smoke" and report["proj_condition"] >= 1.0
+    digits = report["domains"]["digits"]
+    assert 0.0 <= digits["weak3_share"] <= 1.0
+    assert -1.0 <= digits["anchor_cos_min"] <= digits["anchor_cos_max"] <= 1.0
+    shares = digits["modal_best_class_share"]
+    assert len(shares) == smoke_clip.cfg.vision_depth
+    assert all(1 / len(digits["names"]) <= m <= 1.0 for m in shares)
+    assert '"weak3_share"' in capsys.readouterr().out
