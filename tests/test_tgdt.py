@@ -196,3 +196,19 @@ def test_metrics_with_repeated_descriptions():
     assert 0.0 <= tbm_auc(model, cfg, d) <= 1.0
     sim = text_similarity(model, d, int(d.test_tasks[0]))
     assert sim.shape == (cfg.n_train_tasks,) and sim[0] == pytest.approx(sim[1])
+
+
+def test_gradient_diagnostic_example(tmp_path, run_example, capsys):
+    """examples/tgdt_gradients.py on smoke: each loss's gradient norm on the text encoder and
+    the decoder blocks, at initialisation and after a few training steps."""
+    import json
+
+    out = tmp_path / "g.json"
+    run_example("tgdt_gradients", ["--preset", "smoke", "--steps", "2", "--batches", "2",
+                                   "--out", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    for when in ("init", "after_2_steps"):
+        for part in ("text_encoder", "decoder_blocks"):
+            r = report[when][part]
+            assert min(r["dt"], r["tbc"], r["tbm"]) > 0 and -1 <= r["cos_dt_tbc"] <= 1
+    assert '"cos_dt_tbc"' in capsys.readouterr().out
