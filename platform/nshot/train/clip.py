@@ -78,7 +78,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,21 @@ class ClipPreset:
     version: str = VERSION
 
 
+_SMALL = ClipPreset(
+    images=20_000,
+    patch=4,
+    width=64,
+    depth=4,
+    heads=4,
+    embed_dim=64,
+    steps=1500,
+    batch=128,
+    lr=1.5e-3,
+    warmup=40,
+    stem="conv",
+    version="6",
+)
+
 PRESETS: dict[str, ClipPreset] = {
     "smoke": ClipPreset(
         images=512,
@@ -243,38 +258,11 @@ PRESETS: dict[str, ClipPreset] = {
         checkpoint_every=20,
         log_every=20,
     ),
-    "small": ClipPreset(
-        images=20_000,
-        patch=4,
-        width=64,
-        depth=4,
-        heads=4,
-        embed_dim=64,
-        steps=1500,
-        batch=128,
-        lr=1.5e-3,
-        warmup=40,
-        stem="conv",
-        version="6",
-    ),
+    "small": _SMALL,
     # The spec's CLIP structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
     # visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's
     # proj maps 768 down to 512 (the anchors of the atha method invert it).
-    "small-cls": ClipPreset(
-        images=20_000,
-        patch=4,
-        width=64,
-        depth=4,
-        heads=4,
-        embed_dim=48,
-        steps=1500,
-        batch=128,
-        lr=1.5e-3,
-        warmup=40,
-        stem="conv",
-        pool="token",
-        version="7",
-    ),
+    "small-cls": replace(_SMALL, embed_dim=48, pool="token", version="7"),
     "digits": ClipPreset(
         images=DIGITS_TRAIN,
         side=8,
