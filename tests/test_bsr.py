@@ -155,3 +155,16 @@ def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, ca
     run_example("bsr", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "held-out subjects:" in out and "P(" in out and "montage B" in out
+
+
+def test_target_diagnostic_example(tmp_path, run_example, capsys):
+    """examples/bsr_targets.py on smoke: what predicting 0, the position mean and a clip-mean
+    oracle score on the normalised targets, and the frames' correlation."""
+    import json
+
+    out = tmp_path / "t.json"
+    run_example("bsr_targets", ["--preset", "smoke", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert 0 < r["clip_mean_oracle_mse"] < r["target_power"]
+    assert 0 < r["position_mean_mse"] < r["target_power"] and -1 <= r["adjacent_frame_corr"] <= 1
+    assert '"clip_mean_oracle_mse"' in capsys.readouterr().out
