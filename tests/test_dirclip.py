@@ -51,6 +51,32 @@ def test_config_errors_name_the_field():
             dirclip.config("small", **{field: bad})
     with pytest.raises(ConfigError, match="unknown field"):
         dirclip.config("small", tau_primee=0.1)
+    for bad in (0.0, 5000.0, "clip"):
+        with pytest.raises(ConfigError, match="logit_scale"):
+            dirclip.config("small", logit_scale=bad)
+    assert dirclip.config("paper").pgd_step == pytest.approx(1 / 255)  # the spec's PGD-100 step
+
+
+def test_logit_scale_is_the_specs_100_or_the_backbones_own(smoke):
+    from nshot.methods.dirclip.model import build_model
+
+    cfg, base, splits = smoke
+    x = torch.from_numpy(splits.x_test[:8])
+    spec = build_model(cfg, base).eval()
+    own = build_model(cfg.replace(logit_scale="backbone"), base).eval()
+    assert spec.scale == 100.0 and own.scale == pytest.approx(float(base.logit_scale.exp()))
+    with torch.no_grad():
+        torch.testing.assert_close(own.logits(x) * (100.0 / own.scale), spec.logits(x))
+
+
+def test_attack_loss_keeps_the_true_class_term_when_float32_saturates():
+    """At a logit gap of 30, float32's softmax gives the true class probability 1 and its
+    gradient 0; the attacks' cross-entropy runs in float64 and keeps it."""
+    from nshot.methods.dirclip.attacks import ce_loss
+
+    z = torch.tensor([[30.0, 0.0]], requires_grad=True)
+    (g,) = torch.autograd.grad(ce_loss(lambda t: t, torch.tensor([0]))(z).sum(), z)
+    assert g[0, 0] < 0 and g[0, 1] > 0 and torch.isclose(g[0, 0], -g[0, 1])
 
 
 def test_paper_preset_validates_and_names_what_is_missing():

@@ -58,6 +58,12 @@ class DirclipConfig(MethodConfig):
         None, description="ImageFolder root with train/ and val/ class folders (backbone=clip)"
     )
     template: str = Field(TEMPLATE, description="prompt of the class text features")
+    logit_scale: float | Literal["backbone"] = Field(
+        100.0,
+        description="s of the logits s · cos, frozen: the spec's 100 (real CLIP's own scale), "
+        "a number, or 'backbone' (the tiny CLIP's own pre-trained exp(logit_scale)); the paper "
+        "path (backbone=clip) keeps real CLIP's 100",
+    )
     # UCAT
     tau_prime: float = Field(0.07, gt=0.0, le=10.0, description="Dirichlet temperature τ'")
     tau: float = Field(
@@ -69,7 +75,10 @@ class DirclipConfig(MethodConfig):
     eps: float = Field(0.1, gt=0.0, le=1.0, description="ℓ∞ radius in pixel space")
     train_attack_steps: int = Field(2, ge=0, le=100, description="PGD steps in training")
     train_attack_step: float = Field(0.05, gt=0.0, le=1.0, description="their step size")
-    pgd_steps: int = Field(20, ge=1, le=1000, description="evaluation PGD steps (step ε/4)")
+    pgd_steps: int = Field(20, ge=1, le=1000, description="evaluation PGD steps")
+    pgd_step: float | None = Field(
+        None, gt=0.0, le=1.0, description="evaluation PGD step size (None: ε/4, the spec's small)"
+    )
     apgd_steps: int = Field(100, ge=1, le=1000, description="evaluation APGD-CE iterations")
     apgd_images: int = Field(
         597, ge=1, le=100_000, description="test images APGD-CE runs on (the first n)"
@@ -103,7 +112,7 @@ class DirclipConfig(MethodConfig):
         curve=("val_h", "val_clean", "val_pgd"),
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
-        "pgd_steps", "apgd_steps", "apgd_images", "mnist_images", "eps",
+        "pgd_steps", "pgd_step", "apgd_steps", "apgd_images", "mnist_images", "eps",
     }  # fmt: skip
 
     PRESETS: ClassVar[dict[str, dict]] = {
@@ -118,7 +127,8 @@ class DirclipConfig(MethodConfig):
         "small": {"steps": 150, "log_every": 50, "checkpoint_every": 150, "apgd_images": 100},
         "paper": {
             "backbone": "clip", "clip_arch": "ViT-B-32", "eps": 1 / 255,
-            "train_attack_step": 1 / 255, "pgd_steps": 100, "tau": PAPER_TAU, "optimizer": "sgd",
+            "train_attack_step": 1 / 255, "pgd_steps": 100, "pgd_step": 1 / 255,
+            "tau": PAPER_TAU, "optimizer": "sgd",
             "lr": 1e-4, "batch_size": 256, "warmup": 1000, "steps": 4000, "log_every": 50,
             "checkpoint_every": 500, "val_every": 500, "val_images": 1000, "seeds": 1,
             "sweep_taus": [], "sweep_seeds": 0, "apgd_images": 1000,
@@ -133,6 +143,10 @@ class DirclipConfig(MethodConfig):
             raise ValueError("field 'checkpoint_every': must be a multiple of log_every")
         if self.backbone == "tinyclip" and (self.clip_path or self.data_path):
             raise ValueError("field 'clip_path': clip_path and data_path are for backbone=clip")
+        if self.logit_scale != "backbone" and not 0 < self.logit_scale <= 1000:
+            raise ValueError("field 'logit_scale': must lie in (0, 1000] or be 'backbone'")
+        if self.backbone == "clip" and self.logit_scale not in (100.0, "backbone"):
+            raise ValueError("field 'logit_scale': the paper path keeps real CLIP's 100")
         if any(not 0 <= t <= 1e12 for t in self.sweep_taus):
             raise ValueError("field 'sweep_taus': each tau must lie in [0, 1e12]")
         return self

@@ -1,8 +1,9 @@
 """dirclip's metrics: clean and adversarial zero-shot accuracy, calibration and the
 uncertainty read-outs, on the test digits, the rolled digits and MNIST pooled to 8 × 8.
 
-* ``clean``, ``pgd`` (PGD-``pgd_steps``, step ε/4, random start), ``apgd`` (APGD-CE,
-  ``apgd_steps`` iterations, on ``apgd_images`` test images), ``h`` = harmonic mean of clean
+* ``clean``, ``pgd`` (PGD-``pgd_steps``, step ``pgd_step``: ε/4 unless set, random start),
+  ``apgd`` (APGD-CE, ``apgd_steps`` iterations, on ``apgd_images`` test images), ``h`` =
+  harmonic mean of clean
   and pgd;
 * ``ece_clean`` / ``ece_adv``: 15-bin L1 ECE of the softmax on clean / PGD inputs;
 * ``ent_ratio``: mean normalised softmax entropy of the wrong PGD predictions over that of the
@@ -34,7 +35,8 @@ def logits_of(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def attack_pgd(model, x, y, cfg: DirclipConfig, steps: int, generator) -> torch.Tensor:
-    return pgd(ce_loss(model.logits, y), x, cfg.eps, steps, cfg.eps / 4, generator)
+    step = cfg.eps / 4 if cfg.pgd_step is None else cfg.pgd_step
+    return pgd(ce_loss(model.logits, y), x, cfg.eps, steps, step, generator)
 
 
 def harmonic(a: float, b: float) -> float:

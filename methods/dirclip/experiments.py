@@ -25,7 +25,7 @@ from .config import PAPER_TAU, DirclipConfig
 from .data import load_splits
 from .dirichlet import alpha_train, dirichlet_kl, lambda_of
 from .evaluation import evaluate_model
-from .model import SCALE, base_clip, build_model
+from .model import base_clip, build_model
 from .train import fit_model
 
 # system -> config overrides (None: the original CLIP, not trained)
@@ -64,7 +64,7 @@ def unit_guards(cfg: DirclipConfig, model, fresh) -> dict[str, float]:
             diffs.append(float((new[k] - v).abs().max()))
     x = torch.from_numpy(load_splits(cfg).x_test)
     with torch.no_grad():
-        a = alpha_train(model.logits(x, original=True), SCALE, cfg.tau_prime)
+        a = alpha_train(model.logits(x, original=True), model.scale, cfg.tau_prime)
         kl = dirichlet_kl(a, a)
     return {"frozen_max_abs_diff": max(diffs), "kl_self": float(kl.abs().max())}
 

@@ -38,9 +38,16 @@ class DirClip(nn.Module):
     ``forward(images, features=True)`` g's unnormalised image features (FARE's space).
     """
 
-    def __init__(self, clip: TinyCLIP, class_names: Sequence[str], template: str) -> None:
+    def __init__(
+        self,
+        clip: TinyCLIP,
+        class_names: Sequence[str],
+        template: str,
+        logit_scale: float | str = SCALE,
+    ) -> None:
         super().__init__()
         self.clip = clip
+        self.logit_scale = logit_scale
         self.orig = copy.deepcopy(clip)
         for p in self.orig.parameters():
             p.requires_grad_(False)
@@ -56,6 +63,13 @@ class DirClip(nn.Module):
     @property
     def cfg(self) -> CLIPConfig:
         return self.clip.cfg
+
+    @property
+    def scale(self) -> float:
+        """s of the logits: the configured number, or the CLIP's own frozen exp(logit_scale)."""
+        if self.logit_scale == "backbone":
+            return float(self.clip.logit_scale.detach().exp())
+        return float(self.logit_scale)
 
     def trainable(self) -> list[nn.Parameter]:
         """g's parameters: the whole image tower (``visual`` and its projection)."""
@@ -84,7 +98,7 @@ class DirClip(nn.Module):
         """``s · cos`` of g (or of g₀ with ``original``) against the class text features."""
         t = self.text_features if text_features is None else text_features
         img = F.normalize(self.features(images, original), dim=-1)
-        return SCALE * img @ t.T
+        return self.scale * img @ t.T
 
     def forward(self, images: torch.Tensor, features: bool = False) -> torch.Tensor:
         return self.features(images) if features else self.logits(images)
@@ -99,7 +113,7 @@ def base_clip(cfg: DirclipConfig) -> TinyCLIP:
 
 def build_model(cfg: DirclipConfig, clip: TinyCLIP | None = None) -> DirClip:
     clip = clip if clip is not None else base_clip(cfg)
-    return DirClip(copy.deepcopy(clip), DIGIT_NAMES, cfg.template)
+    return DirClip(copy.deepcopy(clip), DIGIT_NAMES, cfg.template, cfg.logit_scale)
 
 
 def model_record(model: DirClip) -> dict[str, Any]:
@@ -144,7 +158,7 @@ def load_model(checkpoint: LoadedCheckpoint) -> tuple[DirClip, DirclipConfig, di
     except Exception as err:  # noqa: BLE001 - a bad record is a bad checkpoint
         raise NshotError(f"{checkpoint.path}: bad CLIP config ({err})") from None
     _check_size(clip_cfg, rec, checkpoint.path)
-    model = DirClip(TinyCLIP(clip_cfg), rec["class_names"], rec["template"])
+    model = DirClip(TinyCLIP(clip_cfg), rec["class_names"], rec["template"], cfg.logit_scale)
     state = dict(checkpoint.weights())
     best = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
     state = {k: v for k, v in state.items() if not k.startswith("best.")}

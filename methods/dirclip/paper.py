@@ -156,6 +156,8 @@ class HFDirClip(nn.Module):
     of :class:`.model.DirClip`."""
 
     TRAINABLE = ("clip.vision_model.", "clip.visual_projection.")
+    #: s of the logits: real CLIP's own frozen scale (its logit_scale is clamped at ln 100)
+    scale: float = SCALE
 
     def __init__(self, pretrained: Any, class_names: Sequence[str], template: str) -> None:
         super().__init__()
@@ -197,7 +199,7 @@ class HFDirClip(nn.Module):
     ) -> torch.Tensor:
         t = self.text_features if text_features is None else text_features
         img = F.normalize(self.features(images, original), dim=-1)
-        return SCALE * img @ t.T
+        return self.scale * img @ t.T
 
     def forward(self, images: torch.Tensor, features: bool = False) -> torch.Tensor:
         return self.features(images) if features else self.logits(images)

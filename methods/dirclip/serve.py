@@ -31,7 +31,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 from .config import TEMPLATE
 from .data import DIGIT_NAMES
 from .dirichlet import uncertainty
-from .model import SCALE, DirClip, load_model
+from .model import DirClip, load_model
 
 MAX_IMAGES = 1024
 MAX_CLASSES = 1000
@@ -224,7 +224,7 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
 
     def _answer(self, request: DirclipRequest, feats: torch.Tensor) -> DirclipResponse:
         names = request.class_names
-        logits = SCALE * feats @ self._text_features(names, request.template).double().T
+        logits = self.model.scale * feats @ self._text_features(names, request.template).double().T
         return response_from_logits(names, logits, request.return_uncertainty)
 
     def __call__(self, request: DirclipRequest) -> DirclipResponse:

@@ -36,7 +36,7 @@ from .config import DirclipConfig
 from .data import Splits, load_splits
 from .dirichlet import alpha_train, dirichlet_kl
 from .evaluation import validation
-from .model import SCALE, DirClip, build_model, model_record
+from .model import DirClip, build_model, model_record
 
 
 def batch_rows(n: int, batch: int, step: int, seed: int) -> np.ndarray:
@@ -74,7 +74,7 @@ def step_loss(
         f = fwd(x_adv, features=True)
         loss = ((f - f0) ** 2).sum(-1).mean()
         with torch.no_grad():
-            la = SCALE * F.normalize(f, dim=-1) @ model.text_features.T
+            la = model.scale * F.normalize(f, dim=-1) @ model.text_features.T
         ce = F.cross_entropy(la, y)
         term = torch.zeros((), dtype=torch.float64)
     else:
@@ -82,10 +82,10 @@ def step_loss(
                     cfg.train_attack_step, generator)  # fmt: skip
         la = fwd(x_adv)
         ce = F.cross_entropy(la, y)
-        lo = SCALE * F.normalize(f0, dim=-1) @ model.text_features.T
+        lo = model.scale * F.normalize(f0, dim=-1) @ model.text_features.T
         if cfg.loss in ("ucat", "forward_kl"):
-            a_adv = alpha_train(la, SCALE, cfg.tau_prime)
-            a_ori = alpha_train(lo, SCALE, cfg.tau_prime)
+            a_adv = alpha_train(la, model.scale, cfg.tau_prime)
+            a_ori = alpha_train(lo, model.scale, cfg.tau_prime)
             kl = dirichlet_kl(a_adv, a_ori) if cfg.loss == "ucat" else dirichlet_kl(a_ori, a_adv)
             term = cfg.lam * kl.mean()
         elif cfg.loss == "prob_kl":
