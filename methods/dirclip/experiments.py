@@ -181,14 +181,18 @@ def _mean(vals) -> float | None:
 
 
 def _notes(cfg: DirclipConfig, lam0: float) -> list[str]:
+    own = cfg.logit_scale == "backbone"
+    scale = "the tiny CLIP's own exp(logit_scale)" if own else f"{cfg.logit_scale:g}"
+    step = "ε/4" if cfg.pgd_step is None else f"{cfg.pgd_step:g}"
     return [
         f"tiny CLIP '{cfg.clip_preset}' ({cfg.clip_text} text tower) fine-tuned on "
         f"{1200 - cfg.val_images} digits ({cfg.val_images} held out for selection), "
         f"{cfg.steps} steps of {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}; train attack "
-        f"PGD-{cfg.train_attack_steps} (step {cfg.train_attack_step:g}), ε = {cfg.eps:g}.",
+        f"PGD-{cfg.train_attack_steps} (step {cfg.train_attack_step:g}), ε = {cfg.eps:g}; "
+        f"logits s · cos with s = {scale}.",
         f"λ = tau / exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}, τ' {cfg.tau_prime:g}; "
         f"λ₀ = {lam0:.3g} at the paper's tau 1e5); ucat_lambda0: tau 0.",
-        f"pgd: PGD-{cfg.pgd_steps} (step ε/4) on the 597 test digits; apgd: APGD-CE "
+        f"pgd: PGD-{cfg.pgd_steps} (step {step}) on the 597 test digits; apgd: APGD-CE "
         f"{cfg.apgd_steps} on {cfg.apgd_images} test digits per seed (a different slice per "
         "seed); mean over seeds (± std over seeds).",
         f"clean_mnist8: {cfg.mnist_images} MNIST images pooled to 8×8 (far shift, reported).",
