@@ -3,8 +3,7 @@ uncertainty read-outs, on the test digits, the rolled digits and MNIST pooled to
 
 * ``clean``, ``pgd`` (PGD-``pgd_steps``, step ``pgd_step``: ε/4 unless set, random start),
   ``apgd`` (APGD-CE, ``apgd_steps`` iterations, on ``apgd_images`` test images), ``h`` =
-  harmonic mean of clean
-  and pgd;
+  harmonic mean of clean and pgd;
 * ``ece_clean`` / ``ece_adv``: 15-bin L1 ECE of the softmax on clean / PGD inputs;
 * ``ent_ratio``: mean normalised softmax entropy of the wrong PGD predictions over that of the
   wrong clean predictions (< 1: the attack suppresses uncertainty);
