@@ -369,11 +369,11 @@ def test_anchor_diagnostic_example(smoke_clip, tmp_path, run_example, capsys):
     out = tmp_path / "anchors.json"
     run_example("atha_anchors", ["--preset", "smoke", "--domains", "digits", "--out", str(out)])
     report = json.loads(out.read_text())
-    assert report["clip_preset"] == "smoke" and report["proj_condition"] >= 1.0
+    sing = torch.linalg.svdvals(smoke_clip.visual_proj.detach().double())
+    assert report["clip_preset"] == "smoke"
+    assert report["proj_condition"] == pytest.approx(float(sing.max() / sing.min()))
     digits = report["domains"]["digits"]
     assert 0.0 <= digits["weak3_share"] <= 1.0
     assert -1.0 <= digits["anchor_cos_min"] <= digits["anchor_cos_max"] <= 1.0
-    shares = digits["modal_best_class_share"]
-    assert len(shares) == smoke_clip.cfg.vision_depth
-    assert all(1 / len(digits["names"]) <= m <= 1.0 for m in shares)
+    assert len(digits["modal_best_class_share"]) == smoke_clip.cfg.vision_depth
     assert '"weak3_share"' in capsys.readouterr().out

@@ -164,7 +164,14 @@ def test_target_diagnostic_example(tmp_path, run_example, capsys):
 
     out = tmp_path / "t.json"
     run_example("bsr_targets", ["--preset", "smoke", "--out", str(out)])
+    from nshot.methods.bsr.config import BsrConfig
+    from nshot.methods.bsr.train import split_clips
+
     r = json.loads(out.read_text())
-    assert 0 < r["clip_mean_oracle_mse"] < r["target_power"]
-    assert 0 < r["position_mean_mse"] < r["target_power"] and -1 <= r["adjacent_frame_corr"] <= 1
+    train, val = split_clips(
+        BsrConfig.from_preset("smoke"), r["clips"]["train"] + r["clips"]["val"]
+    )
+    assert r["clips"] == {"train": len(train), "val": len(val)}
+    assert 0 < r["clip_mean_oracle_mse"] and 0 < r["position_mean_mse"] < r["target_power"]
+    assert -1 <= r["adjacent_frame_corr"] <= 1
     assert '"clip_mean_oracle_mse"' in capsys.readouterr().out

@@ -63,10 +63,9 @@ def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any
         scores = score_images(model, feats, system, theta, base.infer_seed)
         out["rows"][system] = metrics(scores, split, base.pro_thresholds)
         if system == "cfr":  # the 99-threshold curve on the same maps, against the exact one
-            out["aupro30_99_gap"] = abs(
-                aupro(scores["aupro_map"], split.mask, 0.3)
-                - aupro(scores["aupro_map"], split.mask, 0.3, 99)
-            )
+            exact = (out["rows"][system]["aupro30"] if base.pro_thresholds is None
+                     else aupro(scores["aupro_map"], split.mask, 0.3))  # fmt: skip
+            out["aupro30_99_gap"] = abs(exact - aupro(scores["aupro_map"], split.mask, 0.3, 99))
         out["types"][system] = {}
         for kind in _kinds(split.defect):
             keep = np.array([d in ("good", kind) for d in split.defect])

@@ -47,7 +47,7 @@ class DirClip(nn.Module):
     ) -> None:
         super().__init__()
         self.clip = clip
-        self.logit_scale = logit_scale
+        self.scale_setting = logit_scale  # a number, or "backbone": the CLIP's own
         self.orig = copy.deepcopy(clip)
         for p in self.orig.parameters():
             p.requires_grad_(False)
@@ -67,9 +67,9 @@ class DirClip(nn.Module):
     @property
     def scale(self) -> float:
         """s of the logits: the configured number, or the CLIP's own frozen exp(logit_scale)."""
-        if self.logit_scale == "backbone":
+        if self.scale_setting == "backbone":
             return float(self.clip.logit_scale.detach().exp())
-        return float(self.logit_scale)
+        return float(self.scale_setting)
 
     def trainable(self) -> list[nn.Parameter]:
         """g's parameters: the whole image tower (``visual`` and its projection)."""

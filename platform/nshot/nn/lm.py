@@ -152,11 +152,12 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 def model_device(model: Any) -> torch.device:
     """The device of ``model``'s first parameter (where its inputs must go); of its first
     buffer when it has no parameter; the CPU when it has neither."""
+    import itertools
+
     import torch
 
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device
-    return torch.device("cpu")
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def task_gpus(spec: str, gpus_in_cluster: float) -> float:
