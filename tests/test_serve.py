@@ -766,16 +766,22 @@ def test_past_capacity_is_a_prompt_503_with_retry_after_and_the_client_retries(
         t = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
-                return resp.status, None, time.perf_counter() - t
+                return resp.status, None, time.perf_counter() - t, t
         except urllib.error.HTTPError as err:
-            return err.code, err.headers.get("retry-after"), time.perf_counter() - t
+            return err.code, err.headers.get("retry-after"), time.perf_counter() - t, t
 
     try:
         with ThreadPoolExecutor(8) as pool:
             out = list(pool.map(held, range(8)))
         busy = [o for o in out if o[0] == 503]
-        # 3 fit (Serve's router may refuse one more while a queued request is being assigned)
-        assert {o[0] for o in out} == {200, 503} and 1 <= len(out) - len(busy) <= 3, out
+        served_ = [o for o in out if o[0] == 200]
+        assert {o[0] for o in out} == {200, 503}, out
+        # 3 fit at once (Serve's router may refuse one more while a queued request is being
+        # assigned). On a loaded machine the 8 threads may send over more than the 1.5 s hold:
+        # a request sent after the first answer came back may be admitted in the freed slot,
+        # so the bound counts those sent before the first answer.
+        first_done = min(t + dt for _, _, dt, t in served_)
+        assert 1 <= sum(t < first_done for _, _, _, t in served_) <= 3, out
         assert all(o[1] == "1" and o[2] < 1.0 for o in busy), busy
         expected = predictor(predictor.Request(**ep)).model_dump(mode="json")
         clients = [Client(base, token=TOKEN, retries=10) for _ in range(4)]
