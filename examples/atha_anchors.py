@@ -18,7 +18,12 @@ reproduction's first 1-shot episode, class prompts as initialised) this prints a
 * ``text_cos_max``: the largest pairwise cosine of the text features the anchors invert;
 * ``modal_best_class_share`` per block: among the patch tokens of the episode's support and
   query images at that block's input, the share whose most similar anchor is the most common
-  one (1.0: every token picks the same class; 1/n_way would be an even spread).
+  one (1.0: every token picks the same class; 1/n_way would be an even spread);
+* the push's size: ``text_feature_norm`` and ``image_feature_norm`` (the mean norms of the
+  class prompts' and the episode images' features before CLIP normalises them),
+  ``anchor_norm`` (mean), ``token_norm`` per block (the patch tokens' mean norm at the block's
+  input) and ``push_to_token``: ρ⁺'s initial value times the anchors' mean norm over the
+  tokens' mean norm at the pushed block, the relative size of the head push ATHA starts with.
 """
 
 from __future__ import annotations
@@ -77,12 +82,15 @@ def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
             v = bb.clip.visual
             t = v.patch_embed(x)
             t = torch.cat([v.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + v.pos_embed
-            modal = []
+            modal, token_norm = [], []
             for blk in v.blocks:
+                token_norm.append(float(t[:, 1:].norm(dim=-1).mean()))
                 sim = torch.einsum("bld,cd->bcl", F.normalize(t[:, 1:], dim=-1), an)
                 best = sim.argmax(dim=1).flatten()
                 modal.append(float(torch.bincount(best, minlength=len(an)).max() / best.numel()))
                 t = blk(t)
+            image_norm = float(bb.clip.encode_image(images).norm(dim=-1).mean())
+        anchor_norm = float(anchors.norm(dim=-1).mean())
         out["domains"][domain] = {
             "names": ep.names,
             "weak3_share": float(((u @ weak) ** 2).sum(-1).div(u.pow(2).sum(-1)).mean()),
@@ -90,6 +98,11 @@ def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
             "anchor_cos_max": float(off.max()),
             "text_cos_max": float(tcos.max()),
             "modal_best_class_share": [round(m, 4) for m in modal],
+            "text_feature_norm": float(text.norm(dim=-1).mean()),
+            "image_feature_norm": image_norm,
+            "anchor_norm": anchor_norm,
+            "token_norm": [round(n, 4) for n in token_norm],
+            "push_to_token": cfg.rho_plus_init * anchor_norm / token_norm[cfg.rho_block],
         }
     return out
 

@@ -278,6 +278,39 @@ def test_minilm_text_tower():
     assert emb[0] @ emb[1] > emb[0] @ emb[2]  # real language: a disc is nearer a circle
 
 
+def test_minilm_scale_scales_text_features_and_leaves_the_logits_alone():
+    """``minilm_scale`` (recipe 8's sqrt(384)) multiplies the text features of the same weights
+    and changes neither the logits nor the loss's gradient (cosines do not see it). Embeddings
+    are seeded, so MiniLM is not needed."""
+    from nshot.nn.clip import CLIPConfig
+    from nshot.train.clip import PRESETS
+
+    texts = ["a photo of a circle", "a photo of a box"]
+    emb = torch.nn.functional.normalize(
+        torch.randn(2, 384, generator=torch.Generator().manual_seed(0)), dim=-1
+    )
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    base = clip_config("smoke", text="minilm")
+    one = TinyCLIP(base)
+    big = TinyCLIP(dataclasses.replace(base, minilm_scale=math.sqrt(384)))
+    big.load_state_dict(one.state_dict())
+    out = []
+    for m in (one, big):
+        m.text.remember(texts, emb)
+        logits = m(images, texts)
+        logits.logsumexp(dim=1).sum().backward()
+        out.append((m.encode_text(texts), logits, m.text.proj.weight.grad.clone()))
+    torch.testing.assert_close(out[1][0], math.sqrt(384) * out[0][0])
+    torch.testing.assert_close(out[1][1], out[0][1])
+    torch.testing.assert_close(out[1][2], out[0][2], rtol=1e-4, atol=1e-6)
+    assert clip_config("small-cls-ln", text="minilm").minilm_scale == math.sqrt(384)
+    assert clip_config("small-cls-ln", text="word").minilm_scale == 1.0
+    assert PRESETS["small-cls-ln"].version != PRESETS["small-cls"].version
+    with pytest.raises(ConfigError, match="minilm_scale"):
+        CLIPConfig(text="minilm", minilm_scale=0.0)
+
+
 def test_example(run_example, tmp_path, capsys, nshot_cache):
     out = tmp_path / "tiny.json"
     run_example("tiny_clip", ["--preset", "smoke", "--text", "word", "--output", str(out)])

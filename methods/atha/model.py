@@ -279,6 +279,7 @@ class EpisodeModel(nn.Module):
         if backbone.bert is not None:
             self.bert = copy.deepcopy(backbone.bert) if self.spec.lora else backbone.bert
             self.text_proj = clip.text.proj
+            self.text_scale = clip.text.scale  # the tower's embedding scale (minilm_scale)
             if self.spec.lora:
                 _inject_lora(self.bert, ["query", "key", "value"], cfg)
         else:
@@ -382,7 +383,8 @@ class EpisodeModel(nn.Module):
             m = self.prompt_mask[..., None].to(emb.dtype)
 
             def pool(h: torch.Tensor) -> torch.Tensor:  # sentence-transformers' mean + norm
-                return F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+                v = F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+                return v * self.text_scale
 
             final = self.text_proj(pool(out.last_hidden_state))
             anchor = self.text_proj(pool(out.hidden_states[layer + 1]))

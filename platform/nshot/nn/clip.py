@@ -100,6 +100,12 @@ class CLIPConfig:
     text_depth: int = 4
     text_heads: int = 4
     text_hidden: int = 0
+    #: the MiniLM tower's sentence embedding (unit length) is multiplied by this before the
+    #: projection; ``sqrt(384)`` gives it the norm of CLIP's ``ln_final`` output at unit gain
+    #: (about sqrt(width)), so the text features have CLIP's scale. Cosines, hence CLIP's
+    #: logits and (with the linear projection) its training, do not depend on it; methods
+    #: that read unnormalised text features (atha's anchors) do.
+    minilm_scale: float = 1.0
     embed_dim: int = 64
     init_logit_scale: float = math.log(1 / 0.07)
     max_logit_scale: float = 100.0
@@ -126,6 +132,8 @@ class CLIPConfig:
             raise ConfigError(f"patch: {self.patch} does not divide img_size {self.img_size}")
         if self.pixel_std <= 0 or self.max_logit_scale <= 0:
             raise ConfigError("pixel_std and max_logit_scale must be positive")
+        if not (math.isfinite(self.minilm_scale) and self.minilm_scale > 0):
+            raise ConfigError(f"minilm_scale: must be a positive number, got {self.minilm_scale}")
         object.__setattr__(self, "vocab", tuple(self.vocab))
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,9 +234,10 @@ class TextTransformer(nn.Module):
 
 
 class MiniLMText(nn.Module):
-    """Frozen all-MiniLM-L6-v2 sentence embeddings (384-d, unit length) and a trained
-    projection to the joint space. The encoder is not a submodule: only the projection is in
-    the state dict; embeddings are memoised per text in this process."""
+    """Frozen all-MiniLM-L6-v2 sentence embeddings (384-d, unit length), times
+    ``cfg.minilm_scale``, and a trained projection to the joint space. The encoder is not a
+    submodule: only the projection is in the state dict; embeddings are memoised per text in
+    this process."""
 
     def __init__(self, cfg: CLIPConfig) -> None:
         super().__init__()
@@ -240,6 +249,7 @@ class MiniLMText(nn.Module):
             )
         else:
             self.proj = nn.Linear(MINILM_DIM, cfg.embed_dim, bias=False)
+        self.scale = float(cfg.minilm_scale)
         self._memo: dict[str, torch.Tensor] = {}
 
     def sentence_embeddings(self, texts: Sequence[str]) -> torch.Tensor:
@@ -256,9 +266,13 @@ class MiniLMText(nn.Module):
         """Seed the memo with embeddings computed elsewhere (e.g. once by the driver)."""
         self._memo.update(zip(texts, embeddings.float(), strict=True))
 
+    def project(self, emb: torch.Tensor) -> torch.Tensor:
+        """Text features ``[B, E]`` of sentence embeddings ``[B, 384]`` (unit length)."""
+        return self.proj(emb * self.scale)
+
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         emb = self.sentence_embeddings(texts)
-        return self.proj(emb.to(next(self.proj.parameters()).device))
+        return self.project(emb.to(next(self.proj.parameters()).device))
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,11 @@ Presets (:data:`PRESETS`):
   the class token pooled and projected from the width 64 to a joint dimension of 48 (a
   projection wider than its output, as ViT-B/16's 768 → 512, whose minimum-norm inverse the
   atha method's anchors use); zero-shot ``acc_src_8way`` 0.9994 with MiniLM (two workers);
+* ``small-cls-ln``: the atha method's tiny CLIP (recipe version 8): ``small-cls`` whose MiniLM
+  text tower multiplies the unit-length sentence embedding by sqrt(384) before the
+  projection, the norm of CLIP's ``ln_final`` output, so the text features have the scale of
+  the image features as in CLIP (recipe 7's are about 20 times smaller); the zero-shot
+  classifier and its training do not depend on the scale;
 * ``digits``: the same towers on scikit-learn's 8 × 8 grey digits (patch 2, 16 tokens,
   ``in_chans=1``), pre-trained on the dirclip method's 1,200-image training split
   (:func:`digits_split`) with captions such as "this is a photo of a seven"; zero-shot on the
@@ -223,6 +228,8 @@ class ClipPreset:
     test_images: int = 2000
     checkpoint_every: int = 100
     log_every: int = 25
+    #: :attr:`nshot.nn.clip.CLIPConfig.minilm_scale` (the MiniLM tower's embedding scale)
+    minilm_scale: float = 1.0
     #: the recipe's version: part of the cache name, so a changed recipe trains anew
     version: str = VERSION
 
@@ -263,6 +270,13 @@ PRESETS: dict[str, ClipPreset] = {
     # visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's
     # proj maps 768 down to 512 (the anchors of the atha method invert it).
     "small-cls": replace(_SMALL, embed_dim=48, pool="token", version="7"),
+    # ... and CLIP's text-feature scale: the MiniLM sentence embedding (unit length) enters the
+    # projection with the norm of CLIP's ln_final output, sqrt(384), as CLIP's text head
+    # projects a LayerNorm output. The zero-shot classifier and the training are the same as
+    # recipe 7's (cosines do not see the scale); the atha method's anchors are not.
+    "small-cls-ln": replace(
+        _SMALL, embed_dim=48, pool="token", minilm_scale=math.sqrt(384), version="8"
+    ),
     "digits": ClipPreset(
         images=DIGITS_TRAIN,
         side=8,
@@ -325,6 +339,7 @@ def clip_config(preset: str, text: str = DEFAULT_TEXT) -> CLIPConfig:
         text_depth=p.depth,
         text_heads=p.heads,
         embed_dim=p.embed_dim,
+        minilm_scale=p.minilm_scale if text == "minilm" else 1.0,
     )
 
 
