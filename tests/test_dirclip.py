@@ -408,3 +408,23 @@ def test_example_runs_on_the_smoke_preset(ray_session, nshot_cache, tmp_path, ru
     run_example("dirclip", ["--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert "clean" in out and "uncertainty" in out
+
+
+def test_temperature_example_reads_the_reproductions_logits(smoke, tmp_path, run_example):
+    """examples/dirclip_temperature.py on the smoke preset: its `reported` read-out is the
+    reproduction job's own ECE for the same row and seed (an independent path through
+    experiments._job), and every read-out is reported."""
+    import json
+
+    from nshot.methods.dirclip.experiments import _job
+
+    out = tmp_path / "t.json"
+    run_example("dirclip_temperature",
+                ["--preset", "smoke", "--seeds", "1", "--systems", "tecoa", "--out", str(out)])  # fmt: skip
+    row = json.loads(out.read_text())["rows"]["tecoa"]["0"]
+    job = _job(get("dirclip").config("smoke").model_dump(), "tecoa", 0, 0, False)["metrics"]
+    assert row["ece_adv"]["reported"] == pytest.approx(job["ece_adv"], abs=1e-12)
+    assert row["ece_clean"]["reported"] == pytest.approx(job["ece_clean"], abs=1e-12)
+    assert row["pgd"] == pytest.approx(job["pgd"], abs=1e-12)
+    assert set(row["ece_adv"]) == {"reported", "dirichlet_mean", "temperature"}
+    assert 0.01 <= row["temperature"] <= 100.0
