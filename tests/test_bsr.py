@@ -175,3 +175,27 @@ def test_target_diagnostic_example(tmp_path, run_example, capsys):
     assert 0 < r["clip_mean_oracle_mse"] and 0 < r["position_mean_mse"] < r["target_power"]
     assert -1 <= r["adjacent_frame_corr"] <= 1
     assert '"clip_mean_oracle_mse"' in capsys.readouterr().out
+
+
+def test_pooling_diagnostic_example(tmp_path, run_example):
+    """examples/bsr_pooling.py on smoke: the encoder is the reproduction's pretraining task's
+    (same held-out MSE) and the band-power column is the reproduction's own row on the same
+    subjects and draws (independent paths through experiments)."""
+    import json
+
+    from nshot.methods.bsr.config import BsrConfig
+    from nshot.methods.bsr.data import load_dataset
+    from nshot.methods.bsr.experiments import _run_pretrain, _run_subject
+
+    out = tmp_path / "p.json"
+    run_example("bsr_pooling", ["--preset", "smoke", "--out", str(out)])
+    r = json.loads(out.read_text())
+    cfg = BsrConfig.from_preset("smoke")
+    assert r["mae_mse"] == pytest.approx(_run_pretrain(cfg.model_dump())["mae_mse"], abs=1e-9)
+    assert r["subjects"] == 1 and r["draws"] == 1
+    subject = load_dataset(cfg).names("target")[0]
+    row = _run_subject(cfg.model_dump(), "bandpower_lr", cfg.seed, subject)
+    for key, cell in r["bacc"].items():
+        assert cell["bandpower_lr"] == pytest.approx(row[f"bacc_{key}"], abs=1e-12)
+        assert set(cell) == {"bandpower_lr", "pretrained_mean", "pretrained_per_position",
+                             "random_mean", "random_per_position"}  # fmt: skip
