@@ -41,7 +41,7 @@ def measure(preset: str) -> dict[str, Any]:
     from nshot.methods.bsr.data import load_dataset
     from nshot.methods.bsr.evaluation import subject_clips, support_split
     from nshot.methods.bsr.experiments import _settings
-    from nshot.methods.bsr.model import build_classifier, patch_in_head, tokens_per_clip
+    from nshot.methods.bsr.model import build_classifier, patch_in_head, position_tokens
     from nshot.methods.bsr.train import pretrain
 
     torch.set_num_threads(1)
@@ -54,7 +54,6 @@ def measure(preset: str) -> dict[str, Any]:
     encoders = {"pretrained": build_classifier(cfg, pre_state).eval(),
                 "random": build_classifier(cfg, None).eval()}  # fmt: skip
     head = patch_in_head(cfg)
-    t_pos, s_pos = tokens_per_clip(cfg)
     subjects = ds.names("target")[: cfg.eval_subjects]
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     scores: dict[str, dict[str, list[float]]] = {}
@@ -73,12 +72,9 @@ def measure(preset: str) -> dict[str, Any]:
                     with torch.no_grad():
                         h = clf.videomae(pixel_values=videos, output_hidden_states=True)
                     tok = h.hidden_states[-1]  # (n, T'·S, width), time-major
-                    n = tok.shape[0]
                     feats = {
                         "mean": tok.mean(1),
-                        "per_position": tok.view(n, t_pos, s_pos, -1)
-                        .mean(1)[:, head]
-                        .reshape(n, -1),
+                        "per_position": position_tokens(cfg, tok).flatten(1),
                     }
                     for readout, f in feats.items():
                         res = _lr_scores(f.numpy().astype(np.float64), labels, sup, qry)

@@ -199,3 +199,47 @@ def test_pooling_diagnostic_example(tmp_path, run_example):
         assert cell["bandpower_lr"] == pytest.approx(row[f"bacc_{key}"], abs=1e-12)
         assert set(cell) == {"bandpower_lr", "pretrained_mean", "pretrained_per_position",
                              "random_mean", "random_per_position"}  # fmt: skip
+
+
+def test_position_head_reads_each_in_head_position_and_takes_the_pretrained_encoder():
+    """head_pool="position": the classifier's logits are its linear layer on the LayerNormed
+    time-means of the in-head spatial tokens (computed here by hand from the encoder's last
+    block), the pretrained encoder loads into it as into the spec's head, its head gets the
+    undecayed lr, and the probe's features are the same read-out."""
+    import torch
+
+    from nshot.methods.bsr.config import BsrConfig
+    from nshot.methods.bsr.model import (
+        PositionClassifier,
+        build_classifier,
+        build_pretrainer,
+        encode,
+        layer_decay_groups,
+        patch_in_head,
+        tokens_per_clip,
+    )
+
+    cfg = BsrConfig.from_preset("smoke").replace(head_pool="position")
+    torch.manual_seed(0)
+    state = build_pretrainer(cfg).videomae.state_dict()
+    clf = build_classifier(cfg, state).eval()
+    assert isinstance(clf, PositionClassifier)
+    mean_clf = build_classifier(cfg.replace(head_pool="mean"), state).eval()
+    torch.testing.assert_close(clf.videomae.state_dict(), mean_clf.videomae.state_dict())
+    v = torch.randn(
+        2, cfg.frames, 3, cfg.grid, cfg.grid, generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        h = clf.videomae(pixel_values=v).last_hidden_state
+        t, s = tokens_per_clip(cfg)
+        head = patch_in_head(cfg)
+        by_hand = [torch.stack([h[b, [ti * s + j for ti in range(t)]].mean(0)
+                                for j in range(s) if head[j]]) for b in range(2)]  # fmt: skip
+        x = torch.stack([clf.fc_norm(p).flatten() for p in by_hand])
+        torch.testing.assert_close(clf(pixel_values=v).logits, clf.classifier(x))
+        torch.testing.assert_close(encode(clf, v, cfg), torch.stack([p.flatten() for p in by_hand]))
+        torch.testing.assert_close(encode(clf, v), h.mean(1))
+    groups = layer_decay_groups(clf, cfg, 1.0, 0.05)
+    head_ids = {id(p) for p in (*clf.fc_norm.parameters(), *clf.classifier.parameters())}
+    assert all(g["lr"] == 1.0 for g in groups if any(id(p) in head_ids for p in g["params"]))
+    assert clf.classifier.in_features == int(head.sum()) * cfg.width

@@ -140,6 +140,13 @@ class BsrConfig(MethodConfig):
     ft_batch: int = Field(8, ge=1, le=1024, description="fine-tuning batch")
     layer_decay: float = Field(0.75, gt=0.0, le=1.0, description="layer-wise lr decay")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    head_pool: Literal["mean", "position"] = Field(
+        "mean",
+        description="the read-out of the encoder's last block for the fine-tuning head and the "
+        "probe: mean (the spec's, VideoMAE's: the mean over every token) or position (the "
+        "time-mean of each in-head spatial token, concatenated: a deviation that keeps where on "
+        "the scalp a feature sits)",
+    )
     # --- protocol
     shots: list[int] = Field([1, 5, 10], min_length=1, description="k per class")
     eval_subjects: int = Field(6, ge=1, le=200, description="target subjects evaluated")
@@ -166,7 +173,7 @@ class BsrConfig(MethodConfig):
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
         "shots", "eval_subjects", "seeds", "ft_epochs", "ft_base_lr", "ft_lr_ref_batch",
-        "ft_warmup_epochs", "ft_batch", "layer_decay", "label_smoothing",
+        "ft_warmup_epochs", "ft_batch", "layer_decay", "label_smoothing", "head_pool",
     }  # fmt: skip
 
     PRESETS: ClassVar[dict[str, dict]] = {

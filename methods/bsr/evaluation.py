@@ -84,8 +84,9 @@ def predict_proba(clf: torch.nn.Module, videos: torch.Tensor, batch: int = 64) -
 
 
 @torch.no_grad()
-def embeddings(model: torch.nn.Module, videos: torch.Tensor, batch: int = 64) -> np.ndarray:
-    return torch.cat([encode(model, videos[s : s + batch])
+def embeddings(model: torch.nn.Module, videos: torch.Tensor, cfg: BsrConfig,
+               batch: int = 64) -> np.ndarray:  # fmt: skip
+    return torch.cat([encode(model, videos[s : s + batch], cfg)
                       for s in range(0, len(videos), batch)]).numpy()  # fmt: skip
 
 
@@ -104,7 +105,9 @@ def run_videomae(cfg: BsrConfig, system: str, encoder_state: dict | None, eeg: n
     scramble = seed if system == "bsr_scrambled_positions" else None
     clips = subject_clips(cfg, eeg, sup, montage, scramble)
     if system == "bsr_linear_probe":
-        emb = embeddings(build_classifier(cfg, encoder_state).eval(), clips.videos(slice(None)))
+        emb = embeddings(
+            build_classifier(cfg, encoder_state).eval(), clips.videos(slice(None)), cfg
+        )
         return scores(labels[qry], fit_probe(emb[sup], labels[sup]).predict(emb[qry]))
     state = None if system == "videomae_scratch" else encoder_state
     clf = finetune(cfg, state, clips.videos(sup), labels[sup], seed)

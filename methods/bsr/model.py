@@ -6,8 +6,10 @@ temporal position), an encoder on the visible tubelets, a light decoder over all
 masked tubelets against per-patch normalised targets. The BSR addition: the loss averages only
 over masked tubelets whose centre lies inside the head disc (pixels outside it are always 0).
 
-Stage 2: mean-pooled encoder tokens → LayerNorm → linear head, trained with layer-wise lr decay.
-Videos are (B, F, 3, H, W), the layout of transformers' VideoMAE.
+Stage 2: mean-pooled encoder tokens → LayerNorm → linear head, trained with layer-wise lr decay
+(``head_pool="position"``, a reported deviation: each in-head spatial token's time-mean →
+LayerNorm, concatenated → linear head; :class:`PositionClassifier`). Videos are
+(B, F, 3, H, W), the layout of transformers' VideoMAE.
 """
 
 from __future__ import annotations
@@ -112,14 +114,51 @@ def load_init_weights(model: nn.Module, path: str) -> None:
     model.load_state_dict(state, strict=False)
 
 
+class PositionClassifier(nn.Module):
+    """The classifier of ``head_pool="position"``: transformers' VideoMAE encoder (``videomae``,
+    no final LayerNorm, as the mean-pooling classifier's), then for each in-head spatial patch
+    the mean of its tokens over time, a LayerNorm shared by the positions (``fc_norm``), the
+    positions concatenated and a linear layer (``classifier``). The parameter names are the
+    mean-pooling classifier's, so layer-wise lr decay treats both alike."""
+
+    def __init__(self, cfg: BsrConfig, num_labels: int = len(CLASSES)) -> None:
+        from transformers import VideoMAEModel
+
+        super().__init__()
+        self.cfg = cfg
+        self.videomae = VideoMAEModel(vmae_config(cfg, num_labels))
+        self.fc_norm = nn.LayerNorm(cfg.width)
+        n_in = int(patch_in_head(cfg).sum())
+        self.classifier = nn.Linear(n_in * cfg.width, num_labels)
+
+    def forward(self, pixel_values: torch.Tensor):
+        from transformers.modeling_outputs import ImageClassifierOutput
+
+        h = self.videomae(pixel_values=pixel_values).last_hidden_state
+        x = self.fc_norm(position_tokens(self.cfg, h)).flatten(1)
+        return ImageClassifierOutput(logits=self.classifier(x))
+
+
+def position_tokens(cfg: BsrConfig, hidden: torch.Tensor) -> torch.Tensor:
+    """(B, n_in_head, width): the time-mean of each in-head spatial patch's tokens of the
+    encoder's last block ``hidden`` (B, T'·S, width; transformers' time-major token order)."""
+    t, s = tokens_per_clip(cfg)
+    head = patch_in_head(cfg).to(hidden.device)
+    return hidden.view(hidden.shape[0], t, s, -1).mean(1)[:, head]
+
+
 def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:
-    """``VideoMAEForVideoClassification``; ``encoder_state`` is a pretrainer's
-    ``videomae`` state dict (every encoder tensor must fit; the pre-training encoder's final
-    ``layernorm``, which the mean-pooling classifier replaces by its ``fc_norm``, is left out,
-    as VideoMAE's fine-tuning does)."""
+    """``VideoMAEForVideoClassification`` (``head_pool="mean"``, the spec's) or a
+    :class:`PositionClassifier`; ``encoder_state`` is a pretrainer's ``videomae`` state dict
+    (every encoder tensor must fit; the pre-training encoder's final ``layernorm``, which the
+    classifier's head replaces by its ``fc_norm``, is left out, as VideoMAE's fine-tuning
+    does)."""
     from transformers import VideoMAEForVideoClassification
 
-    clf = VideoMAEForVideoClassification(vmae_config(cfg))
+    if cfg.head_pool == "position":
+        clf: nn.Module = PositionClassifier(cfg)
+    else:
+        clf = VideoMAEForVideoClassification(vmae_config(cfg))
     if encoder_state is not None:
         encoder_state = {k: v for k, v in encoder_state.items()
                          if not k.startswith("layernorm.")}  # fmt: skip
@@ -189,12 +228,16 @@ def masked_loss(cfg: BsrConfig, model: nn.Module, videos: torch.Tensor,
     return (per_token * weight).sum() / weight.sum().clamp_min(1.0)
 
 
-def encode(model: nn.Module, videos: torch.Tensor) -> torch.Tensor:
-    """Mean-pooled encoder tokens (B, width) of a pretrainer or classifier, all tokens visible:
-    the last block's output, before the pretrainer's final LayerNorm (which the classifier
-    drops), so that both give the same features."""
+def encode(model: nn.Module, videos: torch.Tensor, cfg: BsrConfig | None = None) -> torch.Tensor:
+    """Encoder features of a pretrainer or classifier, all tokens visible: the last block's
+    output, before the pretrainer's final LayerNorm (which the classifier drops), so that both
+    give the same features; read as ``cfg.head_pool`` says (the mean over tokens, (B, width),
+    without ``cfg``; ``"position"``: the in-head positions' time-means concatenated)."""
     out = model.videomae(pixel_values=videos, output_hidden_states=True)
-    return out.hidden_states[-1].mean(1)
+    h = out.hidden_states[-1]
+    if cfg is not None and cfg.head_pool == "position":
+        return position_tokens(cfg, h).flatten(1)
+    return h.mean(1)
 
 
 def layer_decay_groups(clf: nn.Module, cfg: BsrConfig, lr: float, weight_decay: float) -> list:

@@ -241,11 +241,13 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
     @torch.no_grad()
     def _embed(self, request: BsrRequest, all_rows: bool = False) -> tuple[np.ndarray, str]:
         v, h = self._videos(request, all_rows)
-        emb = [encode(self.model, v[s : s + ENCODE_BATCH]) for s in range(0, len(v), ENCODE_BATCH)]
+        emb = [encode(self.model, v[s : s + ENCODE_BATCH], self.cfg)
+               for s in range(0, len(v), ENCODE_BATCH)]  # fmt: skip
         return torch.cat(emb).numpy().astype(np.float64), h
 
     def one_shot_embeddings(self, request: BsrRequest, kind: str | None = None):
-        """The frozen encoder's mean-pooled embedding of each support trial and of the query,
+        """The frozen encoder's embedding (read as ``head_pool`` says: mean-pooled by
+        default) of each support trial and of the query,
         rendered with the normalisation statistics of all the request's trials (support and
         query together; a stored subject's when ``subject_id`` names one): a trial's feature is
         the same whether it is a support trial or the query, as CAOS's guarantee needs."""
