@@ -322,3 +322,34 @@ def test_roughness_example_reports_every_set_on_smoke(run_example, tmp_path, cap
     }  # fmt: skip
     assert "disc" not in report["real_reference"] and 0 <= report["from_scratch"]["disc"] <= 0.5
     assert "dx_ratio" in capsys.readouterr().out
+
+
+def test_spread_example_scores_the_reproductions_rows_and_restandardises(run_example, tmp_path):
+    """examples/timemode_spread.py on smoke: its disc and fid_feat of both rows are the
+    reproduction's own jobs' (an independent path through experiments), and re-standardised
+    windows have the real windows' level and spread exactly."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from nshot.methods.timemode.experiments import _finetune_job, _pretrain_job, _scratch_job
+
+    out = tmp_path / "s.json"
+    run_example("timemode_spread", ["--preset", "smoke", "--seeds", "1", "--out", str(out)])
+    r = json.loads(out.read_text())["seeds"]["0"]
+    cfg = TimeModeConfig.from_preset("smoke")
+    base = cfg.model_dump()
+    weights = _pretrain_job(base, "timemode", cfg.corpus)["weights"]
+    ft, sc = _finetune_job(base, "timemode", 0, weights), _scratch_job(base, 0)
+    for name, job in (("timemode", ft), ("from_scratch", sc)):
+        assert r[name]["disc"] == pytest.approx(job["disc"], abs=1e-12)
+        assert r[name]["fid_feat"] == pytest.approx(job["fid_feat"], abs=1e-12)
+    path = Path(__file__).parents[1] / "examples" / "timemode_spread.py"
+    spec = importlib.util.spec_from_file_location("example_timemode_spread", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = np.random.default_rng(0).normal(size=(20, 24, 1)) * np.linspace(0.5, 2, 20)[:, None, None]
+    y = mod.restandardise(x, np.array([0.4]), np.array([0.2]))
+    np.testing.assert_allclose(y.mean(axis=1), 0.4)
+    np.testing.assert_allclose(y.std(axis=1), 0.2)
+    assert mod.spread(x)["scale_rel_sd"] > 0.1 and mod.spread(y)["scale_rel_sd"] < 1e-9
