@@ -243,3 +243,22 @@ def test_position_head_reads_each_in_head_position_and_takes_the_pretrained_enco
     head_ids = {id(p) for p in (*clf.fc_norm.parameters(), *clf.classifier.parameters())}
     assert all(g["lr"] == 1.0 for g in groups if any(id(p) in head_ids for p in g["params"]))
     assert clf.classifier.in_features == int(head.sum()) * cfg.width
+
+
+def test_predictor_with_the_position_read_out(trained):
+    """A predictor on the same checkpoint with head_pool="position" embeds each trial per
+    in-head position (the probe's features) and still answers the example request."""
+    from nshot.methods.bsr.model import load_model, patch_in_head
+    from nshot.methods.bsr.serve import BsrPredictor
+    from nshot.train import load_checkpoint
+
+    _, cfg, res = trained
+    model, ckpt_cfg, extra = load_model(load_checkpoint(res.checkpoint, method="bsr"))
+    pos = BsrPredictor(model, ckpt_cfg.replace(head_pool="position"), extra)
+    req = pos.Request(**pos.example_request())
+    ep = pos.one_shot_embeddings(req)
+    assert ep.query_emb.shape == (1, int(patch_in_head(cfg).sum()) * cfg.width)
+    out = pos(req)
+    assert abs(sum(out.probs.values()) - 1.0) < 1e-9 and out.label in {t.label for t in req.support}
+    mean = BsrPredictor(model, ckpt_cfg, extra).one_shot_embeddings(req)
+    assert mean.query_emb.shape == (1, cfg.width)
