@@ -29,12 +29,11 @@ reproduction's first 1-shot episode, class prompts as initialised) this prints a
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from nshot.fileio import print_report
 from nshot.method import get
 
 
@@ -116,10 +115,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = measure(args.preset, args.clip_preset, args.domains.split(","))
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

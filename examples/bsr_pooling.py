@@ -26,13 +26,13 @@ and draws.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from nshot.fileio import print_report
 
 
 def measure(preset: str) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def measure(preset: str) -> dict[str, Any]:
                     tok = h.hidden_states[-1]  # (n, T'·S, width), time-major
                     feats = {
                         "mean": tok.mean(1),
-                        "per_position": position_tokens(cfg, tok).flatten(1),
+                        "per_position": position_tokens(cfg, tok, head).flatten(1),
                     }
                     for readout, f in feats.items():
                         res = _lr_scores(f.numpy().astype(np.float64), labels, sup, qry)
@@ -96,10 +96,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the report here (JSON)")
     args = ap.parse_args()
     report = measure(args.preset)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

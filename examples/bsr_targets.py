@@ -24,11 +24,11 @@ tubelets:
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from nshot.fileio import print_report
 
 
 def measure(preset: str) -> dict:
@@ -67,10 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = measure(args.preset)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,12 @@ ECE (the claim wants ≥ 0.02 at the reported read-out).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from nshot.fileio import print_report
 from nshot.method import get
 
 READOUTS = ("reported", "dirichlet_mean", "temperature")
@@ -118,10 +117,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the report here (JSON)")
     args = ap.parse_args()
     report = measure(args.preset, args.seeds, args.systems.split(","))
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ The model is in eval mode while measuring (no dropout), so the figures are deter
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from nshot.fileio import print_report
 
 
 def measure(cfg, data, model, batches: int) -> dict:  # noqa: ANN001
@@ -70,10 +70,7 @@ def main() -> None:
               "init": measure(cfg, data, build_model(cfg, data), args.batches)}  # fmt: skip
     trained = fit(cfg.replace(steps=args.steps), data)
     report[f"after_{args.steps}_steps"] = measure(cfg, data, trained, args.batches)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ and spread make.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from nshot.fileio import print_report
 
 
 def spread(x: np.ndarray) -> dict[str, float]:
@@ -109,10 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the report here (JSON)")
     args = ap.parse_args()
     report = measure(args.preset, args.seeds)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

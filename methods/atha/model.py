@@ -278,8 +278,7 @@ class EpisodeModel(nn.Module):
         self.visual_proj = clip.visual_proj
         if backbone.bert is not None:
             self.bert = copy.deepcopy(backbone.bert) if self.spec.lora else backbone.bert
-            self.text_proj = clip.text.proj
-            self.text_scale = clip.text.scale  # the tower's embedding scale (minilm_scale)
+            self.text_tower = clip.text  # its projection (with the tower's minilm_scale)
             if self.spec.lora:
                 _inject_lora(self.bert, ["query", "key", "value"], cfg)
         else:
@@ -383,11 +382,10 @@ class EpisodeModel(nn.Module):
             m = self.prompt_mask[..., None].to(emb.dtype)
 
             def pool(h: torch.Tensor) -> torch.Tensor:  # sentence-transformers' mean + norm
-                v = F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
-                return v * self.text_scale
+                return F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
 
-            final = self.text_proj(pool(out.last_hidden_state))
-            anchor = self.text_proj(pool(out.hidden_states[layer + 1]))
+            final = self.text_tower.project(pool(out.last_hidden_state))
+            anchor = self.text_tower.project(pool(out.hidden_states[layer + 1]))
             return final, anchor
         word: TextTransformer = self.word  # type: ignore[assignment]
         emb = word.token_embedding(self.prompt_ids)

@@ -128,22 +128,25 @@ class PositionClassifier(nn.Module):
         self.cfg = cfg
         self.videomae = VideoMAEModel(vmae_config(cfg, num_labels))
         self.fc_norm = nn.LayerNorm(cfg.width)
-        n_in = int(patch_in_head(cfg).sum())
-        self.classifier = nn.Linear(n_in * cfg.width, num_labels)
+        self.register_buffer("in_head", patch_in_head(cfg), persistent=False)
+        self.classifier = nn.Linear(int(self.in_head.sum()) * cfg.width, num_labels)
 
     def forward(self, pixel_values: torch.Tensor):
         from transformers.modeling_outputs import ImageClassifierOutput
 
         h = self.videomae(pixel_values=pixel_values).last_hidden_state
-        x = self.fc_norm(position_tokens(self.cfg, h)).flatten(1)
+        x = self.fc_norm(position_tokens(self.cfg, h, self.in_head)).flatten(1)
         return ImageClassifierOutput(logits=self.classifier(x))
 
 
-def position_tokens(cfg: BsrConfig, hidden: torch.Tensor) -> torch.Tensor:
+def position_tokens(
+    cfg: BsrConfig, hidden: torch.Tensor, in_head: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, n_in_head, width): the time-mean of each in-head spatial patch's tokens of the
-    encoder's last block ``hidden`` (B, T'·S, width; transformers' time-major token order)."""
+    encoder's last block ``hidden`` (B, T'·S, width; transformers' time-major token order);
+    ``in_head``: :func:`patch_in_head`'s mask when the caller holds it."""
     t, s = tokens_per_clip(cfg)
-    head = patch_in_head(cfg).to(hidden.device)
+    head = (patch_in_head(cfg) if in_head is None else in_head).to(hidden.device)
     return hidden.view(hidden.shape[0], t, s, -1).mean(1)[:, head]
 
 

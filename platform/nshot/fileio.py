@@ -4,16 +4,19 @@
 in the same directory to a writer that wants a file name (``pyarrow.parquet.write_table``, a
 library's ``save``) and moves it into place when the block ends without an error. Either way the
 temporary file is flushed to disk, renamed over ``path`` with ``os.replace`` (atomic on one file
-system), and removed if anything fails.
+system), and removed if anything fails. ``print_report(report, out)`` prints a JSON report (the
+diagnostic examples' output) and writes the same text to ``out`` that way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -41,3 +44,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(raw)
     return Path(path)
+
+
+def print_report(report: Any, out: str | os.PathLike[str] | None = None) -> str:
+    """Print ``report`` as JSON (indent 1) and, when ``out`` is given, write the same text there
+    atomically (with a final newline); returns the text."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if out:
+        atomic_write(out, text + "\n")
+    return text

@@ -249,6 +249,11 @@ _SMALL = ClipPreset(
     version="6",
 )
 
+# The spec's CLIP structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
+# visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's proj
+# maps 768 down to 512 (the anchors of the atha method invert it).
+_SMALL_CLS = replace(_SMALL, embed_dim=48, pool="token", version="7")
+
 PRESETS: dict[str, ClipPreset] = {
     "smoke": ClipPreset(
         images=512,
@@ -266,17 +271,12 @@ PRESETS: dict[str, ClipPreset] = {
         log_every=20,
     ),
     "small": _SMALL,
-    # The spec's CLIP structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
-    # visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's
-    # proj maps 768 down to 512 (the anchors of the atha method invert it).
-    "small-cls": replace(_SMALL, embed_dim=48, pool="token", version="7"),
+    "small-cls": _SMALL_CLS,
     # ... and CLIP's text-feature scale: the MiniLM sentence embedding (unit length) enters the
     # projection with the norm of CLIP's ln_final output, sqrt(384), as CLIP's text head
     # projects a LayerNorm output. The zero-shot classifier and the training are the same as
     # recipe 7's (cosines do not see the scale); the atha method's anchors are not.
-    "small-cls-ln": replace(
-        _SMALL, embed_dim=48, pool="token", minilm_scale=math.sqrt(384), version="8"
-    ),
+    "small-cls-ln": replace(_SMALL_CLS, minilm_scale=math.sqrt(384), version="8"),
     "digits": ClipPreset(
         images=DIGITS_TRAIN,
         side=8,
