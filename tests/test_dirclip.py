@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import math
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -21,6 +23,17 @@ def _png_bytes(side: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.zeros((side, side), np.uint8), mode="L").save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG signature, IHDR and IEND: no pixels, whatever size the header claims."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +332,12 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained):
         assert "known names: zero, one" in got.text
         png_head = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(40)).decode()
         big = base64.b64encode(_png_bytes(16)).decode()
-        for b64, word in ((png_head, "decodable"), (big, "16×16")):
+        small = base64.b64encode(_png_bytes(4)).decode()
+        # a 57-byte PNG whose header claims 20,000 × 20,000: refused from the header, not a 500
+        bomb = base64.b64encode(_png_header(20_000, 20_000)).decode()
+        for b64, word in (
+            (png_head, "decodable"), (big, "16×16"), (small, "4×4"), (bomb, "images_b64[0]")
+        ):  # fmt: skip
             got = client.post("/dirclip/predict",
                               json={"images_b64": [b64], "class_names": ["zero", "one"]})  # fmt: skip
             assert got.status_code == 422 and word in got.text, got.text

@@ -15,7 +15,6 @@ wrapper calibrates on it, with g's unit image features as the frozen embedding.
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 import math
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
+from nshot.serve.images import decode_base64_image
 from nshot.serve.schema import StrictRequest
 from nshot.train.checkpoint import LoadedCheckpoint
 
@@ -53,21 +53,17 @@ def _check_pixels(rows: list[list[float]], field: str) -> None:
 
 
 def decode_png(data: str, field: str) -> list[float]:
-    """A base64 PNG (or JPEG) of an 8 × 8 image → 64 grey values in [0, 1]."""
-    from PIL import Image, UnidentifiedImageError
+    """A base64 PNG (or JPEG) of an 8 × 8 image → 64 grey values in [0, 1].
 
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"{field}: not valid base64") from None
-    try:
-        with Image.open(io.BytesIO(raw)) as img:
-            size = img.size
-            grey = np.asarray(img.convert("L"), dtype=np.float64) / 255.0
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        raise ValueError(f"{field}: not a decodable PNG or JPEG image") from None
-    if size != (SIDE, SIDE):
-        raise ValueError(f"{field}: image is {size[0]}×{size[1]}, not {SIDE}×{SIDE}")
+    The side is checked from the header before any pixel is decoded (a small file may claim
+    a huge image), through the platform's decoder.
+    """
+    from PIL import Image
+
+    rgb = decode_base64_image(data, field, formats=("PNG", "JPEG"), max_side=SIDE)
+    if rgb.shape[:2] != (SIDE, SIDE):
+        raise ValueError(f"{field}: image is {rgb.shape[1]}×{rgb.shape[0]}, not {SIDE}×{SIDE}")
+    grey = np.asarray(Image.fromarray(rgb).convert("L"), dtype=np.float64) / 255.0
     return grey.reshape(-1).tolist()
 
 
