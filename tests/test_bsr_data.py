@@ -25,9 +25,12 @@ def test_config_validation_names_the_field():
                        ("suppression", 1.0), ("n_source_trials", 10), ("heads", 3)):  # fmt: skip
         with pytest.raises(ConfigError, match=field):
             BsrConfig.from_preset("small", **{field: bad})
-    # 16² grid, patch 8: 4 spatial patches; 0.9 rounds to masking all 4
+    # 16² grid, patch 8: 4 spatial patches; 0.9 masks 3 of them and leaves one visible, 0.2
+    # masks none
+    assert BsrConfig.from_preset("smoke", mask_ratio=0.9).n_masked == 3
+    assert BsrConfig.from_preset("smoke", mask_ratio=0.99).n_masked == 3
     with pytest.raises(ConfigError, match="mask_ratio"):
-        BsrConfig.from_preset("smoke", mask_ratio=0.9)
+        BsrConfig.from_preset("smoke", mask_ratio=0.2)
     for preset in BsrConfig.PRESETS:
         cfg = BsrConfig.from_preset(preset)
         assert 1 <= cfg.n_masked <= cfg.spatial_patches - 1

@@ -46,9 +46,27 @@ def test_presets_and_declared_parts(name):
             assert c.experiment in typing.get_args(field.annotation), (name, c.id)
     if method.Config.TUNE is not None:
         assert set(method.Config.TUNE.space) <= set(method.Config.model_fields)
+        _every_proposed_trial_is_a_valid_config(method)
     # the packages whose versions `nshot reproduce` records: distribution names
     assert isinstance(method.packages, tuple), f"{name}: packages must be a tuple"
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in method.packages), name
+
+
+def _every_proposed_trial_is_a_valid_config(method):
+    """What `nshot tune` can propose on each preset validates: every bound and choice alone
+    (the check `nshot tune` makes before it starts) and random joint draws (a trial's config),
+    so no trial fails on a constraint between fields (a width its heads do not divide)."""
+    import numpy as np
+
+    space = method.Config.TUNE.search_space()
+    for preset in PRESETS:
+        base = method.config(preset).model_dump()
+        space.validate_for(method.Config, base)
+        for point in space.sample(np.random.default_rng(0), 64):
+            try:
+                method.Config.validated({**base, **point})
+            except Exception as err:  # noqa: BLE001 - the assertion names it
+                raise AssertionError(f"{method.name} {preset}: trial {point} is refused: {err}")
 
 
 @pytest.fixture(scope="module")

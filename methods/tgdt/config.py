@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
-from nshot.tune.space import Float, Int, TuneSpec
+from nshot.tune.space import Choice, Float, TuneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -111,7 +111,7 @@ class TGDTConfig(MethodConfig):
     TUNE: ClassVar[TuneSpec] = TuneSpec(
         space={
             "lr": Float(1e-4, 1e-3, log=True),
-            "d_model": Int(32, 128),
+            "d_model": Choice([32, 64, 96, 128]),  # widths every preset's heads divide
             "w_tbc": Float(0.1, 3.0, log=True),
             "w_tbm": Float(0.1, 3.0, log=True),
         },

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
-from nshot.tune.space import Float, Int, TuneSpec
+from nshot.tune.space import Choice, Float, TuneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -140,7 +140,7 @@ class TimeModeConfig(MethodConfig):
             "lr": Float(1e-4, 1e-3, log=True),
             "finetune_lr": Float(3e-5, 1e-3, log=True),
             "w_a": Float(1e-3, 1e-1, log=True),
-            "d_model": Int(32, 128),
+            "d_model": Choice([32, 64, 96, 128]),  # widths every preset's heads divide
         },
         metric="loss",
         mode="min",
