@@ -73,6 +73,8 @@ def test_predictor_answers_any_montage_refuses_bad_input_with_422_and_gives_sets
             "support[1].eeg": {**good, "support": [good["support"][0],
                                                    {**good["support"][1], "eeg": short}]},
             "positions[0]": {**by_pos, "positions": [[0.0, 0.1]] + by_pos["positions"][1:]},
+            "positions[2]": {**by_pos, "positions": by_pos["positions"][:2]
+                             + [by_pos["positions"][0]] + by_pos["positions"][3:]},
             "support": {**good, "support": [s for s in good["support"]
                                             if s["label"] == "rest"]},
             "subject_id": {**good, "subject_id": "t999"},

@@ -143,3 +143,18 @@ def test_one_deep_dipole_renders_alike_through_both_montages():
     mb, inside_b = interpolation_matrix(montage_xy("B"), 32)
     a, b = ma @ v, mb @ v[montage_channels("B")]
     assert np.linalg.norm((a - b)[inside_b]) / np.linalg.norm(a[inside_b]) <= 0.10
+
+
+def test_degenerate_montages_are_refused_naming_positions_and_the_cache_is_bounded():
+    from nshot.methods.bsr import data
+    from nshot.methods.bsr.data import interpolation_matrix
+
+    line = np.c_[np.zeros(6), np.linspace(-0.6, 0.6, 6)]  # distinct, but on one line
+    with pytest.raises(ValueError, match="^positions: .*no area"):
+        interpolation_matrix(line, 16)
+    square = np.array([[-0.5, -0.5], [0.5, -0.5], [0.5, 0.5], [-0.5, 0.5], [0.5, -0.5]])
+    with pytest.raises(ValueError, match=r"^positions\[4\]: .*positions\[1\]"):
+        interpolation_matrix(square, 16)
+    for shift in np.linspace(0.0, 0.1, data._M_CACHE_SIZE + 5):  # montages a client could send
+        interpolation_matrix(square[:4] + shift, 16)
+    assert len(data._M_CACHE) == data._M_CACHE_SIZE

@@ -4,6 +4,7 @@ Parametrised by ``nshot.method.available()``, so a new method (built in or regis
 third-party package) gets these checks without writing them:
 
 * its presets validate, and its declared parts (claims, Tune spec, eval fields) are well formed;
+  every trial its Tune space can propose is a valid config on every preset;
 * ``smoke`` trains in-process, with a fault injected after the first checkpoint
   (``fail_at_step``): the run fails, ``--resume`` continues from the last checkpoint, and the
   final checkpoint is safetensors + JSON that reloads;

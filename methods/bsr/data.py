@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -127,7 +128,9 @@ def montage_hash(xy: np.ndarray, grid: int) -> str:
     return h.hexdigest()[:16]
 
 
-_M_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+# most recently used montages first out last; bounded, since a client may send any positions
+_M_CACHE: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_M_CACHE_SIZE = 16
 
 
 def interpolation_matrix(xy: np.ndarray, grid: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,15 +141,26 @@ def interpolation_matrix(xy: np.ndarray, grid: int) -> tuple[np.ndarray, np.ndar
     outside the hull copy the row of the nearest in-hull pixel; pixels outside the disc are 0.
     """
     from scipy.interpolate import CloughTocher2DInterpolator
-    from scipy.spatial import cKDTree
+    from scipy.spatial import QhullError, cKDTree
 
     key = montage_hash(xy, grid)
     if key in _M_CACHE:
+        _M_CACHE.move_to_end(key)
         return _M_CACHE[key]
     xy = np.asarray(xy, dtype=np.float64)
     c = len(xy)
+    _, first, inverse = np.unique(np.round(xy, 9), axis=0, return_index=True, return_inverse=True)
+    for i, j in enumerate(first[inverse.reshape(-1)]):
+        if j != i:
+            raise ValueError(f"positions[{i}]: projects onto the same point as positions[{j}]")
     pix, disc = grid_coords(grid)
-    interp = CloughTocher2DInterpolator(xy, np.eye(c), tol=1e-12, maxiter=10_000)
+    try:
+        interp = CloughTocher2DInterpolator(xy, np.eye(c), tol=1e-12, maxiter=10_000)
+    except QhullError:
+        raise ValueError(
+            "positions: the electrodes span no area on the head disc (all on one point or one "
+            "line once projected); give positions spread over the scalp"
+        ) from None
     m = interp(pix)  # (H·W, C); NaN outside the hull
     inside = ~np.isnan(m).any(1) & disc
     m[~inside] = 0.0
@@ -158,6 +172,8 @@ def interpolation_matrix(xy: np.ndarray, grid: int) -> tuple[np.ndarray, np.ndar
         m[fill] = m[inside][nearest]
     out = (m.astype(np.float32), inside)
     _M_CACHE[key] = out
+    while len(_M_CACHE) > _M_CACHE_SIZE:
+        _M_CACHE.popitem(last=False)
     return out
 
 
