@@ -212,3 +212,24 @@ def test_gradient_diagnostic_example(tmp_path, run_example, capsys):
             r = report[when][part]
             assert min(r["dt"], r["tbc"], r["tbm"]) > 0 and -1 <= r["cos_dt_tbc"] <= 1
     assert '"cos_dt_tbc"' in capsys.readouterr().out
+
+
+def test_minilm_memo_keeps_the_most_recent_descriptions(monkeypatch):
+    from nshot.data import sources
+    from nshot.methods.tgdt.model import MiniLMEncoder
+
+    calls = []
+
+    def fake(texts):  # a stand-in for MiniLM: a fixed vector per text, calls recorded
+        calls.append(list(texts))
+        return np.stack([np.full(sources.MINILM_DIM, len(t), np.float32) for t in texts])
+
+    monkeypatch.setattr(sources, "embed_texts", fake)
+    monkeypatch.setattr(MiniLMEncoder, "MEMO_SIZE", 2)
+    enc = MiniLMEncoder(TGDTConfig.from_preset("smoke"))
+    first, _ = enc(["a", "bb", "a"])
+    assert calls == [["a", "bb"]] and torch.equal(first[0], first[2])
+    enc(["ccc"])  # evicts "a", the least recently used
+    assert list(enc._memo) == ["bb", "ccc"]
+    again, _ = enc(["bb", "a"])
+    assert calls[-1] == ["a"] and torch.equal(again[1], first[0]) and len(enc._memo) == 2

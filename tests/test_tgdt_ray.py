@@ -95,6 +95,16 @@ def test_predictor_answers_and_refuses_bad_input_with_422(trained):
             assert r.status_code == 422, r.text
         r = client.post("/tgdt/predict", json={"description": ""})
         assert r.status_code == 422 and "description" in r.text
+        # finite but far past any environment's scale (they overflowed the policy into NaN: 500)
+        huge = {
+            "states.1": {**good, "states": [good["states"][0], [1e25, -1e25]] + good["states"][2:]},
+            "target_return": {**good, "target_return": 1e25},
+            "rewards.0": {**good, "rewards": [1e25] + good["rewards"][1:]},
+        }
+        for field, body in huge.items():
+            r = client.post("/tgdt/predict", json=body)
+            assert r.status_code == 422 and "beyond" in r.text, (field, r.text)
+            assert field in r.text.replace("[", ".").replace("]", ""), (field, r.text)
 
 
 def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):

@@ -17,6 +17,7 @@ token sees only R̂_1).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -121,7 +122,10 @@ class MiniLMEncoder(nn.Module):
     """Frozen all-MiniLM-L6-v2 sentence embeddings (the pretrained text encoder of paper §3,
     in place of BLIP's) and a trained projection: one memory token per description. The
     encoder is not a submodule (only the projection is in the state dict); embeddings are
-    memoised per text in this process."""
+    memoised per text in this process, the ``MEMO_SIZE`` most recently used (a server sees any
+    description)."""
+
+    MEMO_SIZE = 4096
 
     def __init__(self, cfg: TGDTConfig) -> None:
         super().__init__()
@@ -129,16 +133,22 @@ class MiniLMEncoder(nn.Module):
 
         d = cfg.d_model
         self.proj = nn.Sequential(nn.Linear(MINILM_DIM, d), nn.GELU(), nn.Linear(d, d))
-        self._memo: dict[str, torch.Tensor] = {}
+        self._memo: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def forward(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         missing = sorted({t for t in texts if t not in self._memo})
+        found = {t: self._memo[t] for t in set(texts) - set(missing)}
         if missing:
             from nshot.data.sources import embed_texts
 
-            self._memo.update(zip(missing, torch.from_numpy(embed_texts(missing)), strict=True))
+            found.update(zip(missing, torch.from_numpy(embed_texts(missing)), strict=True))
+        for t in sorted(found):
+            self._memo[t] = found[t]
+            self._memo.move_to_end(t)
+        while len(self._memo) > self.MEMO_SIZE:
+            self._memo.popitem(last=False)
         dev = self.proj[0].weight.device
-        emb = torch.stack([self._memo[t] for t in texts]).to(dev)
+        emb = torch.stack([found[t] for t in texts]).to(dev)
         return self.proj(emb)[:, None], torch.ones(len(texts), 1, dtype=torch.bool, device=dev)
 
 

@@ -31,12 +31,22 @@ from .evaluation import encode, history_window, rollout
 from .model import load_model
 
 MAX_HISTORY = 1000
+# beyond any state, action, reward or return of the environments here (Meta-World's returns
+# reach a few thousand); far larger finite values overflow the float32 policy into NaN
+MAX_ABS = 1e6
+
+
+def _finite(name: str, values: list[float]) -> None:
+    for v in values:
+        if not math.isfinite(v):
+            raise ValueError(f"{name}: NaN or inf")
+        if abs(v) > MAX_ABS:
+            raise ValueError(f"{name}: {v:g} is beyond ±{MAX_ABS:g}")
 
 
 def _finite_rows(name: str, rows: list[list[float]]) -> None:
     for i, row in enumerate(rows):
-        if not all(math.isfinite(v) for v in row):
-            raise ValueError(f"{name}[{i}]: NaN or inf")
+        _finite(f"{name}[{i}]", row)
 
 
 def _check_dims(name: str, rows: list[list[float]], dim: int) -> None:
@@ -82,11 +92,10 @@ class TGDTRequest(StrictRequest):
     def _check(self) -> TGDTRequest:
         if not self.description.strip():
             raise ValueError("description: empty (only white space)")
-        if self.target_return is not None and not math.isfinite(self.target_return):
-            raise ValueError("target_return: NaN or inf")
+        if self.target_return is not None:
+            _finite("target_return", [self.target_return])
         if self.goal is not None:
-            if not all(math.isfinite(v) for v in self.goal):
-                raise ValueError("goal: NaN or inf")
+            _finite("goal", self.goal)
         if self.mode == "rollout":
             if self.goal is None and self.task is None:
                 raise ValueError("goal: a rollout needs the environment's goal (PointRobot) or "
@@ -105,8 +114,7 @@ class TGDTRequest(StrictRequest):
                              f"(need len(states) − 1 = {n})")  # fmt: skip
         _finite_rows("actions", actions)
         for i, r in enumerate(rewards):
-            if not math.isfinite(r):
-                raise ValueError(f"rewards[{i}]: NaN or inf")
+            _finite(f"rewards[{i}]", [r])
         return self
 
 
