@@ -245,6 +245,14 @@ def test_predictor_answers_and_refuses_bad_episodes_with_422(checkpoint):
             assert got.status_code == 422, (field, got.text)
             detail = got.json()["detail"][0]
             assert field in (detail.get("field") or "") or field in got.text, (field, got.text)
+        for value in (300, -1, 1.5):  # arrays are 0–255 integers
+            img = [[[0, 0, 0]] * 8 for _ in range(8)]
+            img[3][4] = [0, value, 0]
+            got = client.post("/atha/predict", json={**good, "queries": [img]})
+            assert got.status_code == 422, (value, got.text)
+            assert "queries[0]" in got.text or "queries.0." in got.text, (value, got.text)
+        got = client.post("/atha/predict", json={**good, "class_names": [names[0], ""]})
+        assert got.status_code == 422 and "class_names" in got.text, got.text
         no_image = {**good, "class_names": [*names, "star"]}
         got = client.post("/atha/predict", json=no_image)
         assert got.status_code == 422 and "'star' has no image" in got.text
@@ -275,6 +283,9 @@ def test_conformal_sets_wrap_the_predictor(checkpoint):
     answer = wrapped(wrapped.Request.model_validate(body))
     assert len(answer.sets) == 2 and all(set(s) <= set(req.class_names) for s in answer.sets)
     assert answer.probs == inner(req).probs
+    one_shot = inner.Request.model_validate(inner.example_request())  # 2 rows < k + 1 = 3
+    with pytest.raises(ValueError, match="^support: conformal sets need at least k"):
+        ConformalPredictor(inner, alpha=0.4, k=2).sets(one_shot)
 
 
 def test_conformal_sets_cover_over_fresh_shape_episodes(checkpoint, caos_coverage):

@@ -250,6 +250,7 @@ class DirclipPredictor(Predictor[DirclipRequest, DirclipResponse]):
             support_labels=np.array([index[lab] for lab in request.support_labels or []]),
             query_emb=f[n:],
             classes=list(names),
+            support_field="support_images",
         )
 
 

@@ -159,6 +159,7 @@ class FrontPredictor(Predictor[FrontRequest, FrontResponse]):
             support_labels=np.array(request.support_labels),
             query_emb=emb[:q],
             classes=list(range(classes)),
+            support_field="support_images",
         )
 
     def batch(self, requests: list[FrontRequest]) -> list[FrontResponse]:

@@ -352,6 +352,7 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
             support_labels=np.array([index[c] for c in request.support_y]),
             query_emb=f[n:],
             classes=classes,
+            support_field="support_y",
         )
 
     def __call__(self, request: TailRequest) -> TailResponse:

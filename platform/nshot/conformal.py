@@ -55,6 +55,7 @@ class OneShotEpisode:
     support_labels: np.ndarray  # [n] class indices into `classes`
     query_emb: np.ndarray  # [q, D]
     classes: list[Any]  # class names, in the predictor's order
+    support_field: str = "support"  # the request field holding the support set (errors name it)
 
 
 def _check_alpha(alpha: float) -> None:

@@ -107,7 +107,8 @@ class ConformalPredictor(Predictor):
         n = len(ep.support_labels)
         if n < self.k + 1:
             raise ValueError(
-                f"support_y: conformal sets need at least k + 1 = {self.k + 1} support rows, got {n}"
+                f"{ep.support_field}: conformal sets need at least k + 1 = {self.k + 1} support "
+                f"rows, got {n}"
             )
         out = classification_sets(
             ep.support_emb, ep.support_labels, ep.query_emb, len(ep.classes), alpha, self.k
