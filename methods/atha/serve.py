@@ -197,11 +197,16 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
 
         return torch.from_numpy(np.stack([preprocess_image(im, self.side) for im in images]))
 
+    def _resized(self, images: list[Image], field: str) -> torch.Tensor:
+        """Each image decoded and brought to the model's side before the next is decoded: a
+        request of hundreds of large images never holds them all at full size."""
+        return torch.cat([self.images([decode_image(im, field)]) for im in images])
+
     def _tensors(self, request: AthaRequest):
         index = {n: i for i, n in enumerate(request.class_names)}
-        sx = self.images([decode_image(s.image, "support") for s in request.support])
+        sx = self._resized([s.image for s in request.support], "support")
         sy = torch.tensor([index[s.label] for s in request.support])
-        qx = self.images([decode_image(q, "queries") for q in request.queries])
+        qx = self._resized(list(request.queries), "queries")
         return sx, sy, qx
 
     def __call__(self, request: AthaRequest) -> AthaResponse:
