@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -316,6 +317,25 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
     served = torch.tensor([[p["probs"][n] for n in names] for p in answer], dtype=torch.float64)
     torch.testing.assert_close(served, probs, atol=1e-5, rtol=0)
     assert all(0.0 <= p["uncertainty"]["au"] <= 1.0 for p in answer)
+    # `--conformal caos`: g's unit features of a labelled support set (here the queries
+    # themselves, so support and query features coincide) give sets; the answer is unchanged
+    from nshot.serve.conformal import ConformalPredictor
+
+    pred = dirclip.predictor(ckpt)
+    labelled = {**body, "support_images": body["images"], "support_labels": names}
+    ep = pred.one_shot_embeddings(pred.Request.model_validate(labelled))
+    assert ep.support_emb.shape == ep.query_emb.shape and ep.support_labels.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(ep.support_emb, ep.query_emb, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(ep.query_emb, axis=1), 1.0, atol=1e-6)
+    wrapped = ConformalPredictor(pred, alpha=0.4)
+    sets = wrapped(wrapped.Request.model_validate(labelled))
+    assert len(sets.sets) == 3 and all(set(s) <= set(names) for s in sets.sets)
+    assert [p.probs for p in sets.predictions] == [p["probs"] for p in answer]
+    for b, field in (({**labelled, "support_labels": names[:2]}, "support_labels"),
+                     ({**labelled, "support_labels": ["one", "two", "one"]}, "support_labels[1]"),
+                     ({**body, "support_labels": names}, "support_labels")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^[\s\S]*{re.escape(field)}: "):
+            pred.Request.model_validate(b)
     # the serving machine lacks the CLIP, or has another one at that path: errors name clip_path
     with pytest.raises(CheckpointError, match="field 'clip_path'.*does not exist"):
         load_recorded_clip({**ckpt.config, "clip_path": str(tmp_path / "gone")}, rec, "ck")

@@ -10,7 +10,10 @@ weights in (:func:`.paper.load_paper_model`). Nothing is downloaded; nothing is 
 A request gives images (base64 PNG or JPEG, RGB or grey, or ``H × W × 3`` arrays of floats in
 [0, 1]; each side 1 to 1,024), class names (2 to 1,000 unique, non-empty, any text: CLIP's
 byte-level BPE knows every word), a prompt template with ``{}`` once, and
-``return_uncertainty``. Images get CLIP's preprocessing (the shorter side resized bicubic to
+``return_uncertainty``. For ``nshot serve dirclip --conformal caos`` it may add a labelled
+support set (``support_images`` or ``support_images_b64``, in the images' forms, with
+``support_labels`` among ``class_names``): the conformal wrapper calibrates on it, with g's unit
+image features as the frozen embedding, as the toy predictor does. Images get CLIP's preprocessing (the shorter side resized bicubic to
 the model's resolution, the centre crop); an array is first rounded to 8 bits, as an image file
 would be, so an array and its PNG get the same answer. A request's images go through g in one
 forward pass (requests are not batched together: an answer does not depend on other requests).
@@ -62,6 +65,15 @@ class DirclipPaperRequest(StrictRequest):
     class_names: list[str] = Field(..., description="the label set (2 to 1,000 unique names)")
     template: str = Field(TEMPLATE, description="prompt with {} for the class name")
     return_uncertainty: bool = True
+    support_images: list[list[list[list[float]]]] | None = Field(
+        None, max_length=MAX_IMAGES, description="labelled images for --conformal caos (arrays)"
+    )
+    support_images_b64: list[str] | None = Field(
+        None, max_length=MAX_IMAGES, description="labelled images for --conformal caos (base64)"
+    )
+    support_labels: list[str] | None = Field(
+        None, max_length=MAX_IMAGES, description="their class names (among class_names)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DirclipPaperRequest:
@@ -90,13 +102,40 @@ class DirclipPaperRequest(StrictRequest):
             raise ValueError(f"class_names: names must be unique; repeated: {dup[:5]}")
         if self.template.count("{}") != 1:
             raise ValueError("template: must contain '{}' exactly once, for the class name")
+        self._check_support()
         return self
+
+    def _check_support(self) -> None:
+        given = self.support_images is not None or self.support_images_b64 is not None
+        if self.support_images is not None and self.support_images_b64 is not None:
+            raise ValueError("support_images: give one of support_images and support_images_b64")
+        if given != (self.support_labels is not None):
+            raise ValueError("support_labels: give the support images and their labels together")
+        if not given:
+            return
+        n = len(self.support_arrays())
+        if len(self.support_labels) != n:
+            raise ValueError(f"support_labels: {len(self.support_labels)} labels for {n} images")
+        for i, lab in enumerate(self.support_labels):
+            if lab not in self.class_names:
+                raise ValueError(f"support_labels[{i}]: {lab[:80]!r} is not in class_names")
 
     def arrays(self) -> list[np.ndarray]:
         if self.images is not None:
             return [check_array(im, f"images[{i}]") for i, im in enumerate(self.images)]
         return [
             decode_image_b64(s, f"images_b64[{i}]") for i, s in enumerate(self.images_b64 or [])
+        ]
+
+    def support_arrays(self) -> list[np.ndarray]:
+        """The labelled support images as ``uint8 [H, W, 3]`` (none when there is no support)."""
+        if self.support_images is not None:
+            return [
+                check_array(im, f"support_images[{i}]") for i, im in enumerate(self.support_images)
+            ]
+        return [
+            decode_image_b64(s, f"support_images_b64[{i}]")
+            for i, s in enumerate(self.support_images_b64 or [])
         ]
 
 
@@ -144,10 +183,32 @@ class DirclipPaperPredictor(Predictor[DirclipPaperRequest, DirclipResponse]):
 
     def pixels(self, request: DirclipPaperRequest) -> torch.Tensor:
         """The request's images after CLIP's preprocessing, ``float32 [n, 3, S, S]``."""
+        return self._preprocess(request.arrays())
+
+    def _preprocess(self, arrays: list[np.ndarray]) -> torch.Tensor:
         from nshot.nn.hfclip import preprocess_image
 
-        return torch.from_numpy(
-            np.stack([preprocess_image(a, self.image_size) for a in request.arrays()])
+        return torch.from_numpy(np.stack([preprocess_image(a, self.image_size) for a in arrays]))
+
+    @torch.no_grad()
+    def one_shot_embeddings(self, request: DirclipPaperRequest, kind: str | None = None):
+        """Frozen per-image features for conformal prediction sets: g's unit image features
+        of the labelled support images and of the query images (one image each, no label)."""
+        from nshot.serve.conformal import OneShotEpisode
+
+        support = request.support_arrays()
+        if not support:
+            raise ValueError("support_images: conformal sets need a labelled support set")
+        x = self._preprocess(support + request.arrays()).to(self.device)
+        f = F.normalize(self.model.features(x), dim=-1).double().cpu().numpy()
+        index = {n: i for i, n in enumerate(request.class_names)}
+        n = len(support)
+        return OneShotEpisode(
+            support_emb=f[:n],
+            support_labels=np.array([index[lab] for lab in request.support_labels or []]),
+            query_emb=f[n:],
+            classes=list(request.class_names),
+            support_field="support_images",
         )
 
     def _text_features(self, names: list[str], template: str) -> torch.Tensor:
