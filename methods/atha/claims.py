@@ -62,4 +62,15 @@ CLAIMS: tuple[Claim, ...] = (
         expr="extra('sanity', 'min_5shot_minus_1shot') >= 0",
         presets=TRAINED,
     ),
+    Claim(
+        id="unit_checks",
+        statement="Unit checks on the run's backbone: with rho+ = rho- = 0 ATHA's logits equal "
+        "CoOp + LoRA's bit for bit; the head and tail token sets are disjoint; the inverted "
+        "anchors give back the text features to 1e-4 (relative).",
+        source="Method (paper §3): ATHA reduces to uniform alignment at rho = 0; head and tail "
+        "tokens; anchors by inverting the image head",
+        expr="extra('unit', 'rho0_max_abs_logit_diff') == 0 "
+        "and extra('unit', 'head_tail_overlap') == 0 "
+        "and extra('unit', 'anchor_rel_error') <= 1e-4",
+    ),
 )
