@@ -191,3 +191,34 @@ def test_pretraining_starts_from_a_videomae_checkpoint_on_disk(tmp_path):
     for where, match in cases:
         with pytest.raises(NshotError, match=rf"field 'init_weights'.*{match}"):
             new_pretrainer(cfg.replace(init_weights=str(tmp_path / where)))
+
+
+def test_pretrainer_starts_and_decays_as_videomae():
+    """VideoMAE's pre-training initialisation (Xavier-uniform Linear layers with zero bias,
+    LayerNorms 1 / 0, the mask token within ±0.02) and its weight-decay exemptions (biases,
+    1-D parameters, the mask token)."""
+    import math
+
+    from nshot.methods.bsr.model import build_pretrainer, pretrain_param_groups
+
+    torch.manual_seed(0)
+    model = build_pretrainer(BsrConfig.from_preset("small"))
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and not n.startswith("encoder_to_decoder")]  # fmt: skip
+    assert len(linears) > 10
+    for name, m in linears:
+        fan_out, fan_in = m.weight.shape
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        assert m.weight.abs().max() <= bound + 1e-7, name
+        assert abs(float(m.weight.std()) - bound / math.sqrt(3)) < 0.15 * bound, name
+        assert m.bias is None or not m.bias.any(), name
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            assert (m.weight == 1).all() and not m.bias.any(), name
+    token = model.mask_token
+    assert token.abs().max() <= 0.02 and token.std() > 0.005
+    decay, exempt = pretrain_param_groups(model, 0.05)
+    assert decay["weight_decay"] == 0.05 and exempt["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert any(p is model.mask_token for p in exempt["params"])
+    assert len(decay["params"]) + len(exempt["params"]) == len(list(model.parameters()))

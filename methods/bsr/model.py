@@ -45,10 +45,53 @@ def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: 
 
 
 def build_pretrainer(cfg: BsrConfig) -> nn.Module:
-    """``VideoMAEForPreTraining`` of the config (random initialisation)."""
+    """``VideoMAEForPreTraining`` of the config, randomly initialised as VideoMAE's
+    pre-training model is (:func:`videomae_init`)."""
     from transformers import VideoMAEForPreTraining
 
-    return VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
+    model = VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
+    videomae_init(model)
+    return model
+
+
+def videomae_init(model: nn.Module) -> None:
+    """VideoMAE's pre-training initialisation, in place of transformers' (normal, std 0.02):
+    every Linear layer of the encoder and the decoder Xavier-uniform with zero bias, their
+    LayerNorms 1 and 0; the tubelet embedding (a Conv3d) and the encoder-to-decoder projection
+    keep PyTorch's default initialisation (VideoMAE initialises neither); the mask token a
+    normal of std 0.02 truncated at ±0.02. Draws from torch's global generator."""
+
+    def init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    model.videomae.encoder.apply(init)
+    model.videomae.layernorm.apply(init)
+    model.decoder.apply(init)
+    model.videomae.embeddings.patch_embeddings.projection.reset_parameters()
+    model.encoder_to_decoder.reset_parameters()
+    with torch.no_grad():
+        nn.init.trunc_normal_(model.mask_token, std=0.02, a=-0.02, b=0.02)
+
+
+def no_weight_decay(name: str, param: nn.Parameter) -> bool:
+    """VideoMAE's exemptions from weight decay: biases, every 1-D parameter (norms, the
+    attention's q / v biases) and the mask token."""
+    return param.ndim <= 1 or name.endswith(".bias") or name.split(".")[-1] == "mask_token"
+
+
+def pretrain_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The pretrainer's AdamW groups: decayed weights, then the exempt parameters."""
+    decay, exempt = [], []
+    for name, p in model.named_parameters():
+        (exempt if no_weight_decay(name, p) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": exempt, "weight_decay": 0.0}]  # fmt: skip
 
 
 def load_init_weights(model: nn.Module, path: str) -> None:

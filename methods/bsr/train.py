@@ -41,6 +41,7 @@ from .model import (
     normalised_targets,
     patch_in_head,
     patchify,
+    pretrain_param_groups,
     tokens_per_clip,
     tube_mask,
 )
@@ -220,8 +221,8 @@ def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimiz
     if cfg.init_weights is not None:  # the video foundation model the paper starts from
         load_init_weights(model, cfg.init_weights)
     opt = torch.optim.AdamW(
-        model.parameters(), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
-        weight_decay=cfg.weight_decay, foreach=True,
+        pretrain_param_groups(model, cfg.weight_decay), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
+        foreach=True,
     )  # fmt: skip
     return model, opt
 
