@@ -67,7 +67,9 @@ def _every_proposed_trial_is_a_valid_config(method):
             try:
                 method.Config.validated({**base, **point})
             except Exception as err:  # noqa: BLE001 - the assertion names it
-                raise AssertionError(f"{method.name} {preset}: trial {point} is refused: {err}")
+                raise AssertionError(
+                    f"{method.name} {preset}: trial {point} is refused: {err}"
+                ) from err
 
 
 @pytest.fixture(scope="module")
