@@ -128,7 +128,7 @@ def montage_hash(xy: np.ndarray, grid: int) -> str:
     return h.hexdigest()[:16]
 
 
-# most recently used montages first out last; bounded, since a client may send any positions
+# the most recently used montages (least recent evicted first): a client may send any positions
 _M_CACHE: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _M_CACHE_SIZE = 16
 

@@ -10,13 +10,15 @@ weights in (:func:`.paper.load_paper_model`). Nothing is downloaded; nothing is 
 A request gives images (base64 PNG or JPEG, RGB or grey, or ``H × W × 3`` arrays of floats in
 [0, 1]; each side 1 to 1,024), class names (2 to 1,000 unique, non-empty, any text: CLIP's
 byte-level BPE knows every word), a prompt template with ``{}`` once, and
-``return_uncertainty``. For ``nshot serve dirclip --conformal caos`` it may add a labelled
-support set (``support_images`` or ``support_images_b64``, in the images' forms, with
-``support_labels`` among ``class_names``): the conformal wrapper calibrates on it, with g's unit
-image features as the frozen embedding, as the toy predictor does. Images get CLIP's preprocessing (the shorter side resized bicubic to
+``return_uncertainty``. Images get CLIP's preprocessing (the shorter side resized bicubic to
 the model's resolution, the centre crop); an array is first rounded to 8 bits, as an image file
 would be, so an array and its PNG get the same answer. A request's images go through g in one
 forward pass (requests are not batched together: an answer does not depend on other requests).
+
+For ``nshot serve dirclip --conformal caos`` a request may add a labelled support set
+(``support_images`` or ``support_images_b64``, in the images' forms, with ``support_labels``
+among ``class_names``): the conformal wrapper calibrates on it, with g's unit image features as
+the frozen embedding, as the toy predictor does.
 """
 
 from __future__ import annotations
