@@ -222,3 +222,32 @@ def test_pretrainer_starts_and_decays_as_videomae():
     assert all(p.ndim >= 2 for p in decay["params"])
     assert any(p is model.mask_token for p in exempt["params"])
     assert len(decay["params"]) + len(exempt["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("head_pool", ["mean", "position"])
+def test_classifier_starts_as_videomae_fine_tuning(head_pool):
+    """VideoMAE's fine-tuning initialisation: Linear layers a normal truncated at ±0.02, zero
+    biases, the head scaled by 0.001 (near-uniform first predictions), LayerNorm eps 1e-6; a
+    pretrained encoder is loaded over it."""
+    from nshot.methods.bsr.model import HEAD_INIT_SCALE, build_classifier, build_pretrainer
+
+    cfg = BsrConfig.from_preset("smoke", head_pool=head_pool)
+    torch.manual_seed(0)
+    clf = build_classifier(cfg)
+    head = clf.classifier
+    for name, m in clf.named_modules():
+        if isinstance(m, torch.nn.Linear) and m is not head:
+            assert m.weight.abs().max() <= 0.02 and m.weight.std() > 0.005, name
+            assert m.bias is None or not m.bias.any(), name
+        if isinstance(m, torch.nn.LayerNorm):
+            assert m.eps == 1e-6 and (m.weight == 1).all() and not m.bias.any(), name
+    assert head.weight.abs().max() <= 0.02 * HEAD_INIT_SCALE and not head.bias.any()
+    with torch.no_grad():
+        probs = clf(pixel_values=torch.randn(3, cfg.frames, 3, cfg.grid, cfg.grid)).logits
+    assert probs.abs().max() < 1e-2  # near-uniform first predictions
+    pre = build_pretrainer(cfg)
+    loaded = build_classifier(cfg, pre.videomae.state_dict())
+    got = dict(loaded.videomae.named_parameters())
+    for name, p in pre.videomae.named_parameters():
+        if not name.startswith("layernorm."):
+            assert torch.equal(got[name], p), name

@@ -25,6 +25,9 @@ from nshot.train.checkpoint import LoadedCheckpoint
 from .config import BsrConfig
 from .data import CLASSES
 
+LN_EPS = 1e-6  # VideoMAE's LayerNorms (its models' norm_layer); transformers' default is 1e-12
+HEAD_INIT_SCALE = 1e-3  # VideoMAE's fine-tuning scales its new head's initial weights by this
+
 
 def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: bool = False):
     """transformers' VideoMAE config of ``cfg``. The pretrainer's encoder ends in a LayerNorm
@@ -40,7 +43,7 @@ def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: 
         decoder_hidden_size=cfg.dec_width, decoder_num_hidden_layers=cfg.dec_depth,
         decoder_num_attention_heads=cfg.dec_heads, decoder_intermediate_size=4 * cfg.dec_width,
         norm_pix_loss=True, use_mean_pooling=not pretraining, num_labels=num_labels,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=LN_EPS,
     )  # fmt: skip
 
 
@@ -170,7 +173,7 @@ class PositionClassifier(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.videomae = VideoMAEModel(vmae_config(cfg, num_labels))
-        self.fc_norm = nn.LayerNorm(cfg.width)
+        self.fc_norm = nn.LayerNorm(cfg.width, eps=LN_EPS)
         self.register_buffer("in_head", patch_in_head(cfg), persistent=False)
         self.classifier = nn.Linear(int(self.in_head.sum()) * cfg.width, num_labels)
 
@@ -205,6 +208,8 @@ def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Mo
         clf: nn.Module = PositionClassifier(cfg)
     else:
         clf = VideoMAEForVideoClassification(vmae_config(cfg))
+        clf.fc_norm.eps = LN_EPS  # transformers builds it with LayerNorm's default, 1e-5
+    videomae_finetune_init(clf)
     if encoder_state is not None:
         encoder_state = {k: v for k, v in encoder_state.items()
                          if not k.startswith("layernorm.")}  # fmt: skip
@@ -215,6 +220,29 @@ def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Mo
                 f"unexpected {res.unexpected_keys[:3]}"
             )
     return clf
+
+
+def videomae_finetune_init(clf: nn.Module) -> None:
+    """VideoMAE's fine-tuning model initialisation, in place of transformers' (an untruncated
+    normal of std 0.02): every Linear layer a normal of std 0.02 truncated at ±0.02 (VideoMAE's
+    own truncation) with zero bias, LayerNorms 1 and 0, the tubelet embedding (a Conv3d) at
+    PyTorch's default; then the head's weights scaled by ``HEAD_INIT_SCALE`` (its fine-tuning
+    default ``init_scale``), so that training starts from near-uniform predictions. A
+    pretrained encoder is loaded over it. Draws from torch's global generator."""
+
+    def init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02, a=-0.02, b=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    clf.apply(init)
+    clf.videomae.embeddings.patch_embeddings.projection.reset_parameters()
+    with torch.no_grad():
+        clf.classifier.weight.mul_(HEAD_INIT_SCALE)
 
 
 def tokens_per_clip(cfg: BsrConfig) -> tuple[int, int]:
