@@ -9,7 +9,9 @@ third-party package) gets these checks without writing them:
   (``fail_at_step``): the run fails, ``--resume`` continues from the last checkpoint, and the
   final checkpoint is safetensors + JSON that reloads;
 * its predictor answers its own example request; the answer survives a JSON round trip, equals
-  the batched answer, and the HTTP app gives the same JSON.
+  the batched answer, and the HTTP app gives the same JSON;
+* hostile variants of that example (numbers past any scale, emptied and repeated lists) get an
+  answer or a 4xx, never a 5xx.
 """
 
 from __future__ import annotations
@@ -145,3 +147,79 @@ def test_predictor_answers_its_example_over_json_batch_and_http(
         got = client.post(f"/{name}/predict", json=example)
     assert got.status_code == 200, got.text
     assert got.json() == json.loads(answer.model_dump_json())
+
+
+def _leaves(obj, path=()):
+    """(path, value) of every value of a JSON body, lists included (their first three items)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        yield path, obj
+        for i, v in enumerate(obj[:3]):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+def _with(obj, path, value):
+    import copy
+
+    out = copy.deepcopy(obj)
+    cur = out
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return out
+
+
+def _hostile_variants(example: dict):
+    """Variants of a valid request a client may send: a number far past any scale (±1e25, near
+    float32's maximum) at up to six places, a list emptied, its first item repeated, tripled."""
+    import numpy as np
+
+    nums = [p for p, v in _leaves(example)
+            if p and isinstance(v, int | float) and not isinstance(v, bool)]  # fmt: skip
+    lists = [p for p, v in _leaves(example) if p and isinstance(v, list) and v]
+    rng = np.random.default_rng(0)
+    for p in [nums[i] for i in sorted(rng.choice(len(nums), min(6, len(nums)), replace=False))]:
+        for value in (1e25, -1e25, 3.0e38):
+            yield f"{p}={value:g}", _with(example, p, value)
+    for p in [lists[i] for i in sorted(rng.choice(len(lists), min(4, len(lists)), replace=False))]:
+        items = _leaves_get(example, p)
+        yield f"{p}=[]", _with(example, p, [])
+        yield f"{p}=repeated", _with(example, p, [items[0]] * len(items))
+        yield f"{p}=tripled", _with(example, p, list(items) * 3)
+
+
+def _leaves_get(obj, path):
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_hostile_variants_of_the_example_get_an_answer_or_a_4xx_never_a_5xx(
+    name, trained, tmp_path_factory, request
+):
+    """Numbers past any scale, emptied and repeated lists: the predictor answers or refuses
+    with a 4xx (a float32 model must not turn 1e25 into a NaN answer, nor a repeated electrode
+    position into a 500)."""
+    from fastapi.testclient import TestClient
+
+    from nshot.serve.bare import make_app
+    from nshot.train.checkpoint import load_checkpoint
+
+    if name in LLM:
+        request.getfixturevalue("tiny_smoke_lm")
+    storage = tmp_path_factory.mktemp(f"conf-{name}")
+    *_, res = _train_with_a_fault(name, storage, trained)
+    example = get(name).predictor(load_checkpoint(res.checkpoint, method=name)).example_request()
+    failed = []
+    app = make_app(name, str(res.checkpoint))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for label, body in _hostile_variants(example):
+            got = client.post(f"/{name}/predict", json=body)
+            if got.status_code >= 500:
+                failed.append((label, got.status_code, got.text[:160]))
+    assert not failed, f"{name}: {failed}"

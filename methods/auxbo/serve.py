@@ -15,15 +15,20 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
-from nshot.serve.schema import StrictRequest
+from nshot.serve.schema import MAX_ABS, StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .model import load_model
 
+# an objective may be in any units; x (the unit cube) and h (curves) are of order one
+MAX_F = 1e12
 
-def _finite(v: float) -> float:
+
+def _finite(v: float, limit: float = MAX_ABS) -> float:
     if not math.isfinite(v):
         raise ValueError("NaN or infinite value")
+    if abs(v) > limit:
+        raise ValueError(f"{v:g} is beyond ±{limit:g}")
     return v
 
 
@@ -35,7 +40,7 @@ class ContextPoint(StrictRequest):
     @field_validator("f")
     @classmethod
     def _f(cls, v: float) -> float:
-        return _finite(v)
+        return _finite(v, MAX_F)
 
     @field_validator("h")
     @classmethod
@@ -134,10 +139,8 @@ class AuxBOPredictor(Predictor[AuxBORequest, AuxBOResponse]):
                 raise ValueError(f"{where}: {err}") from None
         if len(x) != D:
             raise ValueError(f"{where}: x has {len(x)} coordinates, the surrogate expects {D}")
-        arr = np.asarray(x, dtype=np.float64)
-        if not np.isfinite(arr).all():
-            raise ValueError(f"{where}: NaN or infinite coordinate")
-        return arr
+        check_finite(where, x)
+        return np.asarray(x, dtype=np.float64)
 
     def __call__(self, request: AuxBORequest) -> AuxBOResponse:
         from .model import normalise_h

@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from nshot.method import Predictor
-from nshot.serve.schema import StrictRequest
+from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .data import load_class
@@ -83,6 +83,7 @@ def _xyz_array(rows: list, shape: tuple[int, int]) -> np.ndarray:
                 raise ValueError(f"xyz[{i}][{j}]: {len(p)} coordinates, need 3 (x, y, z)")
             if not all(math.isfinite(v) for v in p):
                 raise ValueError(f"xyz[{i}][{j}]: NaN or inf (use 0, 0, 0 for no point)")
+            check_finite(f"xyz[{i}][{j}]", p)  # coordinates beyond ±1e6 overflow float32 maps
     xyz = np.asarray(rows, dtype=np.float32)
     if not xyz.any():
         raise ValueError("xyz: no valid point (every point is 0, 0, 0)")

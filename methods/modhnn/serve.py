@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
-from nshot.serve.schema import StrictRequest
+from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import ModHNNConfig
@@ -28,10 +28,6 @@ from .model import load_model
 MAX_SHOTS = 1000
 MAX_STATES = 10_000
 DOF = 1  # one (q, p) pair
-
-
-def _finite(values: list[float]) -> bool:
-    return all(math.isfinite(v) for v in values)
 
 
 class Shot(StrictRequest):
@@ -58,8 +54,7 @@ def _check_trajectory(t: Trajectory, where: str) -> None:
                 f"{where}.states[{i}]: has {len(s)} values, the model has {DOF} degree of "
                 f"freedom ([q, p])"
             )
-        if not _finite(s):
-            raise ValueError(f"{where}.states[{i}]: contains NaN or inf")
+        check_finite(f"{where}.states[{i}]", s)
     if (t.dt is None) == (t.times is None):
         raise ValueError(f"{where}: give exactly one of dt and times")
     if t.dt is not None and not (math.isfinite(t.dt) and 0 < t.dt <= 1):
@@ -67,7 +62,8 @@ def _check_trajectory(t: Trajectory, where: str) -> None:
     if t.times is not None:
         if len(t.times) != len(t.states):
             raise ValueError(f"{where}.times: {len(t.times)} times for {len(t.states)} states")
-        if not _finite(t.times) or any(b <= a for a, b in zip(t.times, t.times[1:])):
+        check_finite(f"{where}.times", t.times)
+        if any(b <= a for a, b in zip(t.times, t.times[1:])):
             raise ValueError(f"{where}.times: must be finite and strictly increasing")
 
 
@@ -92,8 +88,7 @@ class ModHNNRequest(StrictRequest):
             if not 1 <= len(self.shots) <= MAX_SHOTS:
                 raise ValueError(f"shots: needs 1 to {MAX_SHOTS} samples, got {len(self.shots)}")
             for i, s in enumerate(self.shots):
-                if not _finite([s.q, s.p, s.dq, s.dp]):
-                    raise ValueError(f"shots[{i}]: contains NaN or inf")
+                check_finite(f"shots[{i}]", [s.q, s.p, s.dq, s.dp])
         if self.trajectory is not None:
             _check_trajectory(self.trajectory, "trajectory")
         if self.trajectories is not None:
@@ -106,8 +101,7 @@ class ModHNNRequest(StrictRequest):
                 f"initial_state: has {len(self.initial_state)} values, the model has {DOF} "
                 "degree of freedom ([q, p])"
             )
-        if not _finite(self.initial_state):
-            raise ValueError("initial_state: contains NaN or inf")
+        check_finite("initial_state", self.initial_state)
         if not 1 <= self.horizon <= 10_000:
             raise ValueError(f"horizon: must be in 1..10000, got {self.horizon}")
         if not (math.isfinite(self.dt) and 0 < self.dt <= 1):

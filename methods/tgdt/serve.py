@@ -14,7 +14,6 @@ for an ``oracle_dt`` checkpoint, by the model, which is conditioned on it).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
@@ -23,7 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from nshot.errors import ConfigError
 from nshot.method import Predictor
-from nshot.serve.schema import StrictRequest
+from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .data import MAX_DESC_LEN, PointSim
@@ -31,17 +30,12 @@ from .evaluation import encode, history_window, rollout
 from .model import load_model
 
 MAX_HISTORY = 1000
-# beyond any state, action, reward or return of the environments here (Meta-World's returns
-# reach a few thousand); far larger finite values overflow the float32 policy into NaN
-MAX_ABS = 1e6
 
 
 def _finite(name: str, values: list[float]) -> None:
-    for v in values:
-        if not math.isfinite(v):
-            raise ValueError(f"{name}: NaN or inf")
-        if abs(v) > MAX_ABS:
-            raise ValueError(f"{name}: {v:g} is beyond ±{MAX_ABS:g}")
+    """Finite and within ±1e6: beyond any state, action, reward or return of the environments
+    here (Meta-World's returns reach a few thousand)."""
+    check_finite(name, values)
 
 
 def _finite_rows(name: str, rows: list[list[float]]) -> None:

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
-from nshot.serve.schema import StrictRequest
+from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .model import load_model
@@ -45,9 +45,7 @@ class WeightspaceRequest(StrictRequest):
             if shape != ws or any(len(r) != ws[1] for r in layer.W) or len(layer.b) != bs[0]:
                 raise ValueError(f"layers[{i}]: expected W {ws[0]}×{ws[1]} and b {bs[0]} "
                                  f"(architecture {want})")  # fmt: skip
-            vals = [v for r in layer.W for v in r] + list(layer.b)
-            if not all(math.isfinite(v) for v in vals):
-                raise ValueError(f"layers[{i}]: contains NaN or inf")
+            check_finite(f"layers[{i}]", [v for r in layer.W for v in r] + list(layer.b))
         if self.grid is not None:
             if not self.grid:
                 raise ValueError("grid: at least one point is needed")

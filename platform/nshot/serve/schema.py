@@ -9,7 +9,8 @@ field a string only, a boolean field ``true``/``false`` only, and an unknown fie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -29,3 +30,17 @@ def check_label_types(name: str, labels: Sequence[Any]) -> None:
         raise ValueError(
             f'{name}: labels mix integers and strings (e.g. 1 and "1"); use one type for all'
         )
+
+
+# the default bound on a request's real numbers: far beyond any quantity the methods here model,
+# far below what overflows a float32 network into a NaN answer (about 1e19 and up)
+MAX_ABS = 1e6
+
+
+def check_finite(name: str, values: Iterable[float], limit: float = MAX_ABS) -> None:
+    """Every value finite and within ``±limit`` (raises ``ValueError`` naming ``name``)."""
+    for v in values:
+        if not math.isfinite(v):
+            raise ValueError(f"{name}: NaN or inf")
+        if abs(v) > limit:
+            raise ValueError(f"{name}: {v:g} is beyond ±{limit:g}")
