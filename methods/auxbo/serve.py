@@ -7,7 +7,6 @@ the context's best f, and the index of the candidate BO would evaluate next.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -15,21 +14,13 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from nshot.method import Predictor
-from nshot.serve.schema import MAX_ABS, StrictRequest, check_finite
+from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .model import load_model
 
 # an objective may be in any units; x (the unit cube) and h (curves) are of order one
 MAX_F = 1e12
-
-
-def _finite(v: float, limit: float = MAX_ABS) -> float:
-    if not math.isfinite(v):
-        raise ValueError("NaN or infinite value")
-    if abs(v) > limit:
-        raise ValueError(f"{v:g} is beyond ±{limit:g}")
-    return v
 
 
 class ContextPoint(StrictRequest):
@@ -40,7 +31,8 @@ class ContextPoint(StrictRequest):
     @field_validator("f")
     @classmethod
     def _f(cls, v: float) -> float:
-        return _finite(v, MAX_F)
+        check_finite("f", [v], MAX_F)
+        return v
 
     @field_validator("h")
     @classmethod
@@ -51,9 +43,8 @@ class ContextPoint(StrictRequest):
             raise ValueError("h is empty; omit it instead")
         if len({len(row) for row in v}) != 1:
             raise ValueError("h frames have different widths")
-        for row in v:
-            for x in row:
-                _finite(x)
+        for t, row in enumerate(v):
+            check_finite(f"h[{t}]", row)
         return v
 
 

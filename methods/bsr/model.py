@@ -64,22 +64,28 @@ def videomae_init(model: nn.Module) -> None:
     keep PyTorch's default initialisation (VideoMAE initialises neither); the mask token a
     normal of std 0.02 truncated at ±0.02. Draws from torch's global generator."""
 
+    for part in (model.videomae.encoder, model.videomae.layernorm, model.decoder):
+        _init_linears_and_norms(part, nn.init.xavier_uniform_)
+    model.videomae.embeddings.patch_embeddings.projection.reset_parameters()
+    model.encoder_to_decoder.reset_parameters()
+    with torch.no_grad():
+        nn.init.trunc_normal_(model.mask_token, std=0.02, a=-0.02, b=0.02)
+
+
+def _init_linears_and_norms(module: nn.Module, weight_init) -> None:
+    """Every Linear layer of ``module``: ``weight_init`` on its weight, a zero bias; every
+    LayerNorm: weight 1, bias 0 (both of VideoMAE's initialisations)."""
+
     def init(m: nn.Module) -> None:
         if isinstance(m, nn.Linear):
-            nn.init.xavier_uniform_(m.weight)
+            weight_init(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
-    model.videomae.encoder.apply(init)
-    model.videomae.layernorm.apply(init)
-    model.decoder.apply(init)
-    model.videomae.embeddings.patch_embeddings.projection.reset_parameters()
-    model.encoder_to_decoder.reset_parameters()
-    with torch.no_grad():
-        nn.init.trunc_normal_(model.mask_token, std=0.02, a=-0.02, b=0.02)
+    module.apply(init)  # children first, as nn.Module.apply visits them: the draws' order
 
 
 def no_weight_decay(name: str, param: nn.Parameter) -> bool:
@@ -230,16 +236,7 @@ def videomae_finetune_init(clf: nn.Module) -> None:
     default ``init_scale``), so that training starts from near-uniform predictions. A
     pretrained encoder is loaded over it. Draws from torch's global generator."""
 
-    def init(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02, a=-0.02, b=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-
-    clf.apply(init)
+    _init_linears_and_norms(clf, lambda w: nn.init.trunc_normal_(w, std=0.02, a=-0.02, b=0.02))
     clf.videomae.embeddings.patch_embeddings.projection.reset_parameters()
     with torch.no_grad():
         clf.classifier.weight.mul_(HEAD_INIT_SCALE)

@@ -106,15 +106,9 @@ class BsrRequest(StrictRequest):
         if self.positions is not None:
             if len(self.positions) != c:
                 raise ValueError(f"positions: {len(self.positions)} positions for {c} channels")
-            first: dict[tuple[float, ...], int] = {}
             for i, p in enumerate(self.positions):
                 if len(p) != 3 or not all(math.isfinite(v) for v in p):
                     raise ValueError(f"positions[{i}]: must be 3 finite numbers [x, y, z]")
-                if tuple(p) in first:
-                    raise ValueError(
-                        f"positions[{i}]: the same position as positions[{first[tuple(p)]}]"
-                    )
-                first[tuple(p)] = i
         if not self.support:
             raise ValueError("support: the support set is empty")
         labels = [t.label for t in self.support]

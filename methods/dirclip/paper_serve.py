@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from nshot.method import Predictor
 from nshot.serve.images import check_rgb_array, decode_base64_image
@@ -77,20 +77,24 @@ class DirclipPaperRequest(StrictRequest):
         None, max_length=MAX_IMAGES, description="their class names (among class_names)"
     )
 
+    # the decoded query and support images (uint8 [H, W, 3]), set once by the validator
+    _decoded: tuple[list[np.ndarray], list[np.ndarray]] | None = PrivateAttr(None)
+
+    @staticmethod
+    def _decode(arrays: list | None, b64: list[str] | None, field: str) -> list[np.ndarray]:
+        """``field``'s arrays, or ``field``_b64's images, as ``uint8 [H, W, 3]``."""
+        if arrays is not None:
+            return [check_array(im, f"{field}[{i}]") for i, im in enumerate(arrays)]
+        return [decode_image_b64(s, f"{field}_b64[{i}]") for i, s in enumerate(b64 or [])]
+
     @model_validator(mode="after")
     def _check(self) -> DirclipPaperRequest:
         if (self.images is None) == (self.images_b64 is None):
             raise ValueError("images: give exactly one of images and images_b64")
-        if self.images is not None:
-            if not self.images:
-                raise ValueError("images: at least one image is needed")
-            for i, im in enumerate(self.images):
-                check_array(im, f"images[{i}]")
-        else:
-            if not self.images_b64:
-                raise ValueError("images_b64: at least one image is needed")
-            for i, s in enumerate(self.images_b64):
-                decode_image_b64(s, f"images_b64[{i}]")
+        queries = self._decode(self.images, self.images_b64, "images")
+        if not queries:
+            field = "images" if self.images is not None else "images_b64"
+            raise ValueError(f"{field}: at least one image is needed")
         names = self.class_names
         if not 2 <= len(names) <= MAX_CLASSES:
             raise ValueError(f"class_names: give 2 to {MAX_CLASSES} names, got {len(names)}")
@@ -104,41 +108,36 @@ class DirclipPaperRequest(StrictRequest):
             raise ValueError(f"class_names: names must be unique; repeated: {dup[:5]}")
         if self.template.count("{}") != 1:
             raise ValueError("template: must contain '{}' exactly once, for the class name")
-        self._check_support()
+        self._decoded = (queries, self._checked_support())
         return self
 
-    def _check_support(self) -> None:
+    def _checked_support(self) -> list[np.ndarray]:
         given = self.support_images is not None or self.support_images_b64 is not None
         if self.support_images is not None and self.support_images_b64 is not None:
             raise ValueError("support_images: give one of support_images and support_images_b64")
         if given != (self.support_labels is not None):
             raise ValueError("support_labels: give the support images and their labels together")
         if not given:
-            return
-        n = len(self.support_arrays())
-        if len(self.support_labels) != n:
-            raise ValueError(f"support_labels: {len(self.support_labels)} labels for {n} images")
+            return []
+        support = self._decode(self.support_images, self.support_images_b64, "support_images")
+        if len(self.support_labels) != len(support):
+            raise ValueError(
+                f"support_labels: {len(self.support_labels)} labels for {len(support)} images"
+            )
         for i, lab in enumerate(self.support_labels):
             if lab not in self.class_names:
                 raise ValueError(f"support_labels[{i}]: {lab[:80]!r} is not in class_names")
+        return support
 
     def arrays(self) -> list[np.ndarray]:
-        if self.images is not None:
-            return [check_array(im, f"images[{i}]") for i, im in enumerate(self.images)]
-        return [
-            decode_image_b64(s, f"images_b64[{i}]") for i, s in enumerate(self.images_b64 or [])
-        ]
+        """The query images as ``uint8 [H, W, 3]``."""
+        assert self._decoded is not None  # set by the validator
+        return self._decoded[0]
 
     def support_arrays(self) -> list[np.ndarray]:
         """The labelled support images as ``uint8 [H, W, 3]`` (none when there is no support)."""
-        if self.support_images is not None:
-            return [
-                check_array(im, f"support_images[{i}]") for i, im in enumerate(self.support_images)
-            ]
-        return [
-            decode_image_b64(s, f"support_images_b64[{i}]")
-            for i, s in enumerate(self.support_images_b64 or [])
-        ]
+        assert self._decoded is not None  # set by the validator
+        return self._decoded[1]
 
 
 class DirclipPaperPredictor(Predictor[DirclipPaperRequest, DirclipResponse]):

@@ -32,15 +32,11 @@ from .model import load_model
 MAX_HISTORY = 1000
 
 
-def _finite(name: str, values: list[float]) -> None:
-    """Finite and within ±1e6: beyond any state, action, reward or return of the environments
-    here (Meta-World's returns reach a few thousand)."""
-    check_finite(name, values)
-
-
+# every real input is finite and within check_finite's ±1e6: beyond any state, action, reward
+# or return of the environments here (Meta-World's returns reach a few thousand)
 def _finite_rows(name: str, rows: list[list[float]]) -> None:
     for i, row in enumerate(rows):
-        _finite(f"{name}[{i}]", row)
+        check_finite(f"{name}[{i}]", row)
 
 
 def _check_dims(name: str, rows: list[list[float]], dim: int) -> None:
@@ -87,9 +83,9 @@ class TGDTRequest(StrictRequest):
         if not self.description.strip():
             raise ValueError("description: empty (only white space)")
         if self.target_return is not None:
-            _finite("target_return", [self.target_return])
+            check_finite("target_return", [self.target_return])
         if self.goal is not None:
-            _finite("goal", self.goal)
+            check_finite("goal", self.goal)
         if self.mode == "rollout":
             if self.goal is None and self.task is None:
                 raise ValueError("goal: a rollout needs the environment's goal (PointRobot) or "
@@ -108,7 +104,7 @@ class TGDTRequest(StrictRequest):
                              f"(need len(states) − 1 = {n})")  # fmt: skip
         _finite_rows("actions", actions)
         for i, r in enumerate(rewards):
-            _finite(f"rewards[{i}]", [r])
+            check_finite(f"rewards[{i}]", [r])
         return self
 
 
