@@ -24,7 +24,24 @@ results hold in ``samples[system][metric]``, one-sided in the comparison's direc
 
 A claim that cannot be evaluated (a row or metric that was not run, a value that is ``null``,
 samples missing for its test, results of a preset the claim is not stated for) is ``None``,
-never ``True``.
+never ``True``. A claim may name its premise with ``requires=``, an expression in the same
+language (the reference is above the floor, the oracle beats the agnostic row, a precondition
+row clears its bar): when the premise does not hold, or cannot be evaluated, the claim is not
+evaluable (``holds: None``, ``premise: False``), never true.
+
+Every claim has a ``kind`` (:data:`KINDS`):
+
+* ``headline``: the paper's central comparison, in the paper's direction, against the strongest
+  of the paper's baselines that nshot runs, with a paired test over per-seed values;
+* ``ablation``: a component the paper says matters;
+* ``control``: a negative or positive control; its statement says which result would fail it,
+  and it must be able to fail on the data;
+* ``check``: a unit, exactness or sanity check (not a claim of the paper).
+
+Scoreboards count the *paper claims* (headline, ablation, control) apart from the checks, and
+show the headline verdict first (:func:`summary`, :func:`summary_line`). A tested claim also
+records the paired effect (mean difference, in the comparison's direction of ``lhs - rhs``), its
+95 % t interval and the number of pairs.
 
 A method with more than one experiment (its main comparison and, say, a measurement of the
 platform around it) scopes a claim to one with ``experiment="name"``: the claim is then read on
@@ -42,6 +59,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TESTS = ("paired_t", "wilcoxon")
+KINDS = ("headline", "ablation", "control", "check")
+PAPER_KINDS = ("headline", "ablation", "control")
 
 
 class ClaimError(ValueError):
@@ -63,10 +82,20 @@ class Claim:
     presets: tuple[str, ...] | None = None
     # the experiment whose results the claim speaks of (None: the method's main comparison)
     experiment: str | None = None
+    # headline / ablation / control / check (see the module's docstring); every declared claim
+    # names one (the conformance test checks it)
+    kind: str | None = None
+    # the claim's premise, an expression in the same language: when it does not hold (or cannot
+    # be evaluated), the claim is not evaluable
+    requires: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.statement or not self.source:
             raise ClaimError(f"claim {self.id!r}: id, statement and source must be non-empty")
+        if self.kind is not None and self.kind not in KINDS:
+            raise ClaimError(f"claim {self.id!r}: kind must be one of {KINDS}, not {self.kind!r}")
+        if self.requires is not None:
+            _parse(self, self.requires)
         if self.test is not None and self.test not in TESTS:
             raise ClaimError(f"claim {self.id!r}: test must be one of {TESTS}, not {self.test!r}")
         if not 0.0 < self.alpha < 1.0:
@@ -101,17 +130,19 @@ _CMPOPS = {
 _FUNCS = {"abs": abs, "min": min, "max": max}
 
 
-def _parse(claim: Claim) -> ast.Expression:
+def _parse(claim: Claim, text: str | None = None) -> ast.Expression:
+    """``text`` (default: the claim's ``expr``) parsed and checked against the claim language."""
+    expr = claim.expr if text is None else text
     try:
-        tree = ast.parse(claim.expr, mode="eval")
+        tree = ast.parse(expr, mode="eval")
     except SyntaxError as err:
-        raise ClaimError(f"claim {claim.id!r}: cannot parse {claim.expr!r}: {err.msg}") from None
+        raise ClaimError(f"claim {claim.id!r}: cannot parse {expr!r}: {err.msg}") from None
     body = tree.body
     parts = body.values if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) else [body]
     for part in parts:
         if not isinstance(part, ast.Compare):
             raise ClaimError(
-                f"claim {claim.id!r}: {claim.expr!r} must be a comparison (or several joined by "
+                f"claim {claim.id!r}: {expr!r} must be a comparison (or several joined by "
                 "'and')"
             )
     for node in ast.walk(body):
@@ -146,7 +177,7 @@ def _parse(claim: Claim) -> ast.Expression:
         if type(node) in (*_BINOPS, ast.Div, ast.USub, *_CMPOPS):
             continue
         raise ClaimError(
-            f"claim {claim.id!r}: {type(node).__name__} is not allowed in {claim.expr!r}"
+            f"claim {claim.id!r}: {type(node).__name__} is not allowed in {expr!r}"
         )
     for node in ast.walk(body):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -270,14 +301,47 @@ def paired_p(test: str, a: Sequence[float], b: Sequence[float], alternative: str
     return None if p is None or math.isnan(p) else float(p)
 
 
+def paired_effect(a: Sequence[float], b: Sequence[float]) -> dict[str, Any] | None:
+    """The paired effect of ``a`` over ``b``: ``{"mean_diff", "ci95": [lo, hi], "n", "dz"}``
+    (mean of ``a - b``, its two-sided 95 % t interval, the number of pairs and Cohen's d_z,
+    ``None`` when the spread is zero); ``None`` with fewer than two pairs."""
+    import numpy as np
+    from scipy import stats
+
+    if len(a) != len(b) or len(a) < 2:
+        return None
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = len(d)
+    mean = float(d.mean())
+    sd = float(d.std(ddof=1))
+    half = float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+    return {
+        "mean_diff": mean,
+        "ci95": [mean - half, mean + half],
+        "n": n,
+        "dz": mean / sd if sd > 0 else None,
+    }
+
+
+def _all_hold(tree: ast.Expression, results: dict[str, Any]) -> tuple[bool, list[tuple]]:
+    body = tree.body
+    parts = body.values if isinstance(body, ast.BoolOp) else [body]
+    compared = [_compare(part, results) for part in parts]  # type: ignore[arg-type]
+    return all(ok for ok, _, _ in compared), compared
+
+
 def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
-    """``{"id", "statement", "source", "expr", "holds", "lhs", "rhs", "p"}`` for one claim.
+    """``{"id", "kind", "statement", "source", "expr", "holds", "lhs", "rhs", "p"}`` for one
+    claim (and ``requires``/``premise`` for a claim with a premise; ``test``, ``alpha`` and
+    ``effect`` for a tested one).
 
     ``lhs``/``rhs`` are the two sides of the (first) comparison; ``holds`` is ``None`` when any
-    operand (or, for a tested claim, its samples) is missing."""
+    operand (or, for a tested claim, its samples) is missing, or when the premise does not
+    hold."""
     tree = _parse(claim)
     out: dict[str, Any] = {
         "id": claim.id,
+        "kind": claim.kind,
         "statement": claim.statement,
         "source": claim.source,
         "expr": claim.expr,
@@ -286,6 +350,8 @@ def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
         "rhs": None,
         "p": None,
     }
+    if claim.requires is not None:
+        out["requires"] = claim.requires
     if claim.test is not None:
         out["test"] = claim.test
         out["alpha"] = claim.alpha
@@ -303,26 +369,36 @@ def evaluate_claim(claim: Claim, results: dict[str, Any]) -> dict[str, Any]:
         out["other"] = "preset"
         out["note"] = f"stated for the {'/'.join(claim.presets)} preset(s)"
         return out
-    body = tree.body
-    parts = body.values if isinstance(body, ast.BoolOp) else [body]
     try:
-        results_of = [_compare(part, results) for part in parts]  # type: ignore[arg-type]
+        holds, compared = _all_hold(tree, results)
     except _Missing:
-        return out
-    holds = all(ok for ok, _, _ in results_of)
-    out["lhs"], out["rhs"] = results_of[0][1], results_of[0][2]
+        compared = None
+    if compared is not None:
+        out["lhs"], out["rhs"] = compared[0][1], compared[0][2]
     if claim.test is not None:
         (sa, ma), (sb, mb) = _paired_operands(claim, tree)
         a, b = _samples(results, sa, ma), _samples(results, sb, mb)
-        if a is None or b is None:
+        if a is not None and b is not None:
+            out["effect"] = paired_effect(a, b)
+            if compared is not None:
+                op = type(tree.body.ops[0])  # type: ignore[attr-defined]
+                alternative = "greater" if op in (ast.Gt, ast.GtE) else "less"
+                out["p"] = paired_p(claim.test, a, b, alternative)
+    if claim.requires is not None:
+        try:
+            premise, _ = _all_hold(_parse(claim, claim.requires), results)
+        except _Missing:
+            premise = False
+        out["premise"] = bool(premise)
+        if not premise:
+            out["note"] = f"premise does not hold: {claim.requires}"
             return out
-        op = type(body.ops[0])  # type: ignore[union-attr]
-        alternative = "greater" if op in (ast.Gt, ast.GtE) else "less"
-        p = paired_p(claim.test, a, b, alternative)
-        out["p"] = p
-        if p is None:
+    if compared is None:
+        return out
+    if claim.test is not None:
+        if out["p"] is None:
             return out
-        holds = holds and p < claim.alpha
+        holds = holds and out["p"] < claim.alpha
     out["holds"] = bool(holds)
     return out
 
@@ -332,31 +408,77 @@ def evaluate(claims: Iterable[Claim], results: dict[str, Any]) -> list[dict[str,
     return [evaluate_claim(c, results) for c in claims]
 
 
-def summary(evaluated: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Counts over the claims that speak of these results' preset and experiment: ``{"held",
-    "failed", "unevaluated", "total"}``, ``"other_presets"``: claims stated for other presets or
-    other experiments only (not counted in ``total``), and ``"other_experiments"``: those of them
-    stated for another experiment."""
-    applying = [c for c in evaluated if c.get("applies", True)]
-    held = sum(1 for c in applying if c["holds"] is True)
-    failed = sum(1 for c in applying if c["holds"] is False)
+def _counts(claims: Sequence[dict[str, Any]]) -> dict[str, int]:
+    held = sum(1 for c in claims if c["holds"] is True)
+    failed = sum(1 for c in claims if c["holds"] is False)
     return {
         "held": held,
         "failed": failed,
-        "unevaluated": len(applying) - held - failed,
-        "total": len(applying),
-        "other_presets": len(evaluated) - len(applying),
-        "other_experiments": sum(
-            1 for c in evaluated if not c.get("applies", True) and c.get("other") == "experiment"
-        ),
+        "unevaluated": len(claims) - held - failed,
+        "total": len(claims),
     }
 
 
+def headline_verdict(evaluated: Sequence[dict[str, Any]]) -> bool | None:
+    """The headline verdict over the claims that apply: ``True`` when every headline claim
+    holds, ``False`` when one fails, ``None`` when none is declared or one is not evaluable
+    (and none fails)."""
+    heads = [c for c in evaluated if c.get("applies", True) and c.get("kind") == "headline"]
+    if not heads:
+        return None
+    if any(c["holds"] is False for c in heads):
+        return False
+    if all(c["holds"] is True for c in heads):
+        return True
+    return None
+
+
+def summary(evaluated: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over the claims that speak of these results' preset and experiment: ``{"held",
+    "failed", "unevaluated", "total"}`` over every kind, ``"paper"`` and ``"checks"``: the same
+    counts over the paper claims (headline, ablation, control: :data:`PAPER_KINDS`) and over the
+    checks (and claims of no kind), ``"headline"``: the same over the headline claims with
+    ``"verdict"`` (:func:`headline_verdict`); ``"other_presets"``: claims stated for other
+    presets or other experiments only (not counted in ``total``), and ``"other_experiments"``:
+    those of them stated for another experiment."""
+    applying = [c for c in evaluated if c.get("applies", True)]
+    out: dict[str, Any] = dict(_counts(applying))
+    out["paper"] = _counts([c for c in applying if c.get("kind") in PAPER_KINDS])
+    out["checks"] = _counts([c for c in applying if c.get("kind") not in PAPER_KINDS])
+    out["headline"] = {
+        **_counts([c for c in applying if c.get("kind") == "headline"]),
+        "verdict": headline_verdict(evaluated),
+    }
+    out["other_presets"] = len(evaluated) - len(applying)
+    out["other_experiments"] = sum(
+        1 for c in evaluated if not c.get("applies", True) and c.get("other") == "experiment"
+    )
+    return out
+
+
+VERDICT_WORDS = {True: "holds", False: "fails", None: "not evaluable"}
+
+
 def summary_line(evaluated: Sequence[dict[str, Any]]) -> str:
+    """``headline holds; 5 of 8 paper claims hold (2 fail, 1 not evaluable); 4 of 4 checks
+    hold`` (and what is stated for other presets or experiments)."""
     s = summary(evaluated)
-    line = f"claims: {s['held']} of {s['total']} hold"
-    if s["failed"] or s["unevaluated"]:
-        line += f" ({s['failed']} fail, {s['unevaluated']} not evaluable)"
+    parts = []
+    if s["headline"]["total"]:
+        parts.append(f"headline {VERDICT_WORDS[s['headline']['verdict']]}")
+    else:
+        parts.append("no headline claim")
+
+    def counted(c: dict[str, int], what: str) -> str:
+        line = f"{c['held']} of {c['total']} {what} hold"
+        if c["failed"] or c["unevaluated"]:
+            line += f" ({c['failed']} fail, {c['unevaluated']} not evaluable)"
+        return line
+
+    parts.append(counted(s["paper"], "paper claims"))
+    if s["checks"]["total"]:
+        parts.append(counted(s["checks"], "checks"))
+    line = "claims: " + "; ".join(parts)
     by_preset = s["other_presets"] - s["other_experiments"]
     if by_preset:
         line += f"; {by_preset} stated for other presets"
@@ -378,16 +500,28 @@ def to_markdown(evaluated: Sequence[dict[str, Any]]) -> str:
         "",
         summary_line(evaluated),
         "",
-        "| claim | holds | lhs | rhs | p | source | statement | expression |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | kind | holds | lhs | rhs | p | effect (95 % CI) | source | statement | "
+        "expression |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     mark = {True: "yes", False: "**no**", None: "n/a"}
-    for c in evaluated:
+    order = {k: i for i, k in enumerate(KINDS)}
+    for c in sorted(evaluated, key=lambda c: order.get(c.get("kind") or "", len(KINDS))):
         expr = c["expr"].replace("|", "\\|")
         if c.get("test"):
             expr += f" ({c['test']}, p < {c['alpha']})"
+        if c.get("requires"):
+            expr += " if " + c["requires"].replace("|", "\\|")
+        eff = c.get("effect")
+        effect = (
+            f"{_fmt(eff['mean_diff'])} [{_fmt(eff['ci95'][0])}, {_fmt(eff['ci95'][1])}], "
+            f"n={eff['n']}"
+            if eff
+            else ""
+        )
         lines.append(
-            f"| {c['id']} | {mark[c['holds']]} | {_fmt(c['lhs'])} | {_fmt(c['rhs'])} | "
-            f"{_fmt(c['p'])} | {c['source']} | {c['statement']} | `{expr}` |"
+            f"| {c['id']} | {c.get('kind') or ''} | {mark[c['holds']]} | {_fmt(c['lhs'])} | "
+            f"{_fmt(c['rhs'])} | {_fmt(c['p'])} | {effect} | {c['source']} | {c['statement']} "
+            f"| `{expr}` |"
         )
     return "\n".join(lines) + "\n"
