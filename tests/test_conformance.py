@@ -55,6 +55,26 @@ def test_presets_and_declared_parts(name):
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in method.packages), name
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="kinds and headline claims are being declared method by method; a plain test once "
+    "every method has them",
+)
+@pytest.mark.parametrize("name", METHODS)
+def test_every_claim_has_a_kind_and_the_method_a_tested_headline(name):
+    """Scoreboards count paper claims apart from checks and show the headline verdict first:
+    every claim names its kind, and the paper's central comparison is declared as at least one
+    headline claim with a paired test over per-seed values."""
+    from nshot.claims import KINDS
+
+    method = get(name)
+    untyped = [c.id for c in method.claims if c.kind not in KINDS]
+    assert not untyped, f"{name}: claims without a kind: {untyped}"
+    heads = [c for c in method.claims if c.kind == "headline"]
+    assert heads, f"{name}: no headline claim"
+    assert any(c.test is not None for c in heads), f"{name}: no headline claim has a paired test"
+
+
 def _every_proposed_trial_is_a_valid_config(method):
     """What `nshot tune` can propose on each preset validates: every bound and choice alone
     (the check `nshot tune` makes before it starts) and random joint draws (a trial's config),
