@@ -6,6 +6,24 @@ objectives; reviews of the paper: the description's return field may leak the ta
 was calibrated on a result. Rows are means over training seeds on the held-out goals (5
 PointRobot goals; 10 Meta-World ML1 reach goals in ``small-metaworld``, where the same claims,
 declared before that track existed, are read unchanged: both tracks have 50 tasks).
+
+Kinds. The paper's central comparison is zero-shot adaptation from a description: the headline
+claim tests TG-DT against the naive text DT, the strongest zero-shot baseline nshot runs (a
+language-conditioned DT: text embedding concatenated to every token, L_DT only), on the
+normalised score, paired over the training seeds (``samples``). Prompt-DT sees an expert
+segment of the held-out task (few-shot) and the oracle DT the true goal: they are references,
+not zero-shot baselines. The headline's premise is that the goal can be reached at this budget:
+the oracle DT scores above the random data's floor (normalised score 0); without it every
+comparison of zero-shot rows is noise (on Meta-World ML10 every row sits near 0). Premises were
+added to three claims that held vacuously there, their expressions and thresholds unchanged:
+``zero_shot_near_oracle`` (0.7 × an oracle at or below 0 is met by any row at the floor) needs
+the same premise; ``zero_shot_beats_agnostic`` and ``negative_control_shuffled_text`` also need
+the oracle above the task-agnostic DT (knowing the goal pays at all). ``ablation``: the margin claim against the naive
+text DT (TG-DT without its alignment objectives), the comparisons with the task-agnostic DT (no
+task information) and the oracle DT (the true goal instead of the text), and the matching
+head's pair of claims (§3: TBM with negatives tells quality apart, TBC alone cannot).
+``control``: the retrieval rate, the shuffled descriptions and the return-field leak test.
+``check``: the unit tests.
 """
 
 from __future__ import annotations
@@ -14,9 +32,28 @@ from nshot.claims import Claim
 
 TRAINED = ("small", "small-metaworld", "paper")  # small-metaworld: the Meta-World ML1 track
 
+# a DT given the true goal scores above the random data's floor (normalised score 0)
+ORACLE_ABOVE_FLOOR = "oracle_dt.norm_score > 0"
+# ... and above the task-agnostic DT: knowing the goal pays on this benchmark
+GOAL_MATTERS = f"{ORACLE_ABOVE_FLOOR} and oracle_dt.norm_score > agnostic_dt.norm_score"
+
 CLAIMS: tuple[Claim, ...] = (
     Claim(
+        id="zero_shot_beats_language_baseline",
+        kind="headline",
+        statement="Zero-shot from the task description alone, TG-DT reaches a higher normalised "
+        "score on the held-out tasks than the language-conditioned baseline (the naive text DT), "
+        "paired over training seeds.",
+        source="abstract (zero-shot adaptation from a natural-language task description); §4 "
+        "(language-conditioned baselines)",
+        expr="tgdt.norm_score > naive_text_dt.norm_score",
+        test="paired_t",
+        presets=TRAINED,
+        requires=ORACLE_ABOVE_FLOOR,
+    ),
+    Claim(
         id="zero_shot_beats_naive_text",
+        kind="ablation",
         statement="Zero-shot from the description, TG-DT's normalised score is at least 0.10 "
         "above the naive text DT (text embedding concatenated to every token, L_DT only).",
         source="abstract; §4 (language-conditioned baselines)",
@@ -25,20 +62,25 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="zero_shot_beats_agnostic",
+        kind="ablation",
         statement="TG-DT scores at least as high as a task-agnostic multi-task DT.",
         source="abstract (adapts to unseen tasks from text)",
         expr="tgdt.norm_score >= agnostic_dt.norm_score",
         presets=TRAINED,
+        requires=GOAL_MATTERS,
     ),
     Claim(
         id="zero_shot_near_oracle",
+        kind="ablation",
         statement="TG-DT reaches at least 0.7 × the normalised score of a DT given the true goal.",
         source="abstract (strong zero-shot generalisation)",
         expr="tgdt.norm_score >= 0.7 * oracle_dt.norm_score",
         presets=TRAINED,
+        requires=ORACLE_ABOVE_FLOOR,
     ),
     Claim(
         id="retrieval_above_chance",
+        kind="control",
         statement="Description → trajectory top-1 retrieval among the 50 tasks is at least "
         "5 × chance (0.10).",
         source="§3 (TBC aligns descriptions and trajectories)",
@@ -47,6 +89,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="tbm_separates_quality",
+        kind="ablation",
         statement="The matching head tells a task's expert trajectory from its medium one: "
         "ROC-AUC ≥ 0.8.",
         source="§3 (TBM with negatives)",
@@ -55,6 +98,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="tbc_only_blind_to_quality",
+        kind="ablation",
         statement="A TBC-only model (no TBM) cannot tell expert from medium trajectories of "
         "the same task: its cosine AUC lies in [0.4, 0.6].",
         source="§3 (why TBM is needed beside TBC)",
@@ -63,14 +107,17 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="negative_control_shuffled_text",
+        kind="control",
         statement="Negative control: TG-DT rolled out with the descriptions permuted among the "
         "held-out goals falls to the task-agnostic DT's level (at most +0.05).",
         source="evaluator check (the policy must find the goal through the text)",
         expr="tgdt_shuffled_text.norm_score <= agnostic_dt.norm_score + 0.05",
         presets=TRAINED,
+        requires=GOAL_MATTERS,
     ),
     Claim(
         id="return_field_does_not_leak",
+        kind="control",
         statement="Scaling the description's return field by 0.5 or 1.5 changes TG-DT's "
         "achieved return by less than 20 % (the policy follows the goal, not the number).",
         source="reviews (metadata leakage through the description)",
@@ -79,18 +126,21 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="unit_padding",
+        kind="check",
         statement="Padded positions never change the predicted actions or L_DT (1e-6).",
         source="§3 (L_DT over non-padded positions)",
         expr='extra("unit", "padding_max_abs_change") <= 1e-6',
     ),
     Claim(
         id="unit_causal",
+        kind="check",
         statement="The action at step t does not depend on a_t or any token after s_t (1e-6).",
         source="§3 (actions predicted from the state token)",
         expr='extra("unit", "causal_max_abs_change") <= 1e-6',
     ),
     Claim(
         id="unit_tbm_negatives",
+        kind="check",
         statement="Every TBM batch holds negatives (a quarter of its pairs are positive).",
         source="§3 (TBM needs negatives; all-positive labels make L_TBM trivial)",
         expr='extra("unit", "tbm_positive_fraction_min") == 0.25 '
