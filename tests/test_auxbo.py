@@ -262,9 +262,49 @@ def test_experiments_smoke_has_every_row_control_and_claim(monkeypatch, tmp_path
     assert (tmp_path / "regret_curves.png").is_file()
 
 
+def test_extra_meta_training_seeds_pair_aux_bo_with_f_only(monkeypatch, tmp_path):
+    """With ``train_seeds`` on a seeded family, aux-BO and the f-only TNP are meta-trained once
+    per seed on the same tasks; ``seed_regret_at_k`` holds one mean regret per seed (seed 0's is
+    the main run's), paired by seed, which a paired claim reads; the other rows have none."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    from nshot.claims import Claim
+    from nshot.methods.auxbo.experiments import run_experiments
+
+    cfg = get("auxbo").config(
+        "smoke", bo_tasks=3, train_seeds=3, seeded_families=["synthetic"], select_tasks=4,
+        select_every=10,
+    )  # fmt: skip
+    res = run_experiments(cfg, tmp_path)
+    assert res.seeds == 3
+    for k in (5, 10, 20):
+        m = f"seed_regret_at_{k}"
+        assert res.metrics[m] is False  # lower is better
+        for s in ("auxbo", "f_only"):
+            vals = res.samples[s][m]
+            assert len(vals) == 3 and all(np.isfinite(vals))
+            assert res.rows[s][m] == pytest.approx(np.mean(vals))
+            assert vals[0] == pytest.approx(res.rows[s][f"regret_at_{k}"])  # seed 0: main run
+        assert res.rows["gp_ei"][m] is None and m not in res.samples["gp_ei"]
+    seeds = res.extra["seeds"]["synthetic"]
+    assert seeds["train_seeds"] == [0, 1, 2]
+    assert set(seeds["meta_training"]) == {"1", "2"}
+    assert seeds["meta_training"]["1"]["full_best_step"] in (10, 20, 30)
+    assert any("meta-trained with 3 seed(s)" in n for n in res.notes)
+    claim = Claim(
+        id="seeded",
+        statement="aux-BO below f-only over seeds.",
+        source="test",
+        expr="auxbo.seed_regret_at_10 <= f_only.seed_regret_at_10",
+        test="paired_t",
+    )
+    got = claim.evaluate(res.to_json())
+    assert got["effect"]["n"] == 3 and got["holds"] in (True, False)
+
+
 def test_claims_on_the_committed_small_results():
     """The claims read the committed small results (rows, the run's own paired Wilcoxon
-    p-values, prediction figures); a p-value past 0.05 flips the claim that reads it."""
+    p-values, prediction figures); a p-value past 0.05 flips the claim that reads it. The
+    headline's paired test needs the per-seed regrets: without them it is not evaluable."""
     import json
     from pathlib import Path
 
@@ -274,6 +314,9 @@ def test_claims_on_the_committed_small_results():
     data = json.loads(path.read_text())
     claims = with_claims(data)["claims"]
     holds = {c["id"]: c["holds"] for c in claims if c.get("applies", True)}
+    head = "below_f_only_over_seeds_lcbench"
+    seeded = "lc_seed_regret_at_10" in data.get("samples", {}).get("auxbo", {})
+    assert (holds.pop(head) is None) is not seeded
     assert None not in holds.values()
     other = [c for c in claims if not c.get("applies", True)]  # the history curve's claim
     assert [c["id"] for c in other] == ["history_pays_off_on_sweeps"]

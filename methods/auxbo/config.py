@@ -99,6 +99,20 @@ class AuxBOConfig(MethodConfig):
         "h can tell it about the task but never about the design; it measures how much of "
         "aux-BO's advantage the h-shuffle control cannot remove",
     )
+    train_seeds: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="experiments(): meta-training seeds of aux-BO and the f-only TNP on the "
+        "`seeded_families`: seed s trains both again with seed `seed + s` on the same tasks and "
+        "runs their BO from its own random starts; the per-seed mean regrets are the "
+        "`seed_regret_at_k` metrics (seed 0 is the run every other row shares)",
+    )
+    seeded_families: list[Literal["synthetic", "lcbench"]] = Field(
+        default_factory=lambda: ["lcbench"],
+        description="experiments(): the families whose aux-BO and f-only rows run `train_seeds` "
+        "meta-training seeds",
+    )
     # experiments(): the comparison above, or the history curve on nshot's own sweeps
     experiment: Literal["comparison", "history_curve"] = Field(
         "comparison",
@@ -165,7 +179,7 @@ class AuxBOConfig(MethodConfig):
             n_test_tasks=100, n_candidates=300, lcbench_configs=64, lcbench_variant="perturbed",
             lcbench_tasks=480, lcbench_extra_test=56, select_tasks=40, select_every=250,
             budget=20, eval_tasks=20, bo_tasks=60, lcbench_bo_tasks=112,
-            families=["lcbench", "synthetic"], h_set_control=True,
+            families=["lcbench", "synthetic"], h_set_control=True, train_seeds=3,
         ),
         "paper": dict(
             d=256, heads=8, layers_h=2, layers=6, n_max=30, m_targets=32, batch_tasks=32,
@@ -173,6 +187,7 @@ class AuxBOConfig(MethodConfig):
             n_train_tasks=5000, n_test_tasks=1000, lcbench_configs=200, bo_tasks=100,
             lcbench_extra_test=144, lcbench_bo_tasks=200,
             lcbench_variant="perturbed", lcbench_tasks=1000, select_tasks=100, select_every=2000,
+            train_seeds=3,
         ),
     }  # fmt: skip
 

@@ -22,6 +22,13 @@ advantage the set of a task's h values carries on its own (what the within-task 
 remove), and aux-BO against it shows the per-design reading. The synthetic
 family's metrics are ``regret_at_{5,10,20}`` and ``nll_ctx5``; mini-LCBench's are prefixed
 ``lc_``.
+
+Seeds. On the ``seeded_families`` (mini-LCBench in ``small``) aux-BO and the f-only TNP are
+meta-trained ``train_seeds`` times on the same tasks (seeds ``seed``, ``seed + 1``, ...; each
+further seed's BO runs start from its own random designs, the same for both rows), and
+``seed_regret_at_{5,10,20}`` (prefixed) holds, per seed, the regret averaged over the held-out
+tasks: the row is the mean over seeds, ``samples`` the per-seed values (paired by seed) that the
+headline claim's paired test reads. Seed 0 is the run every other figure comes from.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, grid, run_jobs, share
+from nshot.experiment import Job, aggregate, grid, run_jobs, share
 from nshot.method import ResultsTable
 
 from .config import AuxBOConfig
@@ -65,8 +72,14 @@ def _log(msg: str) -> None:
 
 
 def _train_model(
-    cfg_dict: dict[str, Any], family: str, use_h: bool, h_shuffle: bool = False
+    cfg_dict: dict[str, Any],
+    family: str,
+    use_h: bool,
+    h_shuffle: bool = False,
+    train_seed: int | None = None,
 ) -> dict[str, Any]:
+    """One TNP meta-trained on ``family``'s history tasks (those of ``cfg.seed``), with
+    ``train_seed`` (default ``cfg.seed``) for its initialisation, batches and held-back tasks."""
     import torch
 
     from .data import load_family
@@ -77,6 +90,8 @@ def _train_model(
     cfg = AuxBOConfig.validated(cfg_dict)
     train, _, _ = load_family(cfg, family)
     stats = family_stats(train)
+    if train_seed is not None:
+        cfg = AuxBOConfig.validated({**cfg_dict, "seed": train_seed})
     t0 = time.time()
     selection: dict[str, Any] = {}
     model, losses = meta_train(
@@ -84,7 +99,8 @@ def _train_model(
         train,
         stats,
         use_h,
-        progress=f"{family} {'h-set' if h_shuffle else 'full' if use_h else 'f-only'}",
+        progress=f"{family} {'h-set' if h_shuffle else 'full' if use_h else 'f-only'}"
+        + (f" (seed {train_seed})" if train_seed is not None else ""),
         selection=selection,
         h_shuffle=h_shuffle,
     )
@@ -262,15 +278,33 @@ def _wilcoxon(a: np.ndarray, b: np.ndarray, alternative: str = "less") -> float:
     return float(wilcoxon(a, b, alternative=alternative, zero_method="zsplit").pvalue)
 
 
-def _meta_train_all(cfg: AuxBOConfig, family: str) -> dict[str, dict[str, Any]]:
-    """The family's TNPs: ``full`` (reads h), ``f_only`` and, with ``h_set_control``, ``h_set``
-    (meta-trained on within-task shuffled h), one Ray task each."""
+def _train_seeds(cfg: AuxBOConfig, family: str) -> int:
+    """Meta-training seeds of aux-BO and the f-only TNP on ``family`` (1 unless seeded)."""
+    return cfg.train_seeds if family in cfg.seeded_families else 1
+
+
+def _meta_train_all(
+    cfg: AuxBOConfig, family: str
+) -> tuple[dict[str, dict[str, Any]], dict[int, dict[str, dict[str, Any]]]]:
+    """``(trained, reseeded)``: the family's TNPs, ``full`` (reads h), ``f_only`` and, with
+    ``h_set_control``, ``h_set`` (meta-trained on within-task shuffled h); and, for each
+    further meta-training seed s (:func:`_train_seeds`), ``full`` and ``f_only`` trained with
+    seed ``cfg.seed + s``. One Ray task each, all at once."""
     kinds = {"full": (True, False), "f_only": (False, False)}
     if cfg.h_set_control:
         kinds["h_set"] = (True, True)
-    jobs = [Job((k,), _train_model, (cfg.model_dump(), family, *v)) for k, v in kinds.items()]
+    cfg_dict = cfg.model_dump()
+    jobs = [Job((k, 0), _train_model, (cfg_dict, family, *v)) for k, v in kinds.items()]
+    for s in range(1, _train_seeds(cfg, family)):
+        jobs += [Job((k, s), _train_model, (cfg_dict, family, *kinds[k], cfg.seed + s))
+                 for k in ("full", "f_only")]  # fmt: skip
     done = run_jobs(jobs, description=f"auxbo {family}: meta-training")
-    return {k[0]: tr for k, tr in done.items()}
+    trained = {k: tr for (k, s), tr in done.items() if s == 0}
+    reseeded: dict[int, dict[str, dict[str, Any]]] = {}
+    for (k, s), tr in done.items():
+        if s:
+            reseeded.setdefault(s, {})[k] = tr
+    return trained, reseeded
 
 
 def _prediction(cfg: AuxBOConfig, trained: dict, train: list, test: list) -> dict[str, dict]:
@@ -317,7 +351,7 @@ def _family(cfg: AuxBOConfig, family: str, names: tuple[str, ...], out: dict[str
     train, test, _ = load_family(cfg, family)
     test = test[: cfg.bo_tasks if family == "synthetic" else cfg.lcbench_bo_tasks]
     _log(f"{family}: {len(train)} history tasks, {len(test)} held-out tasks; meta-training")
-    trained = _meta_train_all(cfg, family)
+    trained, reseeded = _meta_train_all(cfg, family)
     extra["meta_training"][family] = {
         f"{name}_{key}": tr[key] for name, tr in trained.items()
         for key in ("seconds", "losses", "selection")
@@ -351,6 +385,61 @@ def _family(cfg: AuxBOConfig, family: str, names: tuple[str, ...], out: dict[str
     }
     out["measured"] += _measured(family, rows, p, pred, pv, ctrl_pv, info, "h_set" in regrets)
     out["notes"].append(_family_note(cfg, family, len(train), n, trained, pv))
+    if family in cfg.seeded_families:
+        _seeded(cfg, family, names, out, regrets, reseeded, train, test)
+
+
+def _seeded(
+    cfg: AuxBOConfig,
+    family: str,
+    names: tuple[str, ...],
+    out: dict[str, Any],
+    regrets: dict[str, np.ndarray],
+    reseeded: dict[int, dict[str, dict[str, Any]]],
+    train: list,
+    test: list,
+) -> None:
+    """The ``seed_regret_at_k`` metrics of aux-BO and the f-only TNP: seed 0's regrets are the
+    main run's; each further seed runs BO with its own TNPs on the same held-out tasks."""
+    p, ks, seeded = PREFIX[family], (5, 10, 20), ("auxbo", "f_only")
+    per_seed = {0: regrets}
+    for s, tr in sorted(reseeded.items()):
+        cfg_s = AuxBOConfig.validated({**cfg.model_dump(), "seed": cfg.seed + s})
+        ctx = {"cfg": cfg_s, "history": train, **tr}
+        per_seed[s] = _bo_regrets(cfg_s, f"{family} seed {cfg.seed + s}", seeded, ctx, test)
+    per = {
+        (name, s): {f"{p}seed_regret_at_{k}": float(r[name][:, min(k, cfg.budget) - 1].mean())
+                    for k in ks}
+        for name in seeded for s, r in per_seed.items()
+    }  # fmt: skip
+    rows, stds, samples = aggregate(per, spread="sample_std")
+    for k in ks:
+        metric = f"{p}seed_regret_at_{k}"
+        out["metrics"][metric] = False
+        for name in names:
+            out["rows"][name][metric] = rows[name][metric] if name in rows else None
+            out["stds"][name][metric] = stds[name][metric] if name in stds else None
+            if name in samples:
+                out["samples"][name][metric] = samples[name][metric]
+    out["extra"].setdefault("seeds", {})[family] = {
+        "train_seeds": [cfg.seed + s for s in per_seed],
+        "meta_training": {
+            str(cfg.seed + s): {
+                f"{k}_{key}": tr[k]["seconds"] if key == "seconds" else tr[k]["selection"].get(key)
+                for k in ("full", "f_only") for key in ("seconds", "best_step")
+            }
+            for s, tr in sorted(reseeded.items())
+        },
+    }  # fmt: skip
+    ab, fo = samples["auxbo"][f"{p}seed_regret_at_10"], samples["f_only"][f"{p}seed_regret_at_10"]
+    out["notes"].append(
+        f"{family}: aux-BO and f-only meta-trained with {len(per_seed)} seed(s) "
+        f"({', '.join(str(cfg.seed + s) for s in per_seed)}) on the same tasks; "
+        f"{p}seed_regret_at_k is the regret averaged over the {len(test)} held-out tasks, per "
+        "seed (the row: mean ± std over seeds; seed 0's is the run every other figure comes "
+        f"from); at 10 evaluations aux-BO {', '.join(f'{v:.4f}' for v in ab)}, f-only "
+        f"{', '.join(f'{v:.4f}' for v in fo)}"
+    )
 
 
 def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
@@ -370,8 +459,10 @@ def run_experiments(cfg: AuxBOConfig, workdir: Path) -> ResultsTable:
         "runs), unprefixed the synthetic family."
     ]
     _plot_curves(out["extra"]["curves"], names, workdir / "regret_curves.png")
+    # meta-training seeds of the seeded rows (aux-BO, f-only); every other row has one
+    seeds = max(_train_seeds(cfg, family) for family in cfg.families)
     return ResultsTable(
-        method="auxbo", preset=cfg.preset, seeds=1, metrics=out["metrics"], rows=out["rows"],
+        method="auxbo", preset=cfg.preset, seeds=seeds, metrics=out["metrics"], rows=out["rows"],
         stds=out["stds"], samples=out["samples"], runtime_s=time.time() - t0,
         notes=notes + out["measured"], extra=out["extra"],
     )  # fmt: skip
