@@ -261,28 +261,44 @@ def test_views_share_pi_between_support_and_queries():
 
 def test_claims_read_the_comparison_and_can_fail():
     """TAIL's claims are evaluated on the comparison's rows: each holds or fails with its
-    numbers, and none is evaluated on smoke results (50 training steps)."""
+    numbers (the headlines by a paired test over the per-seed samples, not evaluable without
+    them or when the baseline sits at chance), and none is evaluated on smoke results (50
+    training steps)."""
     from nshot.claims import evaluate
     from nshot.method import get
 
     metrics = ("acc_seen_5w5s", "acc_unseen_modality_5w5s", "acc_20way")
     rows = {
-        "tail": dict(zip(metrics, (0.99, 0.92, 0.90))),
+        "tail": dict(zip(metrics, (0.99, 0.95, 0.97))),
         "protohead": dict(zip(metrics, (0.98, 0.93, 0.95))),
         "linear_probe": dict(zip(metrics, (0.98, 0.94, 0.96))),
         "no_projection": dict(zip(metrics, (0.99, 0.80, 0.95))),
         "fixed_label_slots": dict(zip(metrics, (0.98, 0.92, None))),
     }
     claims = get("tail").claims
+    kinds = {c.id: c.kind for c in claims}
+    headlines = {i for i, k in kinds.items() if k == "headline"}
+    assert len(headlines) == 3 and all(c.test == "paired_t" for c in claims if c.kind == "headline")
+
+    def seeds(rows):  # three seeds around each mean, paired by position
+        return {
+            s: {m: None if v is None else [v - 0.002, v, v + 0.002] for m, v in r.items()}
+            for s, r in rows.items()
+        }
 
     def judged(results):
         return {c["id"]: c["holds"] for c in evaluate(claims, results) if c.get("applies", True)}
 
-    held = judged({"preset": "small", "rows": rows})
-    assert len(held) == 6 and all(v is True for v in held.values()), held
+    held = judged({"preset": "small", "rows": rows, "samples": seeds(rows)})
+    assert len(held) == 9 and all(v is True for v in held.values()), held
+    unpaired = judged({"preset": "small", "rows": rows})
+    assert {i for i, v in unpaired.items() if v is None} == headlines
+    at_chance = {**rows, "protohead": {**rows["protohead"], "acc_20way": 0.05}}
+    premise = judged({"preset": "small", "rows": at_chance, "samples": seeds(at_chance)})
+    assert premise["headline_label_extrapolation_beats_protohead"] is None
     rows["tail"] = dict(zip(metrics, (0.97, 0.84, 0.15)))
-    failed = judged({"preset": "small", "rows": rows})
-    assert len(failed) == 6 and all(v is False for v in failed.values()), failed
+    failed = judged({"preset": "small", "rows": rows, "samples": seeds(rows)})
+    assert len(failed) == 9 and all(v is False for v in failed.values()), failed
     smoke = evaluate(claims, {"preset": "smoke", "rows": rows})
     assert all(c["holds"] is None for c in smoke)
 

@@ -14,6 +14,23 @@ two claims on each; those on ``tail_steps16x`` were added after a first run of t
 The paper's headline comparison (TAIL ahead of ProtoHead and LinearProbe at 5-way 5-shot on
 frozen image-encoder features) comes from a 16-layer model on ImageNet-scale features; it is
 declared here on the small offline substitute all the same, and reported whether it holds or not.
+
+Kinds. The headlines are the paper's comparisons in its direction, each a paired t-test over the
+training seeds (``samples`` holds one value per seed; every system of a seed sees the same
+episodes): at 5-way 5-shot on held-out classes TAIL beats LinearProbe, the stronger of the two
+baselines run here (headline table: TAIL above LinearProbe and ProtoHead on all four
+benchmarks); at 20 ways and on the unseen modality B it beats ProtoHead, the baseline the
+earlier thresholds on those columns name (the paper: the 5-way-trained model stays above
+ProtoHead and LinearProbe until about 70 ways, and above the baseline it is compared with on
+text and on audio). Their premise is that the baseline is above chance in the setting, so that
+beating it says something. The earlier thresholds on the same columns are weaker than the
+paper's direction (``label_extrapolation_vs_protohead``: 0.8 times ProtoHead;
+``cross_modal_near_protohead``: within 3 points) and are ``check``, as are the untested
+comparisons of means of the headline table (``beats_protohead_5w5s``,
+``beats_linear_probe_5w5s``: the paired headline carries that claim) and the level against
+chance. The random projection (``projection_carries_cross_modal``) and the scale ingredients of
+``experiment=ingredients`` are ``ablation``. No expression or threshold of an earlier claim
+changed.
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ def _ingredient_claims(row: str, what: str) -> tuple[Claim, ...]:
     return tuple(
         Claim(
             id=f"{row.removeprefix('tail_')}_beats_protohead_{col}",
+            kind="ablation",
             statement=f"With {what}, TAIL is more accurate than ProtoHead on {name}.",
             source=SCALE,
             expr=f"{row}.acc_{metric}_5w5s > protohead.acc_{metric}_5w5s",
@@ -51,7 +69,45 @@ def _ingredient_claims(row: str, what: str) -> tuple[Claim, ...]:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
+        id="headline_beats_linear_probe_5w5s",
+        kind="headline",
+        statement="At 5-way 5-shot on held-out classes of the training modality, TAIL is more "
+        "accurate than LinearProbe, the stronger of the two baselines here (paired over "
+        "training seeds).",
+        source=HEADLINE + " (TAIL above both on CIFAR-FS, miniImageNet, tieredImageNet and "
+        "Pascal VOC)",
+        expr="tail.acc_seen_5w5s > linear_probe.acc_seen_5w5s",
+        test="paired_t",
+        presets=_BIG,
+        requires="linear_probe.acc_seen_5w5s > 1 / 5",
+    ),
+    Claim(
+        id="headline_label_extrapolation_beats_protohead",
+        kind="headline",
+        statement="Trained on at most 5 ways, TAIL is more accurate than ProtoHead on 20-way "
+        "5-shot episodes (paired over training seeds).",
+        source=EXTRAPOLATION + " (the 5-way-trained model stays above LinearProbe and "
+        "ProtoHead until about 70 ways)",
+        expr="tail.acc_20way > protohead.acc_20way",
+        test="paired_t",
+        presets=_BIG,
+        requires="protohead.acc_20way > 1 / 20",
+    ),
+    Claim(
+        id="headline_cross_modal_beats_protohead",
+        kind="headline",
+        statement="On the unseen modality B, TAIL is more accurate than ProtoHead at 5-way "
+        "5-shot (paired over training seeds).",
+        source=CROSS_MODAL + " (TAIL above ProtoHead on GTZAN audio, above LinearProbe on "
+        "IMDB text)",
+        expr="tail.acc_unseen_modality_5w5s > protohead.acc_unseen_modality_5w5s",
+        test="paired_t",
+        presets=_BIG,
+        requires="protohead.acc_unseen_modality_5w5s > 1 / 5",
+    ),
+    Claim(
         id="label_extrapolation_vs_chance",
+        kind="check",
         statement="Trained on at most 5 ways, TAIL classifies 20-way episodes at least 4 times "
         "better than chance.",
         source=EXTRAPOLATION,
@@ -60,6 +116,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="label_extrapolation_vs_protohead",
+        kind="check",
         statement="On 20-way episodes TAIL reaches at least 0.8 times ProtoHead's accuracy.",
         source=EXTRAPOLATION,
         expr="tail.acc_20way >= 0.8 * protohead.acc_20way",
@@ -67,6 +124,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="projection_carries_cross_modal",
+        kind="ablation",
         statement="On the unseen modality B, TAIL with its random projection beats TAIL without "
         "it by at least 5 points.",
         source=PROJECTION,
@@ -75,6 +133,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="cross_modal_near_protohead",
+        kind="check",
         statement="On the unseen modality B, TAIL is within 3 points of ProtoHead or better.",
         source=CROSS_MODAL,
         expr="tail.acc_unseen_modality_5w5s >= protohead.acc_unseen_modality_5w5s - 0.03",
@@ -82,6 +141,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="beats_protohead_5w5s",
+        kind="check",
         statement="At 5-way 5-shot on held-out classes of the training modality, TAIL is more "
         "accurate than ProtoHead.",
         source=HEADLINE,
@@ -90,6 +150,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="beats_linear_probe_5w5s",
+        kind="check",
         statement="At 5-way 5-shot on held-out classes of the training modality, TAIL is more "
         "accurate than LinearProbe.",
         source=HEADLINE,
