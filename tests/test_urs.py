@@ -307,6 +307,7 @@ def test_claims_on_the_committed_small_results():
     assert holds["feasible_everywhere"] and holds["zero_shot_gap"]
     assert holds["seen_gap_le_8pct_at_train_size"] is None
     assert holds["beats_nearest_neighbour_everywhere"] is True
+    assert holds["headline_zero_shot_beats_savings"] is None  # one seed, no samples
     assert data["rows"]["urs"]["gap_pct_clustered"] is not None  # the clustered test sets
     data["rows"]["urs_no_mbm"]["gap_pct_unseen"] = data["rows"]["urs"]["gap_pct_unseen"] + 0.4
     data["extra"]["cells_lost_by_urs"] = {"nearest_neighbour": 2}
@@ -317,6 +318,56 @@ def test_claims_on_the_committed_small_results():
     assert again["seen_gap_le_8pct_at_train_size"] is True
     smoke = {c["id"]: c["holds"] for c in with_claims({**data, "preset": "smoke"})["claims"]}
     assert smoke["feasible_everywhere"] is True and smoke["zero_shot_gap"] is None
+
+
+def test_per_variant_table_averages_the_training_seeds():
+    from nshot.methods.urs.experiments import _mean_cells, training_seeds
+
+    assert training_seeds(get("urs").config("small")) == [0, 1, 2]
+    assert training_seeds(get("urs").config("smoke")) == [0]
+    one = [
+        _cell("CVRP", 50, "seen", urs=11.0, savings=10.5),
+        _cell("MDVRP", 50, "unseen", urs=12.0, savings=None),
+    ]
+    two = [
+        _cell("CVRP", 50, "seen", urs=13.0, savings=10.5),
+        _cell("MDVRP", 50, "unseen", urs=14.0, savings=None),
+    ]
+    assert _mean_cells([one], ["urs", "savings"]) is one
+    mean = _mean_cells([one, two], ["urs", "savings"])
+    assert mean[0]["urs"] == {"cost": 12.0, "gap_pct": pytest.approx(20.0), "feasible_pct": 100.0}
+    assert mean[0]["savings"]["cost"] == 10.5 and mean[1]["savings"] is None
+    assert {k: mean[1][k] for k in ("variant", "n", "split")} == {
+        "variant": "MDVRP", "n": 50, "split": "unseen"
+    }  # fmt: skip
+
+
+def test_headline_is_paired_over_training_seeds_and_needs_feasibility():
+    """The headline (URS's unseen gap below savings's) is a paired test over the per-seed
+    samples: not evaluable without them, nor when URS is infeasible somewhere; it holds or
+    fails with the seeds' values."""
+    from nshot.claims import evaluate_claim
+
+    claim = next(c for c in get("urs").claims if c.kind == "headline")
+    assert claim.test == "paired_t" and claim.references() == [
+        ("urs", "gap_pct_unseen"),
+        ("savings", "gap_pct_unseen"),
+    ]
+    urs, savings = [9.0, 10.0, 11.5], [14.4] * 3  # savings is deterministic: one value per seed
+    rows = {
+        "urs": {"gap_pct_unseen": sum(urs) / 3, "feasible_pct_unseen": 100.0},
+        "savings": {"gap_pct_unseen": 14.4},
+    }
+    samples = {"urs": {"gap_pct_unseen": urs}, "savings": {"gap_pct_unseen": savings}}
+    res = {"preset": "small", "rows": rows, "samples": samples}
+    out = evaluate_claim(claim, res)
+    assert out["holds"] is True and out["p"] < 0.05 and out["effect"]["n"] == 3
+    assert evaluate_claim(claim, {**res, "samples": {}})["holds"] is None
+    infeasible = {**rows, "urs": {**rows["urs"], "feasible_pct_unseen": 99.0}}
+    assert evaluate_claim(claim, {**res, "rows": infeasible})["holds"] is None
+    worse = {"urs": {"gap_pct_unseen": [15.0, 16.0, 14.9]}, "savings": samples["savings"]}
+    rows_worse = {**rows, "urs": {**rows["urs"], "gap_pct_unseen": 15.3}}
+    assert evaluate_claim(claim, {**res, "rows": rows_worse, "samples": worse})["holds"] is False
 
 
 # --------------------------------------------------------------------------- Ray Train + serving

@@ -8,6 +8,20 @@ abstract (one solver for many variants, zero-shot on unseen ones; the unified re
 the mixed bias module and the parameter generator each matter); the thresholds are this
 reproduction's targets for them. Feasibility holds at any preset; the quality claims need the
 ``small`` (or ``paper``) training scale.
+
+Kinds. The headline is the paper's zero-shot claim in its direction: on the unseen variants URS's
+mean gap to the reference is below that of the strongest baseline run here, the Clarke–Wright
+savings heuristic (the other baselines, nearest neighbour and the random policy, are far behind
+it), as a paired t-test over URS's training seeds (``samples``: one value per seed; savings and
+the reference are deterministic, so their value repeats for each seed). It is conservative for
+URS: savings has no solution on the multi-depot variants, so its unseen mean leaves out the
+cells where URS's gaps are among its largest. Its premise is URS's feasibility on every unseen
+instance (a cheaper infeasible route is no win). ``zero_shot_gap`` (within 15 % of the
+reference), which savings meets too, and the seen-variant level are this reproduction's targets,
+weaker than the paper's direction: ``check``, like feasibility (guaranteed by the masks, verified
+by the checker). The MBM and generator ablations are ``ablation``; beating nearest neighbour on
+every cell is the ``control`` of a learned policy (one lost cell fails it). No expression or
+threshold of an earlier claim changed.
 """
 
 from __future__ import annotations
@@ -18,7 +32,21 @@ TRAINED = ("small", "paper")
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
+        id="headline_zero_shot_beats_savings",
+        kind="headline",
+        statement="Zero-shot on the unseen variants, URS's mean gap to the reference solver is "
+        "below that of the strongest baseline here, the Clarke–Wright savings heuristic (paired "
+        "over URS's training seeds).",
+        source="Abstract (one solver, trained once, solves unseen variants zero-shot, ahead of "
+        "the baselines)",
+        expr="urs.gap_pct_unseen < savings.gap_pct_unseen",
+        test="paired_t",
+        presets=TRAINED,
+        requires="urs.feasible_pct_unseen == 100",
+    ),
+    Claim(
         id="feasible_everywhere",
+        kind="check",
         statement="Every URS solution of every seen and unseen variant satisfies every "
         "constraint, as verified by the independent checker.",
         source="Abstract (one solver for every variant)",
@@ -26,6 +54,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="seen_gap_le_8pct_at_train_size",
+        kind="check",
         statement="On the seen variants at the training size (N = 20), URS is within 8 % of "
         "the reference solver on average.",
         source="Abstract (solution quality on the trained variants)",
@@ -34,6 +63,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="zero_shot_gap",
+        kind="check",
         statement="On the unseen variants, zero-shot, URS is within 15 % of the reference on "
         "average and at most 10 points worse than on the seen ones.",
         source="Abstract (zero-shot generalisation to unseen variants)",
@@ -42,6 +72,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="ablation_mbm",
+        kind="ablation",
         statement="Without the mixed bias module (geometric bias only) the unseen-variant gap "
         "is at least 0.5 points worse.",
         source="Abstract (mixed bias module)",
@@ -50,6 +81,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="ablation_generator",
+        kind="ablation",
         statement="Without the problem-conditioned parameter generator (fixed weights) the "
         "unseen-variant gap is at least 0.5 points worse.",
         source="Abstract (problem-conditioned parameter generator)",
@@ -58,6 +90,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="beats_nearest_neighbour_everywhere",
+        kind="control",
         statement="URS's mean cost is below the nearest-neighbour greedy's on every variant "
         "and size.",
         source="Abstract (a learned solver across variants)",

@@ -78,6 +78,13 @@ class URSConfig(MethodConfig):
     test_seed: int = Field(
         10_000, ge=0, description="seed of the test sets (distinct from training)"
     )
+    experiment_seeds: int = Field(
+        1,
+        ge=1,
+        le=20,
+        description="training seeds per trained system in experiments() (seed, seed + 1, ...); "
+        "the heuristics and the reference are deterministic and run once",
+    )
 
     # `nshot eval --set` may change these (the test sets (sizes, instances, zero-shot variants),
     # decoding and the reference solver's time); every other field is fixed by the checkpoint, since
@@ -107,6 +114,7 @@ class URSConfig(MethodConfig):
             seen_variants=SEEN_SMALL, unseen_variants=UNSEEN_SMALL, eval_sizes=[50, 100],
             eval_instances=8, eval_starts=50, augment=8, clustered_variants=["CVRP", "VRPTW"],
             systems=["urs", "urs_no_mbm", "urs_no_generator", "urs_clustered_train"],
+            experiment_seeds=3,  # the headline's paired test over training seeds
         ),
         "paper": dict(
             d=128, layers=12, ff=512, gen_rank=4, gen_hidden=256, batch_size=128,

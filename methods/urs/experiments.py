@@ -5,7 +5,8 @@ rounds (1-3, then 4 and 6):
 
 1. train ``urs`` and its ablations (``urs_no_mbm``: geometric bias only; ``urs_no_generator``:
    fixed weights; ``mtpomo``: attribute flags instead of the UDR, no MBM, no generator) through
-   ``nshot.train.fit`` (Ray Train local mode inside each task);
+   ``nshot.train.fit`` (Ray Train local mode inside each task), once per training seed
+   (``experiment_seeds``);
 2. reference solutions (PyVRP 0.14 iterated local search, OR-Tools for classic backhauls) with a
    fixed time limit per instance, one task per (variant, size), cached as Parquet;
 3. constructive baselines (nearest neighbour, savings, random feasible policy);
@@ -14,6 +15,10 @@ rounds (1-3, then 4 and 6):
 5. an independent checker verifies every solution of every system; gaps are per instance
    against the reference's checked cost;
 6. the inference time/memory curve of ``urs`` over ``scaling_sizes`` (CVRP, one instance each).
+
+Rows are means over the training seeds, with the per-seed values in ``samples`` (paired by
+seed across systems; the deterministic heuristics and reference repeat their one value) for
+the claims' paired tests (:func:`nshot.experiment.aggregate`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, grid, run_jobs
+from nshot.experiment import Job, aggregate, grid, run_jobs
 from nshot.method import ResultsTable
 
 from .config import URSConfig
@@ -237,14 +242,28 @@ def _ref_as_result(refs: dict) -> dict:
 # --------------------------------------------------------------------------- the comparison
 
 
+def training_seeds(cfg: URSConfig) -> list[int]:
+    """The training seeds of every trained system: ``seed, seed + 1, ...``
+    (``experiment_seeds`` of them)."""
+    return [cfg.seed + i for i in range(cfg.experiment_seeds)]
+
+
+def _run_name(cfg: URSConfig, system: str, seed: int) -> str:
+    """A training run's name; one seed keeps the single-seed name of earlier runs."""
+    base = f"urs-{cfg.preset}-{system}"
+    return base if cfg.experiment_seeds == 1 else f"{base}-seed{seed}"
+
+
 def _first_jobs(cfg: URSConfig, storage: str, gpus: float, chunks: list) -> list[Job]:
-    """Training of every system (a GPU each where the cluster has them), the reference solver
-    per (variant, size), and the heuristics (two chunks of variants each): all independent."""
+    """Training of every (system, seed) (a GPU each where the cluster has them), the reference
+    solver per (variant, size), and the heuristics (two chunks of variants each): all
+    independent."""
     cfg_dict = cfg.model_dump()
     jobs = [
-        Job(("train", s), _train_system, (URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s]})
-            .model_dump(), storage, f"urs-{cfg.preset}-{s}"), num_cpus=1, num_gpus=gpus)
-        for s in cfg.systems
+        Job(("train", s, seed), _train_system,
+            (URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s], "seed": seed}).model_dump(),
+             storage, _run_name(cfg, s, seed)), num_cpus=1, num_gpus=gpus)
+        for s, seed in grid(cfg.systems, training_seeds(cfg))
     ]  # fmt: skip
     variants = test_sets(cfg)
     jobs += [
@@ -255,12 +274,35 @@ def _first_jobs(cfg: URSConfig, storage: str, gpus: float, chunks: list) -> list
     return jobs
 
 
-def _merged(done: dict, kind: str, system: str) -> dict:
-    """One system's per-(variant, n) results, merged over its chunks."""
+def _merged(done: dict, kind: str, system: str, seed: int | None = None) -> dict:
+    """One system's per-(variant, n) results (of one training seed), merged over its chunks."""
     out: dict = {}
     for key, part in done.items():
-        if key[:2] == (kind, system):
+        if key[:2] == (kind, system) and (seed is None or key[2] == seed):
             out.update(part)
+    return out
+
+
+def _mean_cells(per_seed: list[list[dict]], order: list[str]) -> list[dict]:
+    """The per-(variant, size) table averaged over training seeds: each system's cost, gap and
+    feasibility are the means of its per-seed cell means (one seed: that seed's table)."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    out = []
+    for cells in zip(*per_seed, strict=True):
+        row = {k: cells[0][k] for k in ("variant", "n", "split", "reference")}
+        for s in order:
+            vals = [c[s] for c in cells]
+            if any(v is None for v in vals):
+                row[s] = None
+                continue
+            gaps = [v["gap_pct"] for v in vals]
+            row[s] = {
+                "cost": float(np.mean([v["cost"] for v in vals])),
+                "gap_pct": None if None in gaps else float(np.mean(gaps)),
+                "feasible_pct": float(np.mean([v["feasible_pct"] for v in vals])),
+            }
+        out.append(row)
     return out
 
 
@@ -277,32 +319,43 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     variants = test_sets(cfg)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
     chunks = [variants[i::2] for i in range(2)] if len(variants) > 1 else [variants]
+    seeds = training_seeds(cfg)
     first = run_jobs(_first_jobs(cfg, str(workdir / "runs"), gpus, chunks),
                      description="urs: training, references, heuristics")  # fmt: skip
-    ckpts = {s: first[("train", s)] for s in cfg.systems}
+    ckpts = {(s, seed): first[("train", s, seed)] for s, seed in grid(cfg.systems, seeds)}
     refs = {(v, n): first[("ref", v, n)] for v, n in grid(variants, cfg.eval_sizes)}
-    second = [Job(("eval", s, i), _eval_task, (cfg_dict, s, ckpts[s], c))
-              for s, (i, c) in grid(cfg.systems, enumerate(chunks))]  # fmt: skip
-    if "urs" in ckpts and cfg.scaling_sizes:
-        args = (ckpts["urs"], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
+    second = [Job(("eval", s, seed, i), _eval_task, (cfg_dict, s, ckpts[(s, seed)], c))
+              for s, seed, (i, c) in grid(cfg.systems, seeds, enumerate(chunks))]  # fmt: skip
+    if "urs" in cfg.systems and cfg.scaling_sizes:  # the first seed's model
+        args = (ckpts[("urs", seeds[0])], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
         second.append(Job(("scaling",), _scaling_task, args))
     done = run_jobs(second, description="urs: decoding the test sets")
-    results = {s: _merged(done, "eval", s) for s in cfg.systems}
-    results |= {h: _merged(first, "heuristic", h) for h in HEURISTICS}
-    results["pyvrp"] = _ref_as_result(refs)
+    # per training seed: the trained systems' results; the heuristics and the reference are
+    # deterministic (run once) and stand beside every seed, so that samples pair by seed
+    fixed = {h: _merged(first, "heuristic", h) for h in HEURISTICS} | {
+        "pyvrp": _ref_as_result(refs)
+    }
+    by_seed = {
+        seed: {s: _merged(done, "eval", s, seed) for s in cfg.systems} | fixed for seed in seeds
+    }
     scaling = done.get(("scaling",), [])
     order = [*cfg.systems, *HEURISTICS, "pyvrp"]
-    rows = {s: summarise(results[s], refs, cfg) for s in order}
-    per_variant = _per_variant(results, refs, cfg, order)
+    per = {(s, seed): summarise(by_seed[seed][s], refs, cfg) for s, seed in grid(order, seeds)}
+    rows, stds, samples = aggregate(per, spread="sample_std")
+    per_variant = _mean_cells([_per_variant(by_seed[seed], refs, cfg, order) for seed in seeds],
+                              order)  # fmt: skip
     solvers = sorted({r["solver"] for rs in refs.values() for r in rs})
     ref_infeasible = sum(1 for rs in refs.values() for r in rs if not r["feasible"])
     extra = {
         "per_variant": per_variant,
         "scaling": scaling,
-        "checkpoints": ckpts,
+        "checkpoints": {_run_name(cfg, s, seed): c for (s, seed), c in ckpts.items()},
+        "training_seeds": seeds,
         "reference_solvers": solvers,
         "pyvrp_version": pyvrp_version(),
-        "violations": {s: _violations(results[s]) for s in order},
+        "violations": {
+            s: sorted({v for seed in seeds for v in _violations(by_seed[seed][s])}) for s in order
+        },
         "markdown": _markdown(per_variant, cfg, order, scaling),
         # numbers the claims read (nshot.methods.urs.claims)
         "gap_pct_by_size": gap_by_size(per_variant, "urs", cfg.eval_sizes),
@@ -315,9 +368,9 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
         _plot_scaling(scaling, workdir / "scaling.png")
         (workdir / "scaling.json").write_text(json.dumps(scaling, indent=1))
     return ResultsTable(
-        method="urs", preset=cfg.preset, seeds=1, metrics=dict(METRICS), rows=rows, stds={},
-        runtime_s=time.time() - t_start, extra=extra,
-        notes=_notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling),
+        method="urs", preset=cfg.preset, seeds=len(seeds), metrics=dict(METRICS), rows=rows,
+        stds=stds if len(seeds) > 1 else {}, samples=samples, runtime_s=time.time() - t_start,
+        extra=extra, notes=_notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling),
     )  # fmt: skip
 
 
@@ -383,6 +436,16 @@ def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str
         f"models trained on {cfg.seen_variants} at N={cfg.train_sizes} for {cfg.steps} steps "
         f"× {cfg.batch_size} instances × {cfg.train_starts} POMO rollouts; inference: greedy, "
         f"min(N, {cfg.eval_starts}) starts × {cfg.augment} augmentations.",
+        f"trained systems: {cfg.experiment_seeds} training seed(s) each "
+        f"({', '.join(str(s) for s in training_seeds(cfg))}); rows and the per-variant table "
+        "are means over them"
+        + (
+            " (± the sample std over seeds; samples hold one value per seed)"
+            if cfg.experiment_seeds > 1
+            else ""
+        )
+        + "; the heuristics and the reference are deterministic and run once; the scaling "
+        "curve uses the first seed's urs.",
         f"reference ('pyvrp' row): {', '.join(solvers)} — PyVRP where it expresses the variant, "
         "OR-Tools GLS for classic backhauls; time limit "
         f"max({cfg.ref_time_min}, {cfg.ref_time_per_node}·N) s per instance; gap = 100·(cost − "
