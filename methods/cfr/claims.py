@@ -6,6 +6,19 @@ its comparison with unimodal memory banks (§4.2), not calibrated on the generat
 paper's own figures (MVTec 3D-AD, 1 shot: AUPRO@30 % 92.3, I-AUROC 74.0) are not comparable to
 anything generated. The trained claims need ``small`` (or ``paper``); the metric claims hold at
 any preset.
+
+Kinds. Two headlines, the paper's comparisons in its direction, each a paired t-test over the
+training seeds (``samples``: one value per seed, each the mean over the classes; every system of
+a seed scores the same test images with the same shots): at k = 4 CFR localises anomalies
+better (AUPRO@30 %, the paper's localisation metric) than the strongest baseline run here,
+PatchCore on RGB features (§4.2, the comparison with memory-bank methods); and at one shot, the
+paper's headline setting, CFR's image-level AUROC is above that of CFM, the method it extends
+and its main baseline. Their premise is that the baseline is off the floor, above what a random
+map scores (I-AUROC 0.5; AUPRO@30 % 0.15: PRO equals FPR on average, integrated over [0, 0.3]).
+Replacement, cycles, the single-modality banks and more shots are ``ablation``; random
+replacement is the ``control`` of the reliability score; the I-AUROC level of 0.70, the
+replaced fraction of θ (a quantile of the same score, so its range is set by construction) and
+the metric's exactness are ``check``. No expression or threshold of an earlier claim changed.
 """
 
 from __future__ import annotations
@@ -16,7 +29,30 @@ TRAINED = ("small", "paper")
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
+        id="headline_aupro_beats_patchcore_rgb",
+        kind="headline",
+        statement="At k = 4, CFR's AUPRO@30 % is above that of the strongest baseline here, "
+        "PatchCore on RGB features (paired over training seeds).",
+        source="§4.2 comparison with memory-bank methods (AUPRO@30 %)",
+        expr="cfr.aupro30_k4 > patchcore_rgb.aupro30_k4",
+        test="paired_t",
+        presets=TRAINED,
+        requires="patchcore_rgb.aupro30_k4 > 0.15",
+    ),
+    Claim(
+        id="headline_one_shot_beats_cfm",
+        kind="headline",
+        statement="At one shot, CFR's image-level AUROC is above that of CFM, the crossmodal "
+        "feature mapping it extends (paired over training seeds).",
+        source="Headline table (1-shot I-AUROC; CFM is the main baseline, same features)",
+        expr="cfr.i_auroc_k1 > cfm.i_auroc_k1",
+        test="paired_t",
+        presets=TRAINED,
+        requires="cfm.i_auroc_k1 > 0.5",
+    ),
+    Claim(
         id="replacement_helps",
+        kind="ablation",
         statement="Replacing unreliable predicted RGB features by retrieved normal ones adds at "
         "least 1 point of AUPRO@30 % over the cyclic mappings alone (k = 4).",
         source="§4.3 ablation (feature replacement)",
@@ -25,6 +61,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="cycles_help",
+        kind="ablation",
         statement="Bidirectional cyclic mappings add at least 0.5 points of AUPRO@30 % over "
         "CFM's one-way mappings (k = 4, no replacement in either).",
         source="§4.3 ablation (cyclic mappings)",
@@ -33,6 +70,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="multimodal_beats_unimodal",
+        kind="ablation",
         statement="CFR's image-level AUROC is at least that of the better single-modality "
         "memory bank (PatchCore on RGB or on 3-D features), k = 4.",
         source="§4.2 comparison with memory-bank methods",
@@ -41,6 +79,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="detects_anomalies",
+        kind="check",
         statement="CFR's image-level AUROC is at least 0.70 at k = 4.",
         source="§4.2 (few-shot I-AUROC 74–80 on MVTec 3D-AD)",
         expr="cfr.i_auroc_k4 >= 0.70",
@@ -48,6 +87,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="random_replacement_does_not_help",
+        kind="control",
         statement="Negative control: replacing as many pixels as CFR does, chosen at random "
         "instead of by the reliability score, gains at most 0.2 points of AUPRO@30 % over no "
         "replacement.",
@@ -57,6 +97,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="more_shots_help",
+        kind="ablation",
         statement="CFR's AUPRO@30 % at k = 4 is at least its AUPRO@30 % at k = 1.",
         source="§4.2 (1-, 2- and 4-shot tables)",
         expr="cfr.aupro30_k4 >= cfr.aupro30_k1",
@@ -64,6 +105,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="theta_replaces_a_minority",
+        kind="check",
         statement="The threshold θ replaces between 1 % and 50 % of the valid pixels of normal "
         "test images.",
         source="§3.4 (selective replacement)",
@@ -72,6 +114,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         id="aupro_metric_exact",
+        kind="check",
         statement="AUPRO@30 % of a hand-built map equals its analytic value (error < 1e-6), a "
         "perfect map scores 1, and 99 thresholds agree with the exact curve within 0.005.",
         source="§4.1 metrics (AUPRO, MVTec 3D-AD protocol)",
