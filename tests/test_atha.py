@@ -349,9 +349,51 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     results = table.to_json()
     claims = evaluate(atha.claims, results)
     # the paper's claims speak of small and paper only; the unit checks hold on every preset
-    assert len(claims) == 7
+    assert len(claims) == 8
+    assert [c["id"] for c in claims if c["kind"] == "headline"] == ["atha_beats_coop_lora_paired"]
     assert all(c.get("applies") is False for c in claims if c["id"] != "unit_checks")
     assert [c["holds"] for c in claims if c["id"] == "unit_checks"] == [True]
+
+
+def test_seeds_combine_into_per_seed_samples_and_the_headline_reads_them():
+    """With several training seeds each seed is summarised on its own (per-episode samples,
+    95 % intervals), then the rows are the means over seeds and the samples the per-seed
+    values, paired by seed; the headline's paired test reads them, and its premise (the
+    precondition on the tiny CLIP) makes it not evaluable when it fails."""
+    from nshot.claims import evaluate
+    from nshot.methods.atha.experiments import combine_seeds, summarise
+
+    atha = get("atha")
+    cfg = atha.config("small", domains=["sketch", "digits"],
+                      systems=["atha", "coop_lora", "zero_shot"], seeds=3)  # fmt: skip
+    rng = np.random.default_rng(0)
+    tables = {}
+    for seed in range(3):
+        acc = {(s, d, k): list(rng.uniform(0.3, 0.5, 4) + (0.02 * k if s == "atha" else 0.0))
+               for s in cfg.systems for d in cfg.domains for k in (1, 5)}  # fmt: skip
+        tables[seed] = summarise(cfg.replace(seed=seed), acc, 0.9 + 0.01 * seed)
+        tables[seed].extra.update(unit={"rho0_max_abs_logit_diff": 0.0, "head_tail_overlap": 0.0,
+                                        "anchor_rel_error": 1e-7 * (seed + 1)},
+                                  domain_references={}, rates_per_block={},
+                                  tiny_clip={"folder": f"s{seed}"})  # fmt: skip
+    table = combine_seeds(cfg, tables)
+    assert table.seeds == 3 and set(table.extra["per_seed"]) == {"0", "1", "2"}
+    per_seed = [tables[s].rows["atha"]["acc_1shot_avg"] for s in range(3)]
+    assert table.samples["atha"]["acc_1shot_avg"] == pytest.approx(per_seed)
+    assert table.rows["atha"]["acc_1shot_avg"] == pytest.approx(np.mean(per_seed))
+    assert table.stds["atha"]["acc_1shot_avg"] == pytest.approx(np.std(per_seed, ddof=1))
+    assert table.rows["zero_shot"]["acc_src_8way"] == pytest.approx(0.91)  # each seed's CLIP
+    assert table.extra["unit"]["anchor_rel_error"] == pytest.approx(3e-7)  # the worst seed
+    acc5 = table.extra["acc_5shot"]["atha"]["sketch"]
+    assert acc5 == pytest.approx(np.mean([tables[s].extra["acc_5shot"]["atha"]["sketch"]
+                                          for s in range(3)]))  # fmt: skip
+    results = table.to_json()
+    heads = [c for c in evaluate(atha.claims, results) if c["kind"] == "headline"]
+    assert len(heads) == 1 and heads[0]["effect"]["n"] == 3 and heads[0]["premise"] is True
+    assert heads[0]["holds"] is (heads[0]["lhs"] > heads[0]["rhs"] and heads[0]["p"] < 0.05)
+    results["rows"]["zero_shot"]["acc_src_8way"] = 0.5  # a CLIP that misses the precondition
+    head = [c for c in evaluate(atha.claims, results) if c["kind"] == "headline"][0]
+    assert head["holds"] is None and head["premise"] is False
 
 
 def test_example_on_two_ray_train_workers(ray_session, tmp_path, run_example, capsys):

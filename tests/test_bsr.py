@@ -150,7 +150,8 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
         assert row["bacc_k10_A"] is None  # smoke has no k = 10
         assert (row["mae_mse"] is not None) == system.startswith("bsr")
     claims = evaluate(bsr.claims, table.to_json())
-    assert len(claims) == 9 and all(c.get("applies") is False for c in claims)
+    assert len(claims) == 10 and all(c.get("applies") is False for c in claims)
+    assert [c["id"] for c in claims if c["kind"] == "headline"] == ["bsr_beats_spectrum_methods"]
 
 
 def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):

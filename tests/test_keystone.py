@@ -267,6 +267,7 @@ def test_evaluate_smoke_checkpoint(smoke_checkpoint) -> None:
 # --------------------------------------------------------------------------- claims
 
 KEYSTONE_COMMITTED = {
+    "keystone_off_beats_norm_off": None,  # one prompt group's K* in that run: no paired samples
     "keystone_set_sparse": True,
     "keystone_off_collapses": True,
     "random_off_harmless": True,
@@ -274,7 +275,7 @@ KEYSTONE_COMMITTED = {
     "calibration_halved": True,
     "calibration_doubled": True,
     "sft_keystone_matches_full": False,  # gain 0.00 against 0.71 for full fine-tuning
-    "sft_keystone_forgets_less": True,
+    "sft_keystone_forgets_less": None,  # premise: keystone SFT matched full FT's gain; it did not
     "sft_keystone_beats_random_rows": False,  # 0.00 against 0.00
 }
 
@@ -368,6 +369,7 @@ def test_experiments_leave_pass_fail_to_the_claims(monkeypatch, tmp_path) -> Non
     assert all(c["holds"] is None for c in with_claims(data)["claims"])  # smoke
     holds = {c["id"]: c["holds"] for c in with_claims({**data, "preset": "small"})["claims"]}
     assert holds == {
+        "keystone_off_beats_norm_off": None,  # one prompt group: no paired test
         "keystone_set_sparse": True,  # 4 <= 0.5 % of 1000
         "keystone_off_collapses": True,
         "random_off_harmless": True,  # 2 % relative
@@ -378,3 +380,41 @@ def test_experiments_leave_pass_fail_to_the_claims(monkeypatch, tmp_path) -> Non
         "sft_keystone_forgets_less": None,
         "sft_keystone_beats_random_rows": None,
     }
+
+
+def test_the_headline_pairs_prompt_groups(monkeypatch, tmp_path) -> None:
+    """With one K* per prompt group, keystone_off and norm_off are means over the groups (±
+    std over groups) and their per-group accuracies the headline's paired samples: it holds
+    when every group's K* costs more than as many largest-norm neurons, and fails when the
+    norm set costs as much."""
+    from types import SimpleNamespace
+
+    from nshot.methods.keystone import experiments as X
+    from nshot.reproduce import with_claims
+
+    res = _fake_probe()
+    caps = ("facts", "math", "code", "multilingual")
+
+    def m(acc: float, n: int) -> dict[str, float]:
+        return {**{f"acc_{c}": acc for c in caps}, "acc": acc, "ppl": 10.0, "n_neurons": n}
+
+    res.rows["keystone_off"] = [m(0.1, 4), m(0.05, 6), m(0.15, 5)]
+    res.rows["norm_off"] = [m(0.8, 4), m(0.7, 6), m(0.85, 5)]
+    space = SimpleNamespace(total=1000, gid=lambda layer, module, index: index)
+    monkeypatch.setattr(X, "probe_model", lambda source, cfg: (None, None, space, None, res))
+    monkeypatch.setattr(X, "_save_probe_checkpoint", lambda *a: None)
+    cfg = get("keystone").config("smoke", sft=False)
+    table = X.run_experiments(cfg, tmp_path, method="keystone", version="1")
+    assert table.rows["keystone_off"]["acc"] == pytest.approx(0.1)
+    assert table.rows["keystone_off"]["n_neurons"] == pytest.approx(5.0)
+    assert table.stds["norm_off"]["acc"] == pytest.approx(np.std([0.8, 0.7, 0.85], ddof=1))
+    assert table.samples["keystone_off"]["acc"] == pytest.approx([0.1, 0.05, 0.15])
+    assert table.samples["norm_off"]["acc"] == pytest.approx([0.8, 0.7, 0.85])
+    assert "random_module_off" not in table.samples  # draws, not paired with the groups
+    data = {**table.to_json(), "preset": "small"}
+    head = {c["id"]: c for c in with_claims(data)["claims"]}["keystone_off_beats_norm_off"]
+    assert head["holds"] is True and head["effect"]["n"] == 3 and head["p"] < 0.05
+    data["samples"]["norm_off"]["acc"] = [0.1, 0.05, 0.15]
+    data["rows"]["norm_off"]["acc"] = 0.1
+    head = {c["id"]: c for c in with_claims(data)["claims"]}["keystone_off_beats_norm_off"]
+    assert head["holds"] is False

@@ -2,10 +2,18 @@
 
 The tiny CLIP comes from the cache (:func:`nshot.train.clip.ensure_clip`), pre-trained on first
 use on ``clip_workers`` Ray Train workers (two in ``small``: a cold cache's pre-training then
-uses both cores). One Ray task per (system, domain, shots, block of episodes); every system
-sees the same episodes (:func:`.data.sample_episode` depends on the seed, the domain and the
-episode only) and, within an episode, the same LoRA initialisation, so the differences are
-paired. Means are over episodes; the spread is the 95 % interval 1.96 · sd / √episodes.
+uses both cores). One Ray task per (system, seed, domain, shots, block of episodes); every
+system sees the same episodes (:func:`.data.sample_episode` depends on the seed, the domain and
+the episode only) and, within an episode, the same LoRA initialisation, so the differences are
+paired.
+
+With one seed, means are over episodes, the spread is the 95 % interval 1.96 · sd / √episodes
+and the claims' samples are per episode. With ``seeds`` > 1 (``small``: 3) each training seed
+pre-trains its own tiny CLIP and draws its own pools and episodes; each seed is summarised as
+one seed would be (:func:`summarise`), the rows are the means over seeds, the spread the
+standard deviation over seeds (Bessel-corrected) and the samples the per-seed values, paired by
+seed (:func:`nshot.experiment.aggregate`); each seed's own table is kept in
+``extra["per_seed"]``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, run_jobs
+from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 
 from .config import AthaConfig
@@ -131,12 +139,16 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     check_backbone(cfg)
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
-    clip_dir = ensure_clip(cfg.clip_preset, text=cfg.text, seed=cfg.seed, workers=cfg.clip_workers)
-    meta = read_clip_meta(clip_dir)
-    zero_shot = meta.get("zero_shot", {})
-    acc_src = zero_shot.get("acc_src_8way")
-    for d in cfg.domains:  # build the cached pools once, here
-        domain_pool(d, cfg.pool_per_class, cfg.seed)
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    cfgs = {s: cfg.replace(seed=s) for s in seeds}
+    clip_dirs = {  # one tiny CLIP per training seed, pre-trained in turn on a cold cache
+        s: ensure_clip(cfg.clip_preset, text=cfg.text, seed=s, workers=cfg.clip_workers)
+        for s in seeds
+    }
+    metas = {s: read_clip_meta(clip_dirs[s]) for s in seeds}
+    for s in seeds:
+        for d in cfg.domains:  # build the cached pools once, here
+            domain_pool(d, cfg.pool_per_class, s)
     t_data = time.time() - t0
     settings = [(s, 1, cfg.episodes_1shot) for s in cfg.systems]
     if cfg.episodes_5shot:
@@ -146,46 +158,54 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     # the 5-shot and LoRA systems first (the long tasks), zero-shot last
     order = sorted(settings, key=lambda s: (-s[1], s[0] in ("zero_shot", "coop")))
     for system, shots, n_ep in order:
-        for d in cfg.domains:
-            for start in range(0, n_ep, block):
-                eps = list(range(start, min(n_ep, start + block)))
-                jobs.append(
-                    Job(
-                        (system, d, shots, start),
-                        episodes_job,
-                        (cfg.model_dump(), str(clip_dir), system, d, shots, eps),
+        for seed in seeds:
+            for d in cfg.domains:
+                for start in range(0, n_ep, block):
+                    eps = list(range(start, min(n_ep, start + block)))
+                    jobs.append(
+                        Job(
+                            (system, seed, d, shots, start),
+                            episodes_job,
+                            (cfgs[seed].model_dump(), str(clip_dirs[seed]), system, d, shots, eps),
+                        )
                     )
-                )
     done = run_jobs(jobs, description=f"atha {cfg.preset}")
-    acc: dict[tuple[str, str, int], list[float]] = {}
-    rates: dict[tuple[str, str, int], list[dict[str, list[float]]]] = {}
-    for (system, d, shots, _), res in done.items():
-        acc.setdefault((system, d, shots), []).extend(r["acc"] for r in res)
-        rates.setdefault((system, d, shots), []).extend(r["rates"] for r in res)
-    table = summarise(cfg, acc, acc_src)
-    bb = _backbone(str(clip_dir))
-    extra = table.extra
-    extra["unit"] = unit_checks(bb, cfg)
-    extra["domain_references"] = domain_references(bb, cfg)
-    extra["rates_per_block"] = {
-        s: {
-            "head": np.mean([r["head"] for k, v in rates.items() if k[0] == s for r in v], 0)
-            .round(4)
-            .tolist(),
-            "tail": np.mean([r["tail"] for k, v in rates.items() if k[0] == s for r in v], 0)
-            .round(4)
-            .tolist(),
+    tables: dict[int, ResultsTable] = {}
+    for seed in seeds:
+        acc: dict[tuple[str, str, int], list[float]] = {}
+        rates: dict[tuple[str, str, int], list[dict[str, list[float]]]] = {}
+        for (system, s, d, shots, _), res in done.items():
+            if s == seed:
+                acc.setdefault((system, d, shots), []).extend(r["acc"] for r in res)
+                rates.setdefault((system, d, shots), []).extend(r["rates"] for r in res)
+        zero_shot = metas[seed].get("zero_shot", {})
+        table = summarise(cfgs[seed], acc, zero_shot.get("acc_src_8way"))
+        bb = _backbone(str(clip_dirs[seed]))
+        extra = table.extra
+        extra["unit"] = unit_checks(bb, cfgs[seed])
+        extra["domain_references"] = domain_references(bb, cfgs[seed])
+        extra["rates_per_block"] = {
+            s: {
+                "head": np.mean([r["head"] for k, v in rates.items() if k[0] == s for r in v], 0)
+                .round(4)
+                .tolist(),
+                "tail": np.mean([r["tail"] for k, v in rates.items() if k[0] == s for r in v], 0)
+                .round(4)
+                .tolist(),
+            }
+            for s in ATHA_VARIANTS
+            if s in cfg.systems
         }
-        for s in ATHA_VARIANTS
-        if s in cfg.systems
-    }
-    extra["tiny_clip"] = {
-        "folder": clip_dir.name,
-        "text": cfg.text,
-        "world_size": meta.get("world_size"),
-        "zero_shot": zero_shot,
-        "pretrain_wall_s": meta.get("wall_s"),
-    }
+        extra["tiny_clip"] = {
+            "folder": clip_dirs[seed].name,
+            "text": cfg.text,
+            "world_size": metas[seed].get("world_size"),
+            "zero_shot": zero_shot,
+            "pretrain_wall_s": metas[seed].get("wall_s"),
+        }
+        tables[seed] = table
+    table = tables[seeds[0]] if len(seeds) == 1 else combine_seeds(cfg, tables)
+    extra = table.extra
     extra["sizes"] = {
         "episodes_1shot": cfg.episodes_1shot,
         "episodes_5shot": cfg.episodes_5shot,
@@ -194,10 +214,82 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         "queries_per_class": cfg.queries,
         "domains": list(cfg.domains),
         "systems_5shot": list(cfg.systems_5shot),
+        "seeds": seeds,
     }
     extra["seconds"] = {"data": round(t_data, 1), "total": round(time.time() - t0, 1)}
     table.runtime_s = time.time() - t0
     return table
+
+
+def combine_seeds(cfg: AthaConfig, tables: dict[int, ResultsTable]) -> ResultsTable:
+    """One table over training seeds from each seed's own (:func:`summarise`): rows are means
+    over seeds, ``stds`` the Bessel-corrected standard deviation over seeds and ``samples`` the
+    per-seed value of every metric, paired by seed; the derived figures the claims read
+    (``extra["headline"]``, ``extra["sanity"]``) are recomputed from the means, the unit checks
+    are the worst over seeds, and each seed's table is kept in ``extra["per_seed"]``."""
+    seeds = list(tables)
+    per = {(s, seed): tables[seed].rows[s] for s in cfg.systems for seed in seeds}
+    rows, stds, samples = aggregate(per, spread="sample_std")
+    first = tables[seeds[0]].extra
+
+    def mean_of(values: list[Any]) -> Any:
+        """The element-wise mean of numbers or of dicts of numbers (or lists of numbers)."""
+        if isinstance(values[0], dict):
+            return {k: mean_of([v[k] for v in values]) for k in values[0]}
+        if isinstance(values[0], list):
+            return np.mean(values, 0).round(4).tolist()
+        return float(np.mean(values))
+
+    acc5 = mean_of([tables[s].extra["acc_5shot"] for s in seeds]) if first["acc_5shot"] else {}
+    extra: dict[str, Any] = {"acc_5shot": acc5}
+    if "headline" in first:
+        extra["headline"] = {
+            "domains_atha_ge_coop_lora": sum(
+                rows["atha"][f"acc_1shot_{d}"] >= rows["coop_lora"][f"acc_1shot_{d}"]
+                for d in cfg.domains
+            ),
+            "domains": len(cfg.domains),
+        }
+    if "sanity" in first:
+        paired = mean_of([tables[s].extra["sanity"]["paired_5shot_minus_1shot"] for s in seeds])
+        extra["sanity"] = {
+            "min_5shot_minus_1shot": float(
+                min(acc5[s][d] - rows[s][f"acc_1shot_{d}"] for s in acc5 for d in cfg.domains)
+            ),
+            "paired_5shot_minus_1shot": paired,
+            "paired_min_5shot_minus_1shot": min(v for r in paired.values() for v in r.values()),
+        }
+    extra["unit"] = {
+        k: max(tables[s].extra["unit"][k] for s in seeds) for k in first["unit"]
+    }  # the worst seed
+    extra["domain_references"] = mean_of([tables[s].extra["domain_references"] for s in seeds])
+    extra["rates_per_block"] = mean_of([tables[s].extra["rates_per_block"] for s in seeds])
+    extra["tiny_clip"] = first["tiny_clip"]
+    extra["per_seed"] = {
+        str(s): {"rows": tables[s].rows, "stds": tables[s].stds, "extra": tables[s].extra}
+        for s in seeds
+    }
+    notes = [
+        *tables[seeds[0]].notes[:1],
+        f"{len(seeds)} training seeds ({', '.join(map(str, seeds))}): each pre-trains its own "
+        "tiny CLIP and draws its own pools, episodes and LoRA initialisations; rows are means "
+        "over seeds, ± the standard deviation over seeds (Bessel), and the claims' samples the "
+        "per-seed values (a seed's mean over its episodes), paired by seed; each seed's own "
+        "table (± 95 % intervals over its episodes) is in extra.per_seed",
+        "paired_gain_vs_coop_lora in points; acc_src_8way: each seed's tiny CLIP's zero-shot "
+        "8-way shape accuracy (the same on every row of a seed), mean over seeds",
+    ]
+    return ResultsTable(
+        method="atha",
+        preset=cfg.preset,
+        seeds=len(seeds),
+        metrics=metrics_of(cfg),
+        rows=rows,
+        stds=stds,
+        samples=samples,
+        notes=notes,
+        extra=extra,
+    )
 
 
 def summarise(

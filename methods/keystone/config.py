@@ -1,8 +1,9 @@
 """Keystone configuration and presets (the paper's settings scaled to a 2-core CPU).
 
-Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (checks 1–3) and runs the
-keystone SFT comparison (check 4) on the same model (25 steps of batch 8, one seed: what 2 CPU
-cores allow, see the README); ``smoke`` runs
+Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (checks 1–3; three disjoint
+prompt groups, whose keystone sets are the headline's replicates) and runs the keystone SFT
+comparison (check 4) on the same model (25 steps of batch 8, three seeds: what 2 CPU cores
+allow, see the README); ``smoke`` runs
 everything on ``tiny-smoke`` in seconds; ``paper`` probes any local or hub model
 (``model=<path or hub name>``, ``allow_download=true``) with the paper's prompt budget.
 """
@@ -114,8 +115,8 @@ class KeystoneConfig(MethodConfig):
             model="smollm2", sft_model="smollm2", probe_tokens=64, rho=0.02,
             mask_grid=[1, 2, 5, 10, 20, 30, 50, 90, 150, 250, 400, 690], max_fraction=0.005,
             eval_items=32, eval_candidates=120, ppl_texts=16, ppl_tokens=64, control_draws=5,
-            stability_groups=2, sft_steps=25, sft_batch=8, sft_lr_full=1e-4,
-            sft_lr_keystone=1e-3, sft_eval_every=5, sft_seeds=1, steps=1, torch_threads=2,
+            stability_groups=3, sft_steps=25, sft_batch=8, sft_lr_full=1e-4,
+            sft_lr_keystone=1e-3, sft_eval_every=5, sft_seeds=3, steps=1, torch_threads=2,
         ),
         "paper": dict(
             model="HuggingFaceTB/SmolLM2-360M-Instruct", allow_download=True, probe_tokens=256,

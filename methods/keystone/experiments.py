@@ -210,15 +210,15 @@ def run_experiments(
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     model, tok, space, _, res = probe_model(cfg.model, cfg)
-    rows, stds = probe_rows(res)
+    rows, stds, samples = probe_rows(res)
     sft = None
-    samples: dict[str, dict[str, list[float | None]]] = {}
     if cfg.sft:
         same = cfg.sft_model == cfg.model
         sft = sft_comparison(cfg, probe=(model, tok, space, res) if same else None, on_ray=True)
-        sft_rows, sft_stds, samples = sft_table(sft)
+        sft_rows, sft_stds, sft_samples = sft_table(sft)
         rows.update(sft_rows)
         stds.update(sft_stds)
+        samples.update(sft_samples)
     write_plots(res, workdir)
     extra: dict[str, Any] = {"probe": probe_extra(cfg, res), "markdown": markdown(res)}
     if sft is not None:
@@ -240,18 +240,33 @@ def run_experiments(
     )
 
 
-def probe_rows(res) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Rows of the masking systems: mean (± std over the control draws) of each metric, the
-    collapse ratio against the unablated model and the number of neurons zeroed."""
+PAIRED_BY_GROUP = ("keystone_off", "norm_off")
+
+
+def probe_rows(res) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict]]:
+    """Rows of the masking systems: mean (± std over the control draws, or over the prompt
+    groups for ``keystone_off`` and ``norm_off``) of each metric, the collapse ratio against
+    the unablated model and the number of neurons zeroed; and the claims' samples: the
+    per-group ``acc`` and ``collapse_ratio`` of ``keystone_off`` and ``norm_off``, paired by
+    prompt group (each group's own K*, and as many of the largest-norm neurons)."""
     rows: dict[str, dict[str, float | None]] = {}
     stds: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, dict[str, list[float | None]]] = {}
     base_acc = res.base["acc"]
     for name, runs in res.rows.items():
         mean, std = mean_over(runs)
         mean["collapse_ratio"] = mean["acc"] / base_acc if base_acc else float("nan")
-        mean["n_neurons"] = float(0 if name == "full" else len(res.keystones))
+        mean.setdefault("n_neurons", float(0 if name == "full" else len(res.keystones)))
         rows[name], stds[name] = mean, std
-    return rows, stds
+        if name in PAIRED_BY_GROUP:
+            accs = [float(r["acc"]) for r in runs]
+            samples[name] = {
+                "acc": accs,
+                "collapse_ratio": [a / base_acc if base_acc else None for a in accs],
+            }
+    if len({len(v["acc"]) for v in samples.values()}) > 1:  # not paired: no samples
+        samples = {}
+    return rows, stds, samples
 
 
 def sft_table(sft: dict[str, Any]) -> tuple[dict, dict, dict]:
@@ -375,6 +390,10 @@ def notes(cfg: KeystoneConfig, res, sft: dict | None, total: int) -> list[str]:
         "random_samelayer_off: same (layer, module) per keystone; norm_off: largest row norms. "
         f"{cfg.control_draws} draws of random_module_off, {cfg.extra_control_draws} of "
         "random_off and random_samelayer_off; ± = std over draws.",
+        f"keystone_off and norm_off: mean over {len(res.rows.get('keystone_off', []))} prompt "
+        "group(s), each group's own K* and as many of the largest-norm neurons (± std over "
+        "groups; the claims' samples are per group, paired); the random controls, the "
+        "calibration and the SFT rows use the first group's K*.",
     ]
     base = res.base["acc"]
     if base and "random_module_off" in res.rows:

@@ -332,7 +332,10 @@ def run_probe(
 ) -> ProbeResult:
     """Stages 1–2 on prompt group 0, then the controls, calibration and stability probes.
 
-    ``cfg`` is a :class:`~.config.KeystoneConfig`.
+    ``cfg`` is a :class:`~.config.KeystoneConfig`. ``rows["keystone_off"]`` holds one run per
+    prompt group (group 0's K* first, then each stability group's own K*) and, with the
+    controls, ``rows["norm_off"]`` as many of the largest-norm neurons per group, paired with
+    it; the random controls and the calibration use group 0's K*.
     """
     t0 = time.time()
     timings: dict[str, float] = {}
@@ -377,8 +380,8 @@ def run_probe(
     )
     n = len(keys)
     res.rows["full"] = [base]
-    res.rows["keystone_off"] = [fr.curve[-1] if fr.curve else evaluate(zero(keys))]
-    res.rows["keystone_off"] = [{k: v for k, v in res.rows["keystone_off"][0].items() if k != "n"}]
+    off = fr.curve[-1] if fr.curve else evaluate(zero(keys))
+    res.rows["keystone_off"] = [{**{k: v for k, v in off.items() if k != "n"}, "n_neurons": n}]
     if controls and n:
         t = time.time()
         rng = np.random.default_rng([cfg.seed, 1])
@@ -394,7 +397,7 @@ def run_probe(
             evaluate(zero(module_matched_set(space, keys, rng, same_layer=True)))
             for _ in range(extra)
         ]
-        res.rows["norm_off"] = [evaluate(zero(norm_set(space, n, keys)))]
+        res.rows["norm_off"] = [{**evaluate(zero(norm_set(space, n, keys))), "n_neurons": n}]
         timings["controls_s"] = time.time() - t
         for name in ("random_off", "random_module_off", "random_samelayer_off", "norm_off"):
             accs = [m["acc"] for m in res.rows[name]]
@@ -423,6 +426,14 @@ def run_probe(
             fr_g, _, _, _ = stage12(g)
             sets.append(fr_g.keystones)
             log(f"stability group: |K*|={len(fr_g.keystones)} collapsed={fr_g.collapsed}")
+            n_g = len(fr_g.keystones)
+            if n_g and n:  # this group's K* zeroed (its frontier's last point), and as many of
+                # the largest-norm neurons: the two rows' replicates, paired by prompt group
+                off_g = {k: v for k, v in fr_g.curve[-1].items() if k != "n"}
+                res.rows["keystone_off"].append({**off_g, "n_neurons": n_g})
+                if "norm_off" in res.rows:
+                    norm_g = evaluate(zero(norm_set(space, n_g, fr_g.keystones)))
+                    res.rows["norm_off"].append({**norm_g, "n_neurons": n_g})
         pairs = [
             (i, j, iou(sets[i], sets[j])) for i in range(len(sets)) for j in range(i + 1, len(sets))
         ]
