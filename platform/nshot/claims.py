@@ -142,8 +142,7 @@ def _parse(claim: Claim, text: str | None = None) -> ast.Expression:
     for part in parts:
         if not isinstance(part, ast.Compare):
             raise ClaimError(
-                f"claim {claim.id!r}: {expr!r} must be a comparison (or several joined by "
-                "'and')"
+                f"claim {claim.id!r}: {expr!r} must be a comparison (or several joined by 'and')"
             )
     for node in ast.walk(body):
         if isinstance(node, ast.BoolOp | ast.And | ast.Load | ast.Compare | ast.Expression):
@@ -176,9 +175,7 @@ def _parse(claim: Claim, text: str | None = None) -> ast.Expression:
             continue
         if type(node) in (*_BINOPS, ast.Div, ast.USub, *_CMPOPS):
             continue
-        raise ClaimError(
-            f"claim {claim.id!r}: {type(node).__name__} is not allowed in {expr!r}"
-        )
+        raise ClaimError(f"claim {claim.id!r}: {type(node).__name__} is not allowed in {expr!r}")
     for node in ast.walk(body):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             parent_ok = any(
