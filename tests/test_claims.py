@@ -341,6 +341,12 @@ def test_a_headline_stated_for_another_preset_gives_no_verdict():
     assert headline_verdict(evaluate(premise, RESULTS)) is None
 
 
+# Claims on a metric the experiment now records but the committed small results predate: they
+# are not evaluable until small is re-made (the test fails once the metric appears, so the entry
+# cannot outlive the rerun).
+AWAITING_RERUN = {("auxbo", "below_f_only_over_seeds_lcbench")}
+
+
 def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
     """A method's claims read only rows its experiments produce and metrics it declares
     (checked against its committed small results where they exist: ``small.json``, or
@@ -363,6 +369,12 @@ def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
             assert data.get("experiment") == claim.experiment, committed
             for system, metric in claim.references():
                 assert system in data["rows"], f"{name}.{claim.id}: no row {system!r}"
+                if (name, claim.id) in AWAITING_RERUN:
+                    assert metric not in data["metrics"], (
+                        f"{name}.{claim.id}: the committed results now hold {metric!r}; "
+                        "remove the claim from AWAITING_RERUN"
+                    )
+                    continue
                 assert metric in data["metrics"], f"{name}.{claim.id}: no metric {metric!r}"
 
 
