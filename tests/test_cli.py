@@ -98,3 +98,66 @@ def test_nshot_cluster_is_the_local_cluster_tool(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["cluster", "--help"])
     assert "usage: nshot cluster" in capsys.readouterr().out
+
+
+def test_reproduce_all_runs_each_method_then_writes_the_report_and_a_scoreboard(
+    capsys, tmp_path, monkeypatch
+):
+    """`nshot reproduce --all --only A,B --out DIR`: two quick `smoke` comparisons (in this
+    process, without Ray), each into DIR/<method>/ with its run recorded, then the report over
+    them and one scoreboard line per method."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "all"
+    code = main(["reproduce", "--all", "--preset", "smoke", "--out", str(out),
+                 "--only", "iclft,caos"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for name in ("caos", "iclft"):
+        for f in ("results.json", "results.md", "results.png"):
+            assert (out / name / f).stat().st_size > 0, (name, f)
+        data = json.loads((out / name / "results.json").read_text())
+        assert data["method"] == name and data["preset"] == "smoke"
+        run = data["run"]
+        assert run["config"]["preset"] == "smoke" and run["overrides"] == {}
+        assert run["wall_s"] > 0 and run["cpu_count"] >= 1 and "dirty" in run
+        assert run["commit"] is None or len(run["commit"]) == 40
+    assert (out / "report" / "index.html").is_file() and (out / "report" / "report.md").is_file()
+    board = [line for line in captured.out.splitlines() if line.startswith("made")]
+    assert [line.split()[1] for line in board] == ["caos", "iclft"]  # the registry's order
+    assert all("paper claims" in line and " s; " in line for line in board)
+    assert "caos: reproducing `smoke` (1 of 2)" in captured.err
+
+
+def test_reproduce_all_refuses_what_it_cannot_do(capsys, tmp_path):
+    assert main(["reproduce", "--all", "tail", "--out", str(tmp_path)]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    assert main(["reproduce", "--all", "--set", "steps=2", "--out", str(tmp_path)]) == 2
+    assert "--set applies to one method" in capsys.readouterr().err
+    assert main(["reproduce", "--all", "--only", "tail,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown method(s) ['nope']" in capsys.readouterr().err
+    assert main(["reproduce", "--all", "--preset", "huge", "--out", str(tmp_path)]) == 2
+    assert main(["reproduce"]) == 2
+    assert "or --all" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_reproduce_all_on_a_cluster_runs_one_ray_task_per_method(capsys, tmp_path, monkeypatch):
+    """With RAY_ADDRESS naming a cluster (here: the session's Ray), each method runs as a Ray
+    task in a scratch folder of its node and its files come back into DIR/<method>/."""
+    import ray
+
+    monkeypatch.delenv("NSHOT_IN_PROCESS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    out = tmp_path / "all"
+    assert main(["reproduce", "--all", "--preset", "smoke", "--out", str(out),
+                 "--only", "caos"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "1 reproductions submitted to the cluster as Ray tasks" in captured.err
+    assert sorted(p.name for p in (out / "caos").iterdir()) == [
+        "results.json", "results.md", "results.png", "smoke-sizes.png"
+    ]  # fmt: skip
+    run = json.loads((out / "caos" / "results.json").read_text())["run"]
+    assert run["ray_cpus"] >= 1  # the task's own view of the cluster
+    assert [line.split()[:2] for line in captured.out.splitlines()] == [["made", "caos"]]

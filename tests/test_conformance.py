@@ -55,11 +55,6 @@ def test_presets_and_declared_parts(name):
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in method.packages), name
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="kinds and headline claims are being declared method by method; a plain test once "
-    "every method has them",
-)
 @pytest.mark.parametrize("name", METHODS)
 def test_every_claim_has_a_kind_and_the_method_a_tested_headline(name):
     """Scoreboards count paper claims apart from checks and show the headline verdict first:
@@ -162,11 +157,31 @@ def test_predictor_answers_its_example_over_json_batch_and_http(
     answer = pred(req)
     assert isinstance(answer, pred.Response)
     assert type(answer).model_validate_json(answer.model_dump_json()) == answer
-    assert pred.batch([req, req])[0] == answer
+    assert _same(pred.batch([req, req])[0], answer)
     with TestClient(make_app(name, str(res.checkpoint))) as client:
         got = client.post(f"/{name}/predict", json=example)
     assert got.status_code == 200, got.text
-    assert got.json() == json.loads(answer.model_dump_json())
+    assert _json_close(got.json(), json.loads(answer.model_dump_json()))
+
+
+def _same(a, b) -> bool:
+    """Equal answers, floats to 1e-5: a batch of two runs other matrix kernels than a batch of one,
+    so an LM's probabilities may differ in the seventh digit between the two."""
+    return _json_close(json.loads(a.model_dump_json()), json.loads(b.model_dump_json()))
+
+
+def _json_close(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and a == pytest.approx(b, rel=1e-5, abs=1e-9)
+        )
+    return a == b
 
 
 def _leaves(obj, path=()):

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nshot.errors import NshotError
+from nshot.errors import NshotError, StorageError
 from nshot.method import parse_overrides
 
 
@@ -122,6 +122,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"nshot: interrupted: {_interrupted_train(args, cfg)}", file=sys.stderr)
         return 130
+    except StorageError as err:  # one line (main), told with this command line's own spelling
+        raise _storage_stopped(args, cfg, err) from err.__cause__
     payload = {
         "run_dir": str(res.run_dir),
         "checkpoint": str(res.checkpoint) if res.checkpoint else None,
@@ -137,6 +139,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         + (f"\nRay's session logs: {ray_logs}" if (ray_logs := _ray_logs()) else ""),
     )
     return 0
+
+
+def _storage_stopped(args: argparse.Namespace, cfg, err: StorageError) -> StorageError:
+    """``err`` (a run stopped by a storage error) with the command that continues the run as
+    this command line spells it; with ``--verbose`` (or ``NSHOT_VERBOSE=1``) the traceback
+    (the worker's, inside Ray Train's error) is printed first."""
+    if args.verbose or os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes"):
+        import traceback
+
+        traceback.print_exception(err, file=sys.stderr)
+        fault = getattr(err, "fault", None)
+        if getattr(fault, "worker_traceback", None):
+            print(f"The worker's traceback:\n{fault.worker_traceback}", file=sys.stderr)
+    with_command = getattr(err, "with_command", None)
+    if with_command is None:
+        return err
+    name = args.name if args.name is not None else f"{args.method}-{cfg.preset}"
+    argv = [a for a in getattr(args, "argv", None) or [] if a not in ("--overwrite", "--resume")]
+    if args.name is None:
+        argv += ["--name", name]
+    return with_command(["nshot", *argv, *(["--resume"] if err.resume else [])])
 
 
 def _interrupted_train(args: argparse.Namespace, cfg) -> str:
@@ -238,11 +261,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from nshot import reproduce
 
+    if args.all or args.only:
+        return _reproduce_all(args)
+    if args.method is None:
+        raise NshotError("name a method to reproduce, or --all (`nshot list` shows them)")
     cfg = _config(args.method, args)
     out = Path(args.out or f"results/{args.method}-{cfg.preset}")
     if args.in_process:
         os.environ["NSHOT_IN_PROCESS"] = "1"
-    data = reproduce.run(args.method, cfg, out)
+    overrides = parse_overrides(args.overrides)
+    if getattr(args, "allow_download", False):
+        overrides["allow_download"] = True
+    data = reproduce.run(args.method, cfg, out, overrides)
     _emit(
         args,
         data,
@@ -252,6 +282,47 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     print(summary_line(data["claims"]), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _reproduce_all(args: argparse.Namespace) -> int:
+    """``nshot reproduce --all``: every method (or ``--only``) one after another here, or one
+    Ray task each on the cluster ``RAY_ADDRESS`` names; then the report and a scoreboard."""
+    from nshot import report, reproduce
+
+    if args.method is not None:
+        raise NshotError(f"--all/--only and a method ({args.method}) exclude each other")
+    if args.overrides:
+        raise NshotError("--set applies to one method's config: not with --all/--only")
+    if args.in_process:
+        os.environ["NSHOT_IN_PROCESS"] = "1"
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    outcomes = reproduce.run_all(
+        args.preset,
+        args.out,
+        only=only,
+        force=args.force,
+        log=lambda line: print(f"[nshot reproduce] {line}", file=sys.stderr, flush=True),
+    )
+    out = Path(args.out).expanduser() if args.out else None
+    made = [o for o in outcomes if o["path"].is_file()]
+    entries = []
+    if made:
+        entries = report.gather(preset=args.preset, results=[out] if out else None)
+        report_dir = (out / "report") if out else Path("nshot-report")
+        index = report.write(entries, report_dir)
+        print(f"wrote {index} and {index.parent / 'report.md'}", file=sys.stderr)
+    by_name = {e.name: e for e in entries}
+    shown = [by_name[o["name"]] for o in outcomes if o["name"] in by_name]
+    lines = dict(zip((e.name for e in shown), report.scoreboard_lines(shown), strict=True))
+    board = sys.stderr if args.json else sys.stdout  # with --json, stdout carries the JSON
+    for o in outcomes:
+        line = lines.get(o["name"], o["name"])
+        tag = {"made": "made", "skipped": "skipped", "failed": "FAILED"}[o["status"]]
+        failed = f"  ({o['detail']})" if o["status"] == "failed" else ""
+        print(f"{tag:<7}  {line}{failed}", file=board)
+    if args.json:
+        print(json.dumps([{**o, "path": str(o["path"])} for o in outcomes], indent=1))
+    return 1 if any(o["status"] == "failed" for o in outcomes) else 0
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
@@ -289,12 +360,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"{'updated' if changed else 'unchanged'}: the method table of {args.readme}")
     index = report.write(entries, args.out)
     with_results = [e for e in entries if e.data is not None]
-    held = sum(e.counts["held"] for e in with_results)
-    total = sum(e.counts["total"] for e in with_results)
+    heads = sum(1 for e in with_results if e.counts["headline"]["verdict"] is True)
+    paper = [e.counts["paper"] for e in with_results]
+    checks = [e.counts["checks"] for e in with_results]
+    stale = sum(1 for e in with_results if e.stale)
     print(
         f"wrote {index} and {index.parent / 'report.md'}: {len(with_results)} methods with "
-        f"results, claims: {held} of {total} hold"
+        f"results; claims: the headline holds for {heads} of them; "
+        f"{sum(c['held'] for c in paper)} of {sum(c['total'] for c in paper)} paper claims hold; "
+        f"{sum(c['held'] for c in checks)} of {sum(c['total'] for c in checks)} checks hold; "
+        f"{stale} stale result(s)"
     )
+    for line in report.scoreboard_lines(with_results):
+        print(f"  {line}")
     return 0
 
 
@@ -494,6 +572,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     args.ingress = args.ingress or ingress.default_mode()
     ingress.check(args.ingress, token)  # HAProxy without a token or its binary: before Ray
     _check_autoscale(args)
+    _check_replica_request(args)
     # the checkpoint is resolved (and verified) here, before Ray starts; the app gets its path
     checkpoint = resolve_checkpoint(args.checkpoint, **_earlier(args))
     load_checkpoint(checkpoint, method=method.name)
@@ -509,6 +588,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         options=opts,
         ingress=args.ingress,
         drain_s=args.drain_s,
+        notify=_serve_note,
     )
     previous = _stop_on_sigterm()  # before the "serving" line that a supervisor waits for
     more = ""
@@ -565,6 +645,18 @@ def _check_autoscale(args: argparse.Namespace) -> None:
             raise NshotError(f"--{err}") from None
 
 
+def _check_replica_request(args: argparse.Namespace) -> None:
+    """``--replica-cpus``/``--replica-gpus`` are requests Ray can take (before Ray starts)."""
+    from nshot.serve.resources import check_request
+
+    check_request(args.replica_cpus, args.replica_gpus)
+
+
+def _serve_note(line: str) -> None:
+    """A line from the Serve glue (the replicas' CPU request, scaled down to fit)."""
+    _console().print(line, highlight=False)
+
+
 def _serve_options(args: argparse.Namespace, token: str | None):
     from nshot.serve.app import ServeOptions
 
@@ -574,6 +666,8 @@ def _serve_options(args: argparse.Namespace, token: str | None):
         token=token,
         num_replicas=args.replicas,
         autoscale=args.autoscale,
+        replica_cpus=args.replica_cpus,
+        replica_gpus=args.replica_gpus,
         max_ongoing_requests=args.max_ongoing,
         max_queued_requests=args.max_queued,
         conformal=args.conformal,
@@ -596,6 +690,7 @@ def _serve_all(args: argparse.Namespace) -> int:
             "(--write-config FILE) and set `conformal: caos` in the args of the classifiers"
         )
     _check_autoscale(args)
+    _check_replica_request(args)
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
     args.ingress = args.ingress or "proxy"
     runs = find_runs(args.all)
@@ -605,6 +700,10 @@ def _serve_all(args: argparse.Namespace) -> int:
     if args.write_config is not None:
         import yaml
 
+        from nshot.serve.resources import fitted
+
+        # fitted to this machine, or to the cluster RAY_ADDRESS names (connected to, not started)
+        opts = fitted(opts, len(runs.chosen), start_ray=False, notify=_serve_note)
         config = serve_config(runs.chosen, opts, host=args.host, port=args.port)
         text = (
             f"# nshot serve --all {args.all}: one application per method (serve run FILE).\n"
@@ -627,6 +726,7 @@ def _serve_all(args: argparse.Namespace) -> int:
         options=opts,
         ingress=args.ingress,
         drain_s=args.drain_s,
+        notify=_serve_note,
     )
     previous = _stop_on_sigterm()
     for method, url in urls.items():
@@ -787,10 +887,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_history)
 
     s = sub.add_parser("reproduce", help="run the paper's comparison; write results.{json,md,png}")
-    s.add_argument("method")
+    s.add_argument("method", nargs="?", default=None)
     _add_config_args(s)
     s.add_argument(
-        "--out", default=None, help="output directory (default results/<method>-<preset>)"
+        "--out",
+        default=None,
+        help="output directory (default results/<method>-<preset>; with --all: DIR/<method>/, "
+        "default each method's committed methods/<method>/results/)",
+    )
+    s.add_argument(
+        "--all",
+        action="store_true",
+        help="every registered method, one after another (one Ray task each when RAY_ADDRESS "
+        "names a cluster), skipping those whose results are fresh; then the report",
+    )
+    s.add_argument("--only", default=None, metavar="A,B", help="with --all: only these methods")
+    s.add_argument(
+        "--force", action="store_true", help="with --all: re-make results that are fresh"
     )
     s.add_argument(
         "--in-process",
@@ -913,6 +1026,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN:MAX",
         help="Serve autoscaling between MIN and MAX replicas on ongoing requests "
         "(instead of --replicas)",
+    )
+    s.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=None,
+        metavar="CPUS",
+        help="CPUs each replica asks Ray for (> 0; fractions share a core). Default: 1, or "
+        "min(1, 0.9 x the cluster's CPUs / replicas) when the replicas of every application "
+        "(x MAX under --autoscale) would not fit at 1 each (the cluster: the running Ray, or "
+        "this machine for --write-config). A request that does not fit is refused",
+    )
+    s.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=0.0,
+        metavar="GPUS",
+        help="GPUs each replica asks Ray for (default 0; a fraction shares one GPU, above 1 "
+        "whole GPUs); refused when the cluster has no GPU or too few for every replica",
     )
     s.add_argument(
         "--ingress",

@@ -25,3 +25,9 @@ class UnknownMethodError(NshotError, KeyError):
 
 class CheckpointError(NshotError):
     """A checkpoint is missing, corrupt, too large, or belongs to another method."""
+
+
+class StorageError(NshotError):
+    """Writing to a run's storage failed (no space, permission denied, a read-only file
+    system, a vanished directory); the message names the path, what happened, the newest
+    complete checkpoint and the command that resumes the run."""

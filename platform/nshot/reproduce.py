@@ -9,8 +9,21 @@ results.json has the same schema for every method::
      "samples": {system: {metric: [float | null, ...]}},      # when the method keeps them
      "claims": [{"id", "statement", "source", "expr", "holds": bool | null,
                  "lhs", "rhs", "p"}],
-     "run": {"date", "commit", "nshot_version",
-             "versions": {"python": str, distribution: str | null}}}
+     "run": {"date", "started_at", "commit", "dirty", "dirty_files", "nshot_version",
+             "versions": {"python": str, distribution: str | null},
+             "config": {...}, "overrides": {...}, "seeds": {...}, "torch_threads", "cpu_count",
+             "ray_cpus", "loadavg_start": [1 min, 5 min, 15 min], "wall_s"}}
+
+``run`` is the run's provenance (:func:`run_info`): the full commit of the checkout it ran from
+and whether tracked files had uncommitted changes, the resolved config and the overrides given
+on the command line, the config's seeds, the torch threads and CPUs of the machine (and those
+Ray saw, when it was up), the host's load average when it started and its wall time.
+``nshot reproduce`` refuses to write into a ``methods/<name>/results/`` folder of the repository
+from a dirty tree (:func:`nshot.provenance.refuse_dirty`), and writes there as
+``<preset>.json``/``.md``/``.png`` (the committed names), its extra plots as ``<preset>-*.png``.
+A committed result is *fresh* while the code its run executes has not changed since its commit
+(:func:`nshot.provenance.freshness`); ``nshot claims --write`` re-evaluates claims and keeps the
+run block, so it does not change freshness.
 
 ``run.versions`` holds the versions of the packages that produced the numbers: the platform's
 own (:data:`BASE_PACKAGES`) and the method's ``packages`` (``null``: not installed). Before it
@@ -18,43 +31,95 @@ runs, ``nshot reproduce`` compares them with the committed results of the same m
 preset (``methods/<name>/results/<preset>.json``) and warns about every difference, so that a
 rerun that reads differently says why it may.
 
+``nshot reproduce --all`` (:func:`run_all`) runs every registered method's reproduction, one at
+a time here, or as one Ray task per method when ``RAY_ADDRESS`` names a cluster; a method whose
+results are fresh is skipped unless ``--force``.
+
 ``null`` marks a system that cannot be evaluated on a metric (for example a fixed-slot
 model asked for more classes than it has slots).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nshot.method import MethodConfig, ResultsTable, get
+from nshot.errors import NshotError
+from nshot.method import MethodConfig, ResultsTable, available, get
 
 # the platform's packages whose versions can move any method's numbers
 BASE_PACKAGES = ("nshot", "torch", "numpy", "scipy", "scikit-learn", "ray", "transformers")
 
 
-def run(method_name: str, cfg: MethodConfig, out: str | Path) -> dict[str, Any]:
+def run(
+    method_name: str,
+    cfg: MethodConfig,
+    out: str | Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    git: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``method_name``'s comparison on ``cfg`` and write its results under ``out``.
+
+    ``overrides``: the config fields the user set (recorded beside the resolved config);
+    ``git``: the checkout's state to record (default: read here, see
+    :func:`nshot.provenance.git_state`). Into the method's own ``results/`` folder the files
+    get the committed names (:func:`results_stem`) and the comparison works in a temporary
+    folder; a dirty tree may not write there (checked before any work)."""
+    from nshot import provenance
+
     method = get(method_name)
     out = Path(out).expanduser().resolve()
+    provenance.refuse_dirty(out)
+    stem = results_stem(method_name, cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     for line in version_drift(method_name, cfg.preset, experiment_of(cfg)):
         print(f"[nshot reproduce] warning: {line}", file=sys.stderr, flush=True)
+    info = run_info(method_name, cfg, overrides, git=git)
     t0 = time.time()
-    table = method.experiments(cfg, out)
-    if not table.runtime_s:
-        table.runtime_s = time.time() - t0
-    return write(table, out)
+    scratch = (
+        tempfile.TemporaryDirectory(prefix=f"nshot-{method_name}-")
+        if stem != "results"
+        else contextlib.nullcontext(str(out))
+    )
+    with scratch as workdir:
+        table = method.experiments(cfg, Path(workdir))
+        wall = time.time() - t0
+        if not table.runtime_s:
+            table.runtime_s = wall
+        info.update(_after_run(wall))
+        data = write(table, out, stem=stem, run=info)
+        if stem != "results":
+            for png in sorted(Path(workdir).glob("*.png")):
+                name = png.name if png.stem.startswith(f"{stem}-") else f"{stem}-{png.name}"
+                shutil.copyfile(png, out / name)
+    return data
 
 
-def write(table: ResultsTable, out: Path) -> dict[str, Any]:
+def results_stem(method_name: str, cfg: MethodConfig, out: Path) -> str:
+    """``results`` (results.json, .md, .png), or, in the method's own committed ``results/``
+    folder, the committed name: ``<preset>`` or ``<preset>-<experiment>``."""
+    if Path(out).expanduser().resolve() == method_results_dir(method_name).resolve():
+        return committed_results_name(cfg.preset, experiment_of(cfg))[: -len(".json")]
+    return "results"
+
+
+def write(
+    table: ResultsTable, out: Path, stem: str = "results", run: dict[str, Any] | None = None
+) -> dict[str, Any]:
     data = with_claims(table.to_json())
-    data["run"] = run_info(data["method"])
-    (out / "results.json").write_text(json.dumps(data, indent=1))
-    (out / "results.md").write_text(to_markdown(data))
-    plot(data, out / "results.png")
+    data["run"] = run if run is not None else run_info(data["method"])
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(to_markdown(data))
+    plot(data, out / f"{stem}.png")
     return data
 
 
@@ -120,38 +185,59 @@ def version_drift(method_name: str, preset: str, experiment: str | None = None) 
     return lines
 
 
-def run_info(method_name: str | None = None) -> dict[str, Any]:
-    """When and from what code a reproduction ran: UTC date, nshot's version, the git commit of
-    the source tree when nshot runs from a checkout (``+dirty`` with local edits), and the
-    versions of the packages that produced the numbers (:func:`package_versions`)."""
+def run_info(
+    method_name: str | None = None,
+    cfg: MethodConfig | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    git: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """When, from what code and on what machine a reproduction runs: UTC date and time, nshot's
+    version, the full git commit of the checkout and whether tracked files had uncommitted
+    changes (``dirty``, with the first 20 such files; ``None`` outside a checkout), the versions
+    of the packages that produce the numbers (:func:`package_versions`), the resolved config and
+    the user's overrides, the config's seed fields, torch's threads, the CPU count and the
+    host's load average. :func:`run` adds the wall time and the CPUs Ray saw."""
     import datetime
-    import subprocess
+
+    import torch
 
     from nshot import __version__
+    from nshot.provenance import git_state
 
-    here = Path(__file__).resolve().parent
-    commit = None
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-            timeout=10, check=False,
-        )  # fmt: skip
-        if head.returncode == 0 and head.stdout.strip():
-            commit = head.stdout.strip()
-            dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                capture_output=True, text=True, timeout=10, check=False,
-            )  # fmt: skip
-            if dirty.stdout.strip():
-                commit += "+dirty"
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "commit": commit,
+    git = git if git is not None else git_state()
+    now = datetime.datetime.now(datetime.UTC)
+    info: dict[str, Any] = {
+        "date": now.strftime("%Y-%m-%d"),
+        "started_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": git.get("commit"),
+        "dirty": git.get("dirty"),
+        "dirty_files": list(git.get("dirty_files") or [])[:20],
         "nshot_version": __version__,
         "versions": package_versions(method_name),
     }
+    if cfg is not None:
+        config = cfg.model_dump(mode="json")
+        info["config"] = config
+        info["overrides"] = dict(overrides or {})
+        info["seeds"] = {k: v for k, v in config.items() if "seed" in k}
+    info["torch_threads"] = torch.get_num_threads()
+    info["cpu_count"] = os.cpu_count()
+    try:
+        info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not on this platform
+        info["loadavg_start"] = None
+    return info
+
+
+def _after_run(wall_s: float) -> dict[str, Any]:
+    """The wall time and the CPUs Ray saw (``None`` when Ray was not up in this process)."""
+    ray_cpus = None
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        with contextlib.suppress(Exception):  # a cluster that went away: nothing to record
+            ray_cpus = ray.cluster_resources().get("CPU")
+    return {"ray_cpus": ray_cpus, "wall_s": round(wall_s, 2)}
 
 
 def with_claims(data: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +267,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         f"Seeds: {data['seeds']}; runtime {data['runtime_s']:.0f} s. "
         "Values are means; ± is the standard deviation (see notes). n/a: not applicable.",
         "",
+        *([run_line(data["run"]), ""] if data.get("run") else []),
         "| system | " + " | ".join(f"{m} {arrows[m]}" for m in metrics) + " |",
         "|---|" + "---|" * len(metrics),
     ]
@@ -197,6 +284,28 @@ def to_markdown(data: dict[str, Any]) -> str:
     if extra_md:
         lines += ["", extra_md]
     return "\n".join(lines) + "\n"
+
+
+def run_line(run: dict[str, Any]) -> str:
+    """One line on a run's provenance: date, commit and tree, wall time, CPUs and load."""
+    from nshot.provenance import run_commit
+
+    commit, dirty = run_commit(run)
+    parts = [f"Run {run.get('date') or 'on an unknown date'}"]
+    if commit:
+        tree = {True: "dirty tree", False: "clean tree"}.get(dirty)  # type: ignore[arg-type]
+        parts[0] += f" at commit {commit[:12]}" + (f" ({tree})" if tree else "")
+    if run.get("wall_s") is not None:
+        parts.append(f"wall {float(run['wall_s']):.0f} s")
+    if run.get("cpu_count"):
+        cpus = f"{run['cpu_count']} CPUs"
+        if run.get("ray_cpus"):
+            cpus += f" (Ray saw {run['ray_cpus']:g})"
+        load = run.get("loadavg_start")
+        if load:
+            cpus += f", load average {load[0]:g} at start"
+        parts.append(cpus)
+    return "; ".join(parts) + "."
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -225,3 +334,159 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- every method
+
+
+def up_to_date(name: str, path: Path, preset: str) -> str | None:
+    """Why the results at ``path`` need no re-run (``None``: they do): they are the plain
+    ``preset`` reproduction (no overrides, the main comparison) and fresh
+    (:func:`nshot.provenance.freshness`: a clean tree, no change to the code since)."""
+    from nshot.provenance import freshness
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("preset") != preset or data.get("experiment"):
+        return None
+    run_block = data.get("run") or {}
+    if run_block.get("overrides"):
+        return None
+    fresh = freshness(name, data)
+    return f"fresh: {fresh.detail}" if fresh.state == "fresh" else None
+
+
+def on_cluster() -> bool:
+    """Whether ``--all`` fans the methods out as Ray tasks: ``RAY_ADDRESS`` names a cluster
+    and the jobs are not asked to run in this process."""
+    from nshot.experiment import in_process
+
+    return bool(os.environ.get("RAY_ADDRESS")) and not in_process()
+
+
+def run_all(
+    preset: str = "small",
+    out: str | Path | None = None,
+    *,
+    only: list[str] | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Every registered method's reproduction (or those of ``only``), into its committed
+    ``methods/<name>/results/`` folder, or ``out/<name>/`` when ``out`` is given.
+
+    A method whose results there are up to date (:func:`up_to_date`) is skipped unless
+    ``force``; a method that fails is reported and the others go on. Here the methods run one
+    after another; when ``RAY_ADDRESS`` names a cluster (:func:`on_cluster`) each runs as one
+    Ray task (``num_cpus=1``: its own comparison then asks the cluster for its jobs' CPUs),
+    writes into a scratch folder on its node and sends its files back. Writing into
+    ``methods/*/results/`` needs a clean tree (checked before any work). Returns one
+    ``{"name", "status": "made" | "skipped" | "failed", "path", "detail"}`` per method."""
+    from nshot.provenance import git_state, refuse_dirty
+
+    names = available()
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise NshotError(f"--only: unknown method(s) {unknown}; known: {', '.join(names)}")
+        names = [n for n in names if n in only]
+    dests: dict[str, Path] = {}
+    stems: dict[str, str] = {}
+    for name in names:
+        cfg = get(name).config(preset)  # an unknown preset fails here, before any work
+        dests[name] = (
+            Path(out).expanduser().resolve() / name if out is not None else method_results_dir(name)
+        )
+        stems[name] = results_stem(name, cfg, dests[name])
+    for dest in dests.values():
+        refuse_dirty(dest)
+    git = git_state()
+    outcomes: dict[str, dict[str, Any]] = {}
+    todo = []
+    for name in names:
+        path = dests[name] / f"{stems[name]}.json"
+        why = None if force else up_to_date(name, path, preset)
+        if why:
+            outcomes[name] = {"name": name, "status": "skipped", "path": path, "detail": why}
+            log(f"{name}: skipped, {why} (--force re-makes it)")
+        else:
+            todo.append(name)
+    if todo and on_cluster():
+        outcomes.update(_run_on_cluster(todo, preset, dests, stems, git, log))
+    else:
+        for i, name in enumerate(todo, 1):
+            log(f"{name}: reproducing `{preset}` ({i} of {len(todo)}) into {dests[name]}")
+            path = dests[name] / f"{stems[name]}.json"
+            try:
+                run(name, get(name).config(preset), dests[name], {}, git=git)
+            except Exception as err:  # noqa: BLE001 - reported; the other methods go on
+                outcomes[name] = _failed(name, path, err, log)
+                continue
+            outcomes[name] = {"name": name, "status": "made", "path": path, "detail": ""}
+    return [outcomes[n] for n in names]
+
+
+def _failed(name: str, path: Path, err: BaseException, log: Callable[[str], None]) -> dict:
+    detail = f"{type(err).__name__}: {' '.join(str(err).split())}"[:500]
+    log(f"{name}: failed, {detail}")
+    return {"name": name, "status": "failed", "path": path, "detail": detail}
+
+
+def _reproduce_remotely(name: str, preset: str, git: dict[str, Any]) -> dict[str, bytes]:
+    """One method's reproduction on a cluster node, in a scratch folder: its results files and
+    plots, to be written by the caller."""
+    with tempfile.TemporaryDirectory(prefix=f"nshot-{name}-") as d:
+        run(name, get(name).config(preset), d, {}, git=git)
+        return {
+            p.name: p.read_bytes()
+            for p in sorted(Path(d).iterdir())
+            if p.is_file() and (p.name in ("results.json", "results.md") or p.suffix == ".png")
+        }
+
+
+def _install(files: dict[str, bytes], dest: Path, stem: str) -> None:
+    """A remote run's files written into ``dest`` under ``stem`` (``results.json`` ->
+    ``<stem>.json``, another plot ``x.png`` -> ``<stem>-x.png``)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for fname, blob in files.items():
+        base, ext = fname.rsplit(".", 1)
+        if base == "results":
+            target = f"{stem}.{ext}"
+        elif stem == "results" or base.startswith(f"{stem}-"):
+            target = fname
+        else:
+            target = f"{stem}-{fname}"
+        (dest / target).write_bytes(blob)
+
+
+def _run_on_cluster(
+    names: list[str],
+    preset: str,
+    dests: dict[str, Path],
+    stems: dict[str, str],
+    git: dict[str, Any],
+    log: Callable[[str], None],
+) -> dict[str, dict[str, Any]]:
+    import ray
+
+    from nshot.train.runner import ensure_ray
+
+    ensure_ray()
+    task = ray.remote(num_cpus=1)(_reproduce_remotely)
+    pending = {task.remote(n, preset, git): n for n in names}
+    log(f"{len(names)} reproductions submitted to the cluster as Ray tasks")
+    outcomes: dict[str, dict[str, Any]] = {}
+    while pending:
+        [ref], _ = ray.wait(list(pending), num_returns=1)
+        name = pending.pop(ref)
+        path = dests[name] / f"{stems[name]}.json"
+        try:
+            _install(ray.get(ref), dests[name], stems[name])
+        except Exception as err:  # noqa: BLE001 - reported; the other methods go on
+            outcomes[name] = _failed(name, path, err, log)
+            continue
+        log(f"{name}: done, {path}")
+        outcomes[name] = {"name": name, "status": "made", "path": path, "detail": ""}
+    return outcomes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from nshot.serve.client import Client, ServeError
@@ -28,6 +29,7 @@ def start(
     blocking: bool = False,
     ingress: str = "proxy",
     drain_s: float | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> str:
     """Start Serve on ``host:port`` (loopback by default) and deploy ``method`` at
     ``/<method>``; returns the application's base URL.
@@ -40,7 +42,9 @@ def start(
     (:func:`nshot.serve.ingress.prepare`; set before Ray starts).
 
     The checkpoint is loaded and verified first: a bad one raises its one-line ``NshotError``
-    before Ray or Serve is started."""
+    before Ray or Serve is started. Each replica's CPU request is fitted to the cluster
+    (:mod:`nshot.serve.resources`; ``notify`` gets the line that says so, default: the
+    ``nshot.serve`` logger); an explicit request that cannot fit is refused before deploying."""
     return start_urls(
         method,
         checkpoint,
@@ -50,6 +54,7 @@ def start(
         blocking=blocking,
         ingress=ingress,
         drain_s=drain_s,
+        notify=notify,
     )[0]
 
 
@@ -63,28 +68,28 @@ def start_urls(
     blocking: bool = False,
     ingress: str = "proxy",
     drain_s: float | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> list[str]:
     """:func:`start`, returning every base URL of the application (one per replica under
     direct ingress), the one on ``port`` first."""
     from ray import serve
 
     from nshot.serve import ingress as ing
-    from nshot.serve.app import build_app
-    from nshot.train import ensure_ray
+    from nshot.serve import resources
+    from nshot.serve.app import bind_app, load_predictor
 
     opts = _options(options)
     ing.check(ingress, opts.token)
-    app = build_app(method, checkpoint, opts)
+    resources.check_request(opts.replica_cpus, opts.replica_gpus)
+    most = resources.replicas_of(opts)
+    _, ckpt, predictor = load_predictor(method, checkpoint, opts)
+    del predictor  # the replica builds its own
     direct = ingress in ("direct", "throughput")
-    most = opts.num_replicas
-    if opts.autoscale:
-        from nshot.serve.app import parse_autoscale
-
-        most = parse_autoscale(opts.autoscale)[1]
     pinned = ing.prepare(
         ingress, opts.token, port=port if direct else None, replicas=most, drain_s=drain_s
     )
-    ensure_ray()
+    opts = resources.fitted(opts, 1, start_ray=True, notify=notify)
+    app = bind_app(method, ckpt.path, opts)
     # our own Ray under direct ingress: the first replica takes `port`, Serve's proxy a free one
     # (a running Ray keeps its own replica port range: the proxy stays on `port`)
     proxy_port = ing._free_port() if direct and pinned else port
@@ -110,6 +115,7 @@ def start_all(
     options: Any = None,
     ingress: str = "proxy",
     drain_s: float | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, str]:
     """Serve several methods under one Serve instance and one port: one application per method
     (``{method: checkpoint}``) at ``/<method>``, each with the same ``options``; returns
@@ -118,13 +124,16 @@ def start_all(
 
     Every checkpoint is loaded and verified before Ray starts (the first bad one raises its
     one-line ``NshotError``). ``ingress`` is ``proxy`` or ``haproxy``: under direct ingress each
-    replica answers on a port of its own, so the applications could not share one port."""
+    replica answers on a port of its own, so the applications could not share one port. Each
+    replica's CPU request is fitted so that every application's replicas fit the cluster
+    (:mod:`nshot.serve.resources`; ``notify`` gets the line that says so); an explicit request
+    that cannot fit is refused before anything is deployed."""
     from ray import serve
 
     from nshot.errors import NshotError
     from nshot.serve import ingress as ing
-    from nshot.serve.app import build_app
-    from nshot.train import ensure_ray
+    from nshot.serve import resources
+    from nshot.serve.app import bind_app, load_predictor
 
     if ingress not in ("proxy", "haproxy"):
         raise NshotError(
@@ -136,9 +145,16 @@ def start_all(
         raise NshotError("nothing to serve: no checkpoint was given")
     opts = _options(options)
     ing.check(ingress, opts.token)
-    apps = {method: build_app(method, ckpt, opts) for method, ckpt in checkpoints.items()}
+    resources.check_request(opts.replica_cpus, opts.replica_gpus)
+    resources.replicas_of(opts)  # a bad --autoscale, before any checkpoint is loaded
+    paths = {}
+    for method, ckpt in checkpoints.items():
+        _, loaded, predictor = load_predictor(method, ckpt, opts)
+        del predictor  # each replica builds its own
+        paths[method] = loaded.path
     ing.prepare(ingress, opts.token, drain_s=drain_s)
-    ensure_ray()
+    opts = resources.fitted(opts, len(paths), start_ray=True, notify=notify)
+    apps = {method: bind_app(method, path, opts) for method, path in paths.items()}
     logging_config = _logging_config()
     serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
     urls = {}

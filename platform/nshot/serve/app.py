@@ -65,6 +65,11 @@ class ServeOptions:
     # batch, at least 2) and removed below it
     autoscale: str | None = None
     target_ongoing_requests: float | None = None
+    # What each replica asks Ray for (nshot.serve.resources): CPUs (None: 1, scaled down by the
+    # caller that knows the whole deployment -- start, start_all, serve_config -- so that every
+    # replica fits the cluster) and GPUs (a fraction shares one GPU; above 1, whole GPUs)
+    replica_cpus: float | None = None
+    replica_gpus: float = 0.0
     # tests only: a request with header `x-nshot-inject-fault: 1` fails inside the handler, one
     # with `x-nshot-inject-delay-ms: N` holds its slot for N ms (at most 10 s) before it is run
     allow_fault_injection: bool = False
@@ -502,7 +507,19 @@ def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions 
         opts.token = os.environ.get("NSHOT_SERVE_TOKEN") or None
     _, ckpt, predictor = load_predictor(method, checkpoint, opts)
     del predictor  # the replica builds its own
+    return bind_app(method, ckpt.path, opts)
+
+
+def bind_app(method: str, checkpoint: str | os.PathLike, opts: ServeOptions):
+    """:func:`build_app` for a checkpoint that :func:`load_predictor` has verified already (it
+    is not loaded again here). Each replica asks Ray for ``opts.replica_cpus`` CPUs (None: 1)
+    and ``opts.replica_gpus`` GPUs; a request Ray cannot take is a one-line ``NshotError``."""
     from ray.serve.config import BackpressureConfig
+
+    from nshot.serve.resources import DEFAULT_CPUS, check_request
+
+    check_request(opts.replica_cpus, opts.replica_gpus)
+    cpus = DEFAULT_CPUS if opts.replica_cpus is None else opts.replica_cpus
 
     scaling: dict[str, Any] = {"num_replicas": opts.num_replicas}
     if opts.autoscale:
@@ -526,12 +543,15 @@ def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions 
         max_ongoing_requests=max(opts.max_ongoing_requests, 2 * opts.max_batch_size),
         max_queued_requests=opts.max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=opts.retry_after_s),
-    ).bind(method, str(ckpt.path), asdict(opts))
+        ray_actor_options={"num_cpus": cpus, "num_gpus": opts.replica_gpus},
+    ).bind(method, str(checkpoint), asdict(opts))
 
 
 def app_builder(args: dict[str, Any]):
     """Entry point for ``serve run`` config files: ``import_path: nshot.serve.app:app_builder``
-    with ``args: {method: tail, checkpoint: PATH, max_batch_size: 16, ...}``."""
+    with ``args: {method: tail, checkpoint: PATH, max_batch_size: 16, replica_cpus: 0.5, ...}``
+    (any :class:`ServeOptions` field; ``nshot serve --all --write-config`` writes
+    ``replica_cpus`` fitted to the machine)."""
     args = dict(args)
     method = args.pop("method")
     checkpoint = args.pop("checkpoint")

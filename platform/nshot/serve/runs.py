@@ -80,9 +80,24 @@ def serve_config(
     application per method at ``/<method>``, each built by ``nshot.serve.app:app_builder`` with
     the given :class:`~nshot.serve.app.ServeOptions` as its arguments. The token is never
     written: each application reads ``$NSHOT_SERVE_TOKEN`` unless its ``token`` argument is set
-    (edit the file for a token or options per application)."""
+    (edit the file for a token or options per application).
+
+    Every application's arguments carry what each replica asks Ray for, ``replica_cpus`` and
+    ``replica_gpus``: ``options.replica_cpus`` when set, else fitted so that every
+    application's replicas fit this machine, or the Ray this process is connected to
+    (:func:`nshot.serve.resources.fit`; ``nshot serve --all --write-config`` fits them and says
+    so before calling this)."""
+    if options.replica_cpus is None:
+        from nshot.serve.resources import capacity, fit, local_capacity
+
+        options, _ = fit(options, len(chosen), capacity() or local_capacity())
     defaults = asdict(type(options)())
-    args = {k: v for k, v in asdict(options).items() if k != "token" and v != defaults[k]}
+    always = ("replica_cpus", "replica_gpus")  # written even at their defaults
+    args = {
+        k: v
+        for k, v in asdict(options).items()
+        if k != "token" and (k in always or v != defaults[k])
+    }
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": host, "port": port},

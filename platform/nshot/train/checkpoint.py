@@ -7,6 +7,11 @@ A checkpoint is a directory::
     state.json              format, method, versions, config, step, metrics, extra state,
                             the optimizer's non-tensor state, and the sha256 of every file
 
+Writing (:func:`save_checkpoint`) is atomic: the files go into a hidden temporary directory,
+``state.json`` last, are flushed to disk and the directory renamed into place, so a write that
+fails half way (a full volume, a permission or a mount lost) leaves no checkpoint directory for
+any reader to take as the newest; it raises :class:`CheckpointWriteError`.
+
 Loading (:func:`load_checkpoint`) checks, and raises :class:`CheckpointError` with the path and
 the problem for anything unexpected:
 
@@ -33,6 +38,7 @@ the problem for anything unexpected:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -98,6 +104,89 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
+class CheckpointWriteError(OSError):
+    """An :class:`OSError` raised while a checkpoint was being written: no space left
+    (``ENOSPC``), permission denied (``EACCES``/``EPERM``), a read-only file system
+    (``EROFS``), a directory that vanished (``ENOENT``), ... ``errno`` and ``strerror`` are the
+    original error's (also when safetensors reported it inside a ``SafetensorError``),
+    ``filename`` the file being written (under its final name) and ``checkpoint`` the
+    checkpoint directory. It pickles with both, so a Ray Train worker's failure still says
+    what it was when it reaches the driver (:mod:`nshot.train.storage_errors`)."""
+
+    def __init__(
+        self, code: int, message: str, filename: str | None = None, *, checkpoint: str | None = None
+    ):
+        super().__init__(code, message, filename)
+        self.checkpoint = checkpoint
+
+
+#: Test-only fault injection, never set outside tests: ``<ERRNO>@<step>`` (``ENOSPC@15``) makes
+#: every checkpoint of that step or later fail half way through, with ``model.safetensors``
+#: cut to half its size and then an ``OSError`` of that errno, as a volume that fills up does.
+#: Ray Train workers receive it from the driver (:func:`nshot.train.runner.build_trainer`).
+FAULT_ENV = "NSHOT_TEST_CHECKPOINT_FAULT"
+
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_code(err: BaseException) -> int | None:
+    """The errno of an :class:`OSError`, or of the I/O error a ``SafetensorError`` wraps
+    (safetensors says it in its message, ``... (os error 28)``); else ``None``."""
+    if isinstance(err, OSError):
+        return err.errno
+    if isinstance(err, SafetensorError):
+        m = _OS_ERROR_CODE.search(str(err))
+        return int(m.group(1)) if m else None
+    return None
+
+
+def _injected_fault(step: int, written: Path, shown: Path) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    name, _, at = spec.partition("@")
+    code = getattr(errno, name.strip().upper(), None)
+    if not isinstance(code, int) or not at.strip().isdigit():
+        raise ValueError(f"${FAULT_ENV}={spec!r}: expected <ERRNO>@<step>, e.g. ENOSPC@15")
+    if step < int(at):
+        return
+    with open(written, "r+b") as f:
+        f.truncate(os.fstat(f.fileno()).st_size // 2)
+    raise OSError(code, os.strerror(code), str(shown))
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` (a file or a directory) to disk. A file system that cannot flush a
+    directory (``EINVAL``) is let be; any other error, e.g. ``ENOSPC`` or ``EIO`` reported
+    only now by a file system that allocates on flush, is raised."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if not (path.is_dir() and err.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished directory ``tmp`` to ``path``; a checkpoint already at ``path``
+    (the same step saved again) is moved aside first and deleted only once the new one is in
+    place, so a failure leaves the old one."""
+    if not os.path.lexists(path):
+        os.rename(tmp, path)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+    os.rename(path, aside / path.name)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        os.rename(aside / path.name, path)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     *,
@@ -110,20 +199,36 @@ def save_checkpoint(
     optimizer_state: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically (into a temp dir, then renamed)."""
+    """Write a checkpoint directory atomically: a reader sees all of it or none of it.
+
+    The files are written into a hidden temporary directory beside ``path`` (readers skip
+    hidden directories), ``state.json`` last; each file and the directory are flushed to disk
+    (fsync) before the directory is renamed to ``path``, and the parent directory after it, so
+    that not even a crash leaves a ``path`` with a truncated file. A write that fails removes
+    the temporary directory and raises :class:`CheckpointWriteError` (an :class:`OSError`)
+    naming the file, with the original errno, also for the I/O errors safetensors wraps.
+    """
     from nshot import __version__
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp: Path | None = None
+    writing = path  # what was being written when an error came (under its final name)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        writing = path / MODEL_FILE
         save_file(_plain_state_dict(model_state), str(tmp / MODEL_FILE))
+        _injected_fault(step, tmp / MODEL_FILE, writing)
         files = [MODEL_FILE]
         optim_meta = None
         if optimizer_state is not None:
+            writing = path / OPTIM_FILE
             tensors, optim_meta = flatten_optimizer(optimizer_state)
             save_file(tensors, str(tmp / OPTIM_FILE))
             files.append(OPTIM_FILE)
+        for name in files:
+            writing = path / name
+            _fsync(tmp / name)
         state = {
             "format": FORMAT,
             "method": method,
@@ -136,12 +241,23 @@ def save_checkpoint(
             "optimizer": optim_meta,
             "files": {f: sha256_file(tmp / f) for f in files},
         }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        writing = path / STATE_FILE
+        with open(tmp / STATE_FILE, "w") as f:
+            f.write(json.dumps(state, indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        writing = path
+        _fsync(tmp)
+        _move_into_place(tmp, path)
+        _fsync(path.parent)
+    except (OSError, SafetensorError) as err:
+        code = os_error_code(err)
+        if isinstance(err, CheckpointWriteError) or code is None:
+            raise
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else os.strerror(code)
+        raise CheckpointWriteError(code, reason, str(writing), checkpoint=str(path)) from err
     finally:
-        if tmp.exists():
+        if tmp is not None and os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return path
 

@@ -452,6 +452,26 @@ def _route_info_to_file(loggers: list, log_dir: str | None) -> None:
             lg.addHandler(h)
 
 
+def _quiet_storage_tracebacks() -> None:
+    """Keep a storage error's traceback, which Ray Train logs on the worker ("Error in training
+    function"), off the terminal: the driver tells the error in one line (``nshot train
+    --verbose`` prints the traceback too). Log files keep it."""
+    import logging
+
+    class NoStorageTraceback(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            text = record.getMessage()
+            return not ("Error in training function" in text and "CheckpointWriteError" in text)
+
+    for handler in logging.getLogger("ray.train").handlers:
+        if not isinstance(handler, logging.StreamHandler) or isinstance(
+            handler, logging.FileHandler
+        ):
+            continue
+        if not any(type(f).__name__ == "NoStorageTraceback" for f in handler.filters):
+            handler.addFilter(NoStorageTraceback())
+
+
 def _worker_entry(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (or in-process in local mode)."""
     import logging
@@ -467,6 +487,7 @@ def _worker_entry(loop_config: dict[str, Any]) -> None:
         except (ImportError, AttributeError):  # another Ray version: its lines stay
             pass
         _route_info_to_file(loggers, loop_config.get("log_dir"))
+        _quiet_storage_tracebacks()
     if loop_config.get("local_dir") is None:  # a worker group: say where each rank runs
         import ray
         import ray.train
@@ -539,7 +560,8 @@ def build_trainer(
         callbacks=callbacks,
         logging_config=ray.train.LoggingConfig(log_level="INFO" if verbose else "WARNING"),
         # workers on other nodes do not inherit the driver's environment: one progress line each
-        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
+        # (and a test's checkpoint fault, nshot.train.checkpoint.FAULT_ENV, when one is set)
+        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", **_test_fault_env()}},
     )
     return TorchTrainer(
         _worker_entry,
@@ -610,6 +632,12 @@ def fit(
     can write in, ``max_failures >= 0``; ``overwrite`` replaces only an nshot run. ``resume``
     refuses a run whose newest checkpoint has lost its ``state.json`` unless ``allow_earlier``
     (in-process runs only) lets it continue from the newest complete one.
+
+    A storage error while the run writes (no space, permission denied, a read-only file
+    system, a vanished directory; from the train loop's checkpoint writer, in-process or on a
+    worker) ends it with one :class:`~nshot.train.storage_errors.CheckpointStorageError`
+    naming the path, what happened, the newest complete checkpoint and the ``nshot train ...
+    --resume`` command (:func:`train_command`) that continues once the storage is fixed.
     """
     method = get(method_name)
     if not isinstance(cfg, method.Config):
@@ -659,21 +687,24 @@ def fit(
         check_storage_reachable(storage_path)
     if exists and overwrite:
         run.clear()
+    # a storage error (full, read-only, gone) ends the run as one StorageError line
+    told = _StorageErrorsTold(method_name, cfg, scaling, storage_path, name, run_dir, max_failures)
     # the marker goes in before any training starts: this directory is an nshot run
-    run.write(
-        RUN_MARKER,
-        _json(
-            {
-                "format": RUN_FORMAT,
-                "method": method_name,
-                "config": cfg.model_dump(),
-                "scaling": scaling.__dict__,
-                # where Ray keeps its own logs of this run (the driver's node), which the
-                # terminal does not show unless --verbose
-                "ray_logs": ray_logs_dir(),
-            }
-        ),
-    )
+    with told:
+        run.write(
+            RUN_MARKER,
+            _json(
+                {
+                    "format": RUN_FORMAT,
+                    "method": method_name,
+                    "config": cfg.model_dump(),
+                    "scaling": scaling.__dict__,
+                    # where Ray keeps its own logs of this run (the driver's node), which the
+                    # terminal does not show unless --verbose
+                    "ray_logs": ray_logs_dir(),
+                }
+            ),
+        )
 
     trainer = build_trainer(
         method_name,
@@ -689,7 +720,8 @@ def fit(
     t0 = time.time()
     copied = None
     try:
-        result = fit_trainer(trainer)
+        with told:
+            result = fit_trainer(trainer)
     finally:
         if run.local:
             logs = Path(run_dir) / "ray_logs"
@@ -763,6 +795,106 @@ def ray_logs_dir() -> str | None:
         return None if node is None else str(node.get_logs_dir_path())
     except (ImportError, AttributeError):
         return None
+
+
+def _test_fault_env() -> dict[str, str]:
+    """The test-only checkpoint fault (:data:`nshot.train.checkpoint.FAULT_ENV`) for the
+    workers, when the driver has one; else nothing."""
+    from nshot.train.checkpoint import FAULT_ENV
+
+    return {FAULT_ENV: os.environ[FAULT_ENV]} if os.environ.get(FAULT_ENV) else {}
+
+
+def train_command(
+    method_name: str,
+    cfg: MethodConfig,
+    scaling: Scaling,
+    storage: Path | str,
+    name: str,
+    *,
+    max_failures: int = 0,
+    resume: bool = True,
+) -> list[str]:
+    """The ``nshot train`` command line that trains ``cfg`` (its preset, and ``--set`` for
+    every field that differs from it) under ``scaling`` in ``<storage>/<name>``; with
+    ``--resume`` when ``resume``."""
+    argv = ["nshot", "train", method_name, "--preset", cfg.preset]
+    try:
+        base = type(cfg).from_preset(cfg.preset).model_dump()
+    except ConfigError:
+        base = {}
+    for key, value in cfg.model_dump().items():
+        if key != "preset" and (key not in base or base[key] != value):
+            argv += ["--set", f"{key}={_cli_value(value)}"]
+    if scaling.workers:
+        argv += ["--workers", str(scaling.workers)]
+    if scaling.gpus_per_worker:
+        argv += ["--gpus-per-worker", f"{scaling.gpus_per_worker:g}"]
+    if scaling.cpus_per_worker != 1:
+        argv += ["--cpus-per-worker", f"{scaling.cpus_per_worker:g}"]
+    if max_failures:
+        argv += ["--max-failures", str(max_failures)]
+    argv += ["--storage", str(storage), "--name", name]
+    return [*argv, "--resume"] if resume else argv
+
+
+def _cli_value(value: Any) -> str:
+    """``value`` as ``--set KEY=VALUE`` reads it back (JSON where a plain string would not)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, default=str)
+
+
+class _StorageErrorsTold:
+    """``with`` block: a storage error raised inside (:func:`~nshot.train.storage_errors.
+    find_storage_fault`, also out of a Ray Train worker group's failure) becomes one
+    :class:`~nshot.train.storage_errors.CheckpointStorageError`; anything else passes."""
+
+    def __init__(self, method_name, cfg, scaling, storage, name, run_dir, max_failures):
+        self.method_name, self.cfg, self.scaling = method_name, cfg, scaling
+        self.storage, self.name, self.run_dir = storage, name, run_dir
+        self.max_failures = max_failures
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if err is None or not isinstance(err, Exception):
+            return False
+        from nshot.train.storage_errors import (
+            CheckpointStorageError,
+            find_storage_fault,
+            newest_complete_checkpoint,
+        )
+
+        fault = find_storage_fault(err, self.run_dir)
+        if fault is None:
+            return False
+        local = isinstance(self.run_dir, Path)
+        try:  # continue a run that has anything in it; start one again that lost its folder
+            resume = not local or (self.run_dir.is_dir() and any(self.run_dir.iterdir()))
+        except OSError:
+            resume = False
+        command = train_command(
+            self.method_name,
+            self.cfg,
+            self.scaling,
+            self.storage,
+            self.name,
+            max_failures=self.max_failures,
+            resume=resume,
+        )
+        raise CheckpointStorageError(
+            fault,
+            storage=self.storage,
+            run_dir=self.run_dir,
+            newest=newest_complete_checkpoint(self.run_dir),
+            command=command,
+            resume=resume,
+        ) from err
 
 
 def _check_resumable(run_dir: Path, *, local: bool, allow_earlier: bool) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from nshot.train.checkpoint import (
+    CheckpointWriteError,
     LoadedCheckpoint,
     find_checkpoints,
     load_checkpoint,
@@ -302,13 +303,39 @@ def report(
     if ctx.rank != 0:
         ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
         return
-    with tempfile.TemporaryDirectory(prefix="nshot-ckpt-") as tmp:
-        path = save_checkpoint(Path(tmp) / name, **kwargs)
+    storage = ray.train.get_context().get_storage()
+    if _is_local_fs(storage.storage_filesystem):
+        # local (or shared) storage: written in place, atomically (save_checkpoint), so a
+        # write that fails half way never leaves a checkpoint directory in the run
+        path = save_checkpoint(Path(storage.experiment_fs_path) / name, **kwargs)
         ray.train.report(
             metrics,
-            checkpoint=ray.train.Checkpoint.from_directory(str(path)),
+            checkpoint=ray.train.Checkpoint(str(path), filesystem=storage.storage_filesystem),
             checkpoint_dir_name=name,
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD,
         )
+        return
+    with tempfile.TemporaryDirectory(prefix="nshot-ckpt-") as tmp:
+        path = save_checkpoint(Path(tmp) / name, **kwargs)
+        try:
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(str(path)),
+                checkpoint_dir_name=name,
+            )
+        except OSError as err:  # the upload to the storage URI failed
+            if err.errno is None or isinstance(err, CheckpointWriteError):
+                raise
+            dest = f"{storage.experiment_fs_path}/{name}"
+            raise CheckpointWriteError(
+                err.errno, err.strerror or str(err), dest, checkpoint=dest
+            ) from err
+
+
+def _is_local_fs(fs: Any) -> bool:
+    from pyarrow import fs as pafs
+
+    return isinstance(fs, pafs.LocalFileSystem)
 
 
 def _tune_payload(info: RunInfo, metrics: dict[str, float]) -> dict[str, Any]:
