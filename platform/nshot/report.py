@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nshot.catalog import PAPERS
+from nshot import catalog
 from nshot.claims import KINDS, VERDICT_WORDS, summary
 from nshot.errors import NshotError
 from nshot.provenance import Freshness, freshness, run_commit
@@ -215,7 +215,7 @@ def gather(preset: str = "small", results: list[str | Path] | None = None) -> li
             f = method_results_dir(name) / f"{preset}.json"
             if f.is_file():
                 chosen[name] = f
-    papers = list(PAPERS)
+    papers = catalog.papers()  # titles and areas: the registered methods' own
     known = {p.name for p in papers}
     extra_number = len(papers)
     entries: list[Entry] = []
