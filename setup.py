@@ -1,4 +1,4 @@
-"""Package discovery for the two source roots (DESIGN.md: `platform/nshot` and `methods/`).
+"""Package discovery for the two source roots, `platform/nshot` and `methods/` (README: Layout).
 
 `platform/` holds the library `nshot`; `methods/` is installed as `nshot.methods`. Every
 package under both roots is found here so that a new method folder needs no edit.
