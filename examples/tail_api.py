@@ -4,42 +4,40 @@
     python examples/tail_api.py --preset small     # a few minutes on 2 cores
 
 The same run from the command line: `nshot train tail --preset small`, then
-`nshot eval tail --checkpoint ~/.cache/nshot/runs/tail-small`.
+`nshot eval tail --checkpoint ~/.cache/nshot/runs/tail-small`. docs/python-api.md describes
+every function used here.
 """
 
 from __future__ import annotations
 
 import argparse
 
+import nshot
 from nshot.data import digits_table, episode_from_table
-from nshot.method import get
-from nshot.train import Scaling, fit, load_checkpoint
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None)
+    ap.add_argument("--output", default=None, help="where runs live (default: nshot's storage)")
     args = ap.parse_args()
 
-    tail = get("tail")
-    cfg = tail.config(args.preset)
-    result = fit(
+    run = nshot.train(
         "tail",
-        cfg,
-        scaling=Scaling(workers=args.workers),
+        args.preset,
+        workers=args.workers,
         storage=args.output,
         name=f"example-tail-{args.preset}",
         overwrite=True,
     )
-    ckpt = load_checkpoint(result.checkpoint, method="tail")
-    print("metrics:", tail.evaluate(ckpt, cfg.replace(eval_episodes=50)))
+    print("checkpoint:", run.checkpoint)
+    print("metrics:", nshot.evaluate(run.run_dir, overrides={"eval_episodes": 50}))
 
     # one 3-way 5-shot episode of real 8x8 digit images the model never saw in training
     episode = episode_from_table(digits_table(), (7, 8, 9), shots=5, queries=3, seed=1)
     query_y = episode.pop("query_y")
-    predictor = tail.predictor(ckpt)
+    predictor = nshot.load(run.run_dir)  # the run's newest checkpoint; the method from it
     answer = predictor(predictor.Request(**episode, n_draws=4))
     print("true:     ", query_y)
     print("predicted:", answer.labels)

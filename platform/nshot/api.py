@@ -200,7 +200,7 @@ CheckpointLike = str | os.PathLike | TrainedRun
 
 def _did_you_mean(name: Any, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(str(name), list(choices), n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def get_method(name: str) -> Method:
@@ -220,8 +220,8 @@ def get_method(name: str) -> Method:
     except UnknownMethodError:
         names = available()  # get() has discovered every method by now
         raise UnknownMethodError(
-            f"unknown method {name!r}{_did_you_mean(name, names)} (available: "
-            f"{', '.join(names) or 'none'})"
+            f"unknown method {name!r}{_did_you_mean(name, names)}; available: "
+            f"{', '.join(names) or 'none'}"
         ) from None
 
 
@@ -677,10 +677,17 @@ def tune(
         ``best`` (the best trial: ``config``, ``f``), ``trials``, ``metric``, ``mode``.
     """
     from nshot.tune.run import tune as run_sweep
+    from nshot.tune.searchers import UnknownSearcherError, available_searchers
     from nshot.tune.space import SearchSpace
 
     cfg = config(method, preset, overrides, allow_download=allow_download)
     scaling = _scaling(workers, scale, gpus_per_worker, cpus_per_worker)
+    searchers = available_searchers()
+    if search not in searchers:
+        raise UnknownSearcherError(
+            f"unknown searcher {search!r}{_did_you_mean(search, searchers)}; available: "
+            f"{', '.join(searchers)}"
+        )
     if space is not None and not isinstance(space, SearchSpace):
         space = SearchSpace.from_json(space)
     res = run_sweep(
