@@ -1,4 +1,5 @@
-"""The ``nshot`` command line: list, train, eval, tune, history, reproduce, bench, serve, quickstart.
+"""The ``nshot`` command line: list, train, eval, tune, history, reproduce, claims, report, bench,
+serve, cluster, quickstart, new.
 
 Every command takes ``--json`` for machine-readable output on stdout; human output and
 progress go to stderr/stdout through ``rich``. Errors that are the user's to fix (bad config,
@@ -11,21 +12,112 @@ resumes the run) and exits with status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nshot.errors import NshotError, StorageError
 from nshot.method import parse_overrides
 
+#: the width of rich's output off a terminal: wide enough that no line is wrapped (a Markdown
+#: table redirected to a file stays one line per row)
+UNWRAPPED = 1 << 16
+
 
 def _console():
+    """rich's console on stdout: on a terminal as wide as the terminal; off a terminal (a pipe,
+    a file) without colour (rich's own rule) and without wrapping lines."""
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    console = Console(stderr=False, highlight=False)
+    if console.is_terminal:
+        return console
+
+    class Unwrapped(Console):
+        def rule(self, title="", *, characters="─", style="rule.line", align="center") -> None:
+            from rich.rule import Rule
+
+            rule = Rule(title, characters=characters, style=style, align=align)
+            self.print(rule, width=80)  # a rule fills the width it is given
+
+    return Unwrapped(stderr=False, highlight=False, width=UNWRAPPED, soft_wrap=True)
+
+
+class _NoAnsi:
+    """A text stream that drops ANSI escape sequences (colours, cursor moves) from what is
+    written to it: nshot's stdout and stderr when they are not a terminal, so that the lines
+    other libraries colour (Ray's worker and log prefixes, its start-up line) arrive plain."""
+
+    def __init__(self, stream: Any) -> None:
+        import re
+
+        self._stream = stream
+        self._sequence = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._sequence.sub("", text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _colour_off(stream: Any) -> bool:
+    """No colour on ``stream``: it is not a terminal (or ``NO_COLOR`` is set), unless
+    ``FORCE_COLOR`` is set (the variables rich honours too)."""
+    if os.environ.get("FORCE_COLOR"):
+        return False
+    if os.environ.get("NO_COLOR") is not None:
+        return True
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+@contextlib.contextmanager
+def _plain_output():
+    """While a command runs: stdout and stderr drop ANSI sequences where colour is off, and
+    Ray prints its worker lines' prefixes without colour (``RAY_COLOR_PREFIX=0``, unless set)
+    when stdout is not a terminal."""
+    saved = sys.stdout, sys.stderr
+    prefix_set = _colour_off(sys.stdout) and "RAY_COLOR_PREFIX" not in os.environ
+    if prefix_set:
+        os.environ["RAY_COLOR_PREFIX"] = "0"
+    if _colour_off(sys.stdout):
+        sys.stdout = _NoAnsi(sys.stdout)
+    if _colour_off(sys.stderr):
+        sys.stderr = _NoAnsi(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+        if prefix_set:
+            os.environ.pop("RAY_COLOR_PREFIX", None)
+
+
+# A line Ray prints although nothing is wrong, for each `nshot` command that serves and then
+# shuts Serve down (quickstart, serve, bench): the Serve controller's shutdown call ends by the
+# controller being killed, which the raylet reports as a failed task "to be retried"
+SERVE_SHUTDOWN_LINE = ("ServeController.graceful_shutdown failed", "killed by `ray.kill`")
+
+
+def _quiet_serve_shutdown() -> None:
+    """Add :data:`SERVE_SHUTDOWN_LINE` to the Ray lines nshot's terminal drops (they stay in
+    Ray's session logs; ``NSHOT_VERBOSE=1`` keeps every line)."""
+    from nshot.train import runner
+
+    if SERVE_SHUTDOWN_LINE not in runner._BENIGN_RAY_LINES:
+        runner._BENIGN_RAY_LINES = (*runner._BENIGN_RAY_LINES, SERVE_SHUTDOWN_LINE)
 
 
 def _emit(args: argparse.Namespace, payload: Any, human: str | None = None) -> None:
@@ -57,12 +149,54 @@ def _add_config_args(p: argparse.ArgumentParser, preset_default: str = "small") 
 
 
 def _config(method_name: str, args: argparse.Namespace):
-    from nshot.method import get
-
+    """The config of ``--preset`` with the ``--set`` fields; an unknown method, preset or field
+    is one error naming a close one."""
+    method = _method(method_name)
     overrides = parse_overrides(args.overrides)
     if getattr(args, "allow_download", False):
         overrides["allow_download"] = True  # a method without model downloads rejects it
-    return get(method_name).config(args.preset, **overrides)
+    _check_preset(method, args.preset)
+    _check_fields(method.Config, overrides, "--set")
+    return method.config(args.preset, **overrides)
+
+
+def _method(name: str):
+    """The registered method ``name``; an unknown name is an error naming a close method."""
+    from nshot.method import UnknownMethodError, available, get
+
+    try:
+        return get(name)
+    except UnknownMethodError:
+        names = available()
+        raise UnknownMethodError(
+            f"unknown method {name!r}{did_you_mean(name, names)}; available: {', '.join(names)}"
+        ) from None
+
+
+def _check_preset(method, preset: str) -> None:
+    from nshot.errors import ConfigError
+
+    presets = sorted(method.Config.PRESETS)
+    if preset not in presets:
+        raise ConfigError(
+            f"--preset: {method.name} has no preset {preset!r}{did_you_mean(preset, presets)}; "
+            f"choose one of {', '.join(presets)}"
+        )
+
+
+def _check_fields(config_class, overrides: dict[str, Any], option: str) -> None:
+    """Every key of ``overrides`` is a field of ``config_class`` (else an error naming a close
+    field; the values are validated with the config)."""
+    from nshot.errors import ConfigError
+
+    fields = sorted(config_class.model_fields)
+    for key in overrides:
+        if key not in config_class.model_fields:
+            close = did_you_mean(key, fields)
+            raise ConfigError(
+                f"{option} {key}=...: {config_class.__name__}: field {key!r}: unknown field"
+                + (close or f"; the fields: {', '.join(fields)}")
+            )
 
 
 # --------------------------------------------------------------------------- commands
@@ -87,9 +221,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace):
+    from nshot.errors import ConfigError
     from nshot.train import Scaling
+    from nshot.train.runner import SCALE_PRESETS
 
     if args.scale:
+        if args.scale not in SCALE_PRESETS:
+            raise ConfigError(
+                f"--scale: unknown preset {args.scale!r}{did_you_mean(args.scale, SCALE_PRESETS)}"
+                f"; choose one of {', '.join(SCALE_PRESETS)}"
+            )
         s = Scaling.preset(args.scale)
         if args.workers is not None:
             s.workers = args.workers
@@ -235,11 +376,11 @@ def _eval_config(method, ckpt, overrides: dict[str, Any]):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from nshot.method import get
     from nshot.train import load_checkpoint
 
-    method = get(args.method)  # an unknown method is named before anything is read
+    method = _method(args.method)  # an unknown method is named before anything is read
     overrides = parse_overrides(args.overrides)
+    _check_fields(method.Config, overrides, "--set")
     ckpt = load_checkpoint(args.checkpoint, method=method.name, **_earlier(args))
     cfg = _eval_config(method, ckpt, overrides)
     metrics = method.evaluate(ckpt, cfg)
@@ -326,11 +467,22 @@ def _reproduce_all(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
-    """Re-evaluate a method's claims on an existing results.json (no rerun)."""
+    """Re-evaluate a method's claims on an existing results.json (no rerun): a path, or a
+    method's name for its committed results of ``--preset``."""
     from nshot import reproduce
     from nshot.claims import summary_line, to_markdown
 
     path = Path(args.results).expanduser()
+    if not path.exists() and os.sep not in args.results and not path.suffix:
+        method = _method(args.results)  # a name, not a path: an unknown one is named
+        path = reproduce.method_results_dir(method.name) / f"{args.preset}.json"
+        if not path.is_file():
+            committed = sorted(p.stem for p in path.parent.glob("*.json"))
+            raise NshotError(
+                f"{method.name} has no committed results of preset {args.preset!r}"
+                f"{did_you_mean(args.preset, committed)} ({path}); committed: "
+                f"{', '.join(committed) or 'none'} (--preset), or give a results.json"
+            )
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -376,9 +528,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``nshot bench --ingress``: the ingress modes (nshot.serve.ingress)
+INGRESS = ("proxy", "direct", "throughput", "haproxy")
+
+
+def _numbers(option: str, text: str, kind: type) -> tuple:
+    """A comma-separated ``--option`` value as numbers of ``kind`` (else one error line)."""
+    try:
+        return tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        what = "integers" if kind is int else "numbers"
+        raise NshotError(f"{option} {text!r}: give comma-separated {what}, e.g. 1,8,32") from None
+
+
+def _check_bench(args: argparse.Namespace) -> None:
+    """What a benchmark reads of the command line, checked before it starts Ray."""
+    if args.what in ("train", "serve", "serve-sustained", "serve-ramp"):
+        method = _method(args.method)
+        if args.what == "train":
+            _check_preset(method, args.preset)
+    args.levels_n = _numbers("--levels", args.levels, int)
+    args.replicas_n = _numbers("--replicas", args.replicas, int)
+    args.batch_wait_n = (
+        _numbers("--batch-wait-ms", args.bench_batch_wait_ms, float)
+        if args.bench_batch_wait_ms
+        else ()
+    )
+    args.ingress_n = tuple(args.ingress.split(","))
+    for mode in args.ingress_n:
+        if mode not in INGRESS:
+            raise NshotError(
+                f"--ingress: unknown ingress {mode!r}{did_you_mean(mode, INGRESS)}; choose from "
+                f"{', '.join(INGRESS)}"
+            )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from nshot import bench
 
+    _check_bench(args)
+    if args.what.startswith("serve"):
+        _quiet_serve_shutdown()
     if args.what == "train":
         data = bench.train(args.method, preset=args.preset, steps=args.steps, out=args.out)
     elif args.what == "deepspeed":
@@ -389,12 +579,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             requests=args.requests or 200,
             repeats=args.repeats,
-            concurrency=tuple(int(c) for c in args.levels.split(",")),
-            ingress=tuple(args.ingress.split(",")),
-            replicas=tuple(int(r) for r in args.replicas.split(",")),
-            batch_wait_ms=tuple(float(w) for w in args.bench_batch_wait_ms.split(","))
-            if args.bench_batch_wait_ms
-            else (),
+            concurrency=args.levels_n,
+            ingress=args.ingress_n,
+            replicas=args.replicas_n,
+            batch_wait_ms=args.batch_wait_n,
             out=args.out,
         )
         if not args.json:  # the table and the ratios; every run is in the JSON file
@@ -435,6 +623,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from nshot.tune.space import SearchSpace
 
     cfg = _config(args.method, args)
+    _check_searcher(args.search)
     space = None
     if args.space:
         raw = args.space
@@ -471,6 +660,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_searcher(name: str) -> None:
+    """``--search`` names a registered searcher (else an error naming a close one)."""
+    from nshot.tune import searchers
+
+    if name in searchers._SEARCHERS:  # the built-in ones, and those of imported methods
+        return
+    names = searchers.available_searchers()  # imports every method: each may register one
+    if name not in names:
+        raise searchers.UnknownSearcherError(
+            f"--search: unknown searcher {name!r}{did_you_mean(name, names)}; available: "
+            f"{', '.join(names)}"
+        )
+
+
 def _run_tune(tune, cfg, space, args: argparse.Namespace):
     return tune(
         args.method,
@@ -481,7 +684,7 @@ def _run_tune(tune, cfg, space, args: argparse.Namespace):
         scheduler=args.scheduler,
         space=space,
         scaling=_scaling(args),
-        storage=args.output,
+        storage=args.storage,
         name=args.name,
         resume=args.resume,
         history_dir=args.history,
@@ -497,7 +700,10 @@ def _run_tune(tune, cfg, space, args: argparse.Namespace):
 def cmd_history(args: argparse.Namespace) -> int:
     from nshot.tune.history import history_dir, load_tasks, summarize
 
-    rows = summarize(load_tasks(args.history, method=args.method))
+    tasks = load_tasks(args.history, method=args.method)
+    if args.method is not None and not tasks and args.method not in method_names():
+        _method(args.method)  # no sweep of an unknown method: name a close one
+    rows = summarize(tasks)
     if args.json:
         _emit(args, rows)
         return 0
@@ -553,7 +759,6 @@ def check_serve_address(host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from nshot.method import get
     from nshot.serve import ingress
     from nshot.train.checkpoint import load_checkpoint, resolve_checkpoint
 
@@ -566,7 +771,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "nshot serve METHOD --checkpoint PATH serves one checkpoint; nshot serve --all "
             "RUNS_DIR serves every method's newest run"
         )
-    method = get(args.method)  # an unknown method is named before anything is read
+    method = _method(args.method)  # an unknown method is named before anything is read
     check_serve_address(args.host, args.port)
     token = args.token or os.environ.get("NSHOT_SERVE_TOKEN") or None
     args.ingress = args.ingress or ingress.default_mode()
@@ -579,6 +784,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from nshot.serve import start
 
+    _quiet_serve_shutdown()
     opts = _serve_options(args, token)
     url = start(
         method.name,
@@ -719,6 +925,7 @@ def _serve_all(args: argparse.Namespace) -> int:
             "proxy (--ingress proxy, the default with --all) or HAProxy (--ingress haproxy)"
         )
     check_serve_address(args.host, args.port)
+    _quiet_serve_shutdown()
     urls = start_all(
         runs.chosen,
         host=args.host,
@@ -738,11 +945,184 @@ def _serve_all(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from nshot.quickstart import run
 
+    _check_preset(_method("tail"), args.preset)
+    _quiet_serve_shutdown()
     run(out=Path(args.out), preset=args.preset, console=_console())
     return 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    """``nshot new NAME``: a method package written from the template, and what to do next."""
+    from nshot import scaffold
+
+    parent = Path(args.dir) if args.dir else scaffold.default_parent()
+    dest = scaffold.new_method(args.name, parent, taken=method_names())
+    builtin = parent.resolve() == scaffold.default_parent().resolve() and parent.name == "methods"
+    name, cls = args.name, f"{scaffold.camel(args.name)}Method"
+    lines = [
+        f"wrote {dest}/: {', '.join(scaffold.FILES)}",
+        f"a working template: a prototypical-network classifier named {name}; fill it in with "
+        "your paper's method (docs/adding-a-method.md walks through each file)",
+    ]
+    if builtin:
+        lines += [
+            f"registered as a built-in method (a package of {parent}); for an installed nshot "
+            f'also add to pyproject.toml\'s [project.entry-points."nshot.methods"]: '
+            f'{name} = "nshot.methods.{name}:{cls}"',
+        ]
+    else:
+        lines += [
+            "register it from the package that ships it, in that package's pyproject.toml: "
+            f'[project.entry-points."nshot.methods"] {name} = "{name}:{cls}" (or import it '
+            "before nshot looks methods up: importing it registers it)",
+        ]
+    lines += [
+        "try it" + ("" if builtin else ", once it is registered") + ":",
+        f"  nshot train {name} --preset smoke --workers 0",
+        f"  nshot reproduce {name} --preset smoke --in-process --out results/{name}-smoke",
+        f"  python -m pytest tests/test_conformance.py -k {name}  # the Method contract's checks",
+    ]
+    _console().print("\n".join(lines), markup=False)
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
+
+#: ``nshot tune --scheduler``: ASHA, or none (fifo: Tune's name for none)
+SCHEDULERS = ("asha", "none", "fifo")
+
+
+def _version() -> str:
+    try:
+        from nshot import __version__
+
+        return __version__
+    except ImportError:  # pragma: no cover - an nshot without the attribute
+        import importlib.metadata
+
+        return importlib.metadata.version("nshot")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when one of ``choices`` is close to ``word``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" after an invalid choice or an unknown option, and an
+    unknown option reported by the subcommand's parser (its usage, not the top level's)."""
+
+    def error(self, message: str) -> NoReturn:
+        import re
+
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(2))
+            message += did_you_mean(m.group(1), choices)
+        super().error(message)
+
+    def unrecognized(self, extras: list[str]) -> NoReturn:
+        """Refuse the arguments this (sub)parser does not know, naming a close option."""
+        options = [
+            o
+            for a in self._actions
+            if a.help != argparse.SUPPRESS
+            for o in a.option_strings
+            if o.startswith("--")
+        ]
+        hints = [
+            did_you_mean(e.split("=", 1)[0], options).strip() for e in extras if e.startswith("-")
+        ]
+        hint = next((h for h in hints if h), "")
+        self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" {hint}" if hint else ""))
+
+
+class _Deprecated(argparse.Action):
+    """A former spelling of an option: hidden from the help, still accepted, with a one-line
+    note on stderr naming the current spelling."""
+
+    def __init__(self, option_strings, dest, current: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.current = current
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"nshot: warning: {option_string} is deprecated; use {self.current}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def method_names() -> list[str]:
+    """The names :func:`nshot.method.available` returns, read without importing any method (a
+    built-in method's name is its package's name): the registered methods, built-in (the
+    ``nshot.methods`` packages) and third-party (the ``nshot.methods`` entry points and any
+    class registered in this process)."""
+    import importlib.metadata
+    import pkgutil
+
+    import nshot.method as registry
+    import nshot.methods as builtin
+
+    names = {info.name for info in pkgutil.iter_modules(builtin.__path__) if info.ispkg}
+    names |= {ep.name for ep in importlib.metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
+    return sorted(names | set(registry._REGISTRY))
+
+
+class _MethodNames:
+    """The ``choices`` of a method argument: listed in the help (read when the help is shown),
+    while the check of a name is nshot's own (one error line that names a close method;
+    :func:`_method`), so that a method registered by a third-party package is accepted."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(method_names())
+
+
+def _add_method(p: argparse.ArgumentParser, extra: str = "", **kwargs: Any) -> None:
+    p.add_argument(
+        "method",
+        metavar="METHOD",
+        choices=_MethodNames(),
+        help="a registered method (`nshot list`): %(choices)s" + extra,
+        **kwargs,
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print machine-readable JSON on stdout (human output and progress go to stderr)",
+    )
+
+
+def _add_storage(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--storage", default=None, metavar="PATH_OR_URI", help=help)
+    p.add_argument("--output", dest="storage", action=_Deprecated, current="--storage")
+
+
+def _add_worker_resources(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=None,
+        help="GPUs each Ray Train worker asks for (default: the --scale preset's, else 0)",
+    )
+    p.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        default=None,
+        help="CPUs each Ray Train worker asks for (default: the --scale preset's, else 1)",
+    )
+    p.add_argument(
+        "--scale",
+        default=None,
+        help="a scaling preset: local | cpu2 | gpu1 | gpu8 | multinode (workers, GPUs and CPUs "
+        "per worker; --workers and the two above override it)",
+    )
 
 
 def _add_allow_earlier(p: argparse.ArgumentParser) -> None:
@@ -755,22 +1135,29 @@ def _add_allow_earlier(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nshot", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(
+        prog="nshot", description=" ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
+    )
+    p.add_argument(
+        "--version", action="version", version=f"nshot {_version()}", help="print the version"
+    )
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="`nshot COMMAND --help` describes each",
+    )
 
     s = sub.add_parser("list", help="list the registered methods")
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("train", help="train a method with Ray Train")
-    s.add_argument("method")
+    _add_method(s)
     _add_config_args(s)
-    s.add_argument(
-        "--storage",
-        "--output",
-        dest="storage",
-        default=None,
-        help="where runs live: a local path or a URI (s3://bucket/runs, gs://...); default "
+    _add_storage(
+        s,
+        "where runs live: a local path or a URI (s3://bucket/runs, gs://...); default "
         "$NSHOT_STORAGE, else ~/.cache/nshot/runs. A worker group on several hosts needs a URI "
         "or a shared mount (NSHOT_STORAGE_SHARED=1)",
     )
@@ -781,9 +1168,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default <method>-<preset>)",
     )
     s.add_argument("--workers", type=int, default=None, help="Ray Train workers (0: in-process)")
-    s.add_argument("--gpus-per-worker", type=float, default=None)
-    s.add_argument("--cpus-per-worker", type=float, default=None)
-    s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
+    _add_worker_resources(s)
     s.add_argument(
         "--resume", action="store_true", help="continue the run from its latest checkpoint"
     )
@@ -801,11 +1186,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also show Ray Train's own INFO lines (reports, checkpoints, worker group set-up)",
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("eval", help="evaluate a checkpoint with the paper's metrics")
-    s.add_argument("method")
+    _add_method(s)
     s.add_argument("--checkpoint", required=True, help="checkpoint dir or run dir (latest)")
     _add_allow_earlier(s)
     s.add_argument(
@@ -817,18 +1202,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="override an evaluation field (the method's EVAL_FIELDS, e.g. tail's eval_episodes); "
         "a field that shapes the model is fixed by the checkpoint",
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("tune", help="sweep a method's config with Ray Tune")
-    s.add_argument("method")
+    _add_method(s)
     _add_config_args(s)
     s.add_argument(
         "--search", default="random", help="random | optuna | ax | auxbo (or a method's searcher)"
     )
     s.add_argument("--num-samples", type=int, default=10, help="trials in the sweep")
     s.add_argument("--max-concurrent", type=int, default=2, help="trials running at once")
-    s.add_argument("--scheduler", default=None, help="asha (early stopping on f) or none")
+    s.add_argument(
+        "--scheduler",
+        default=None,
+        choices=SCHEDULERS,
+        help="asha (early stopping on f) or none (every trial runs to the end; fifo is the "
+        "same); default none",
+    )
     s.add_argument(
         "--space",
         default=None,
@@ -848,16 +1239,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--workers", type=int, default=None, help="Ray Train workers per trial (0: in-process)"
     )
-    s.add_argument("--gpus-per-worker", type=float, default=None)
-    s.add_argument("--cpus-per-worker", type=float, default=None)
-    s.add_argument("--scale", default=None, help="local | cpu2 | gpu1 | gpu8 | multinode")
-    s.add_argument(
-        "--storage",
-        "--output",
-        dest="output",
-        default=None,
-        help="storage path or URI for the sweep (default $NSHOT_STORAGE/tune)",
-    )
+    _add_worker_resources(s)
+    _add_storage(s, "where sweeps live: a local path or a URI (default $NSHOT_STORAGE/tune)")
     s.add_argument("--name", default=None, help="sweep name (default <method>-<preset>-<search>)")
     s.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     s.add_argument(
@@ -875,24 +1258,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show Tune's own status tables instead of nshot's line per finished trial",
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("history", help="list the sweeps saved in the history")
-    s.add_argument("--method", default=None)
+    s.add_argument("--method", default=None, help="only the sweeps of this method")
     s.add_argument(
         "--history", default=None, help="history directory (default $NSHOT_CACHE/history)"
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_history)
 
     s = sub.add_parser("reproduce", help="run the paper's comparison; write results.{json,md,png}")
-    s.add_argument("method", nargs="?", default=None)
+    _add_method(s, nargs="?", default=None, extra="; not with --all")
     _add_config_args(s)
     s.add_argument(
         "--out",
         default=None,
-        help="output directory (default results/<method>-<preset>; with --all: DIR/<method>/, "
+        help="results folder (default results/<method>-<preset>; with --all: DIR/<method>/, "
         "default each method's committed methods/<method>/results/)",
     )
     s.add_argument(
@@ -911,25 +1294,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the comparison's jobs one after another in this process, without Ray "
         "(for a debugger or a profiler; same results, slower); NSHOT_IN_PROCESS=1 does the same",
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_reproduce)
 
     s = sub.add_parser(
         "claims", help="evaluate a method's paper claims on an existing results.json (no rerun)"
     )
-    s.add_argument("results", help="a results.json written by nshot reproduce")
+    s.add_argument(
+        "results",
+        help="a results.json written by nshot reproduce, or a method's name: its committed "
+        "results of --preset (methods/<method>/results/<preset>.json)",
+    )
+    s.add_argument(
+        "--preset",
+        default="small",
+        help="with a method's name: which committed results (default small)",
+    )
     s.add_argument(
         "--write",
         action="store_true",
         help="write the claims into that results.json and its results.md",
     )
-    s.add_argument("--json", action="store_true")
+    _add_json(s)
     s.set_defaults(func=cmd_claims)
 
     s = sub.add_parser(
         "report", help="one reproducibility report (HTML + Markdown) over every method's results"
     )
-    s.add_argument("--out", default="nshot-report", help="output directory (index.html, ...)")
+    s.add_argument(
+        "--out", default="nshot-report", help="results folder (index.html, report.md, images)"
+    )
     s.add_argument("--preset", default="small", help="which committed results (default small)")
     s.add_argument(
         "--results",
@@ -950,8 +1344,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="train, serve, serve-sustained, serve-ramp, deepspeed, or a method with its own "
         "benchmark (e.g. tail)",
     )
-    s.add_argument("--method", default="tail")
-    s.add_argument("--preset", default="small")
+    s.add_argument(
+        "--method", default="tail", help="train, serve, serve-sustained, serve-ramp: the method"
+    )
+    s.add_argument(
+        "--preset", default="small", help="train and a method's own benchmark: the preset"
+    )
     s.add_argument("--steps", type=int, default=60, help="train: steps per run")
     s.add_argument("--workers", type=int, default=2, help="deepspeed: Ray Train workers")
     s.add_argument(
@@ -990,15 +1388,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve-ramp: CLIENTSxSECONDS load phases, in order",
     )
     s.add_argument("--checkpoint", default=None, help="serve: checkpoint (default: train smoke)")
-    s.add_argument("--out", default=None, help="JSON file to write")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--out", default=None, help="the JSON file to write (results)")
+    _add_json(s)
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser(
         "serve",
         help="serve a checkpoint (or every run of a folder: --all) over HTTP with Ray Serve",
     )
-    s.add_argument("method", nargs="?", default=None, help="the method (not with --all)")
+    _add_method(s, nargs="?", default=None, extra="; not with --all")
     s.add_argument("--checkpoint", default=None, help="checkpoint dir or run dir (latest)")
     s.add_argument(
         "--all",
@@ -1018,8 +1416,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_allow_earlier(s)
     s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    s.add_argument("--replicas", type=int, default=1, help="replicas per application (default 1)")
     s.add_argument(
         "--autoscale",
         default=None,
@@ -1076,7 +1474,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=128,
         help="requests the proxy holds beyond that; past it: 503 with Retry-After",
     )
-    s.add_argument("--max-batch-size", type=int, default=16)
+    s.add_argument(
+        "--max-batch-size", type=int, default=16, help="requests one batch holds (default 16)"
+    )
     s.add_argument(
         "--batch-wait-ms",
         type=float,
@@ -1107,9 +1507,27 @@ def build_parser() -> argparse.ArgumentParser:
     # dispatched to nshot.cluster before parsing (see main)
 
     s = sub.add_parser("quickstart", help="train, evaluate and serve TAIL on an embedded local Ray")
-    s.add_argument("--out", default=os.environ.get("NSHOT_QUICKSTART_DIR", "nshot-quickstart"))
-    s.add_argument("--preset", default="small")
+    s.add_argument(
+        "--out",
+        default=os.environ.get("NSHOT_QUICKSTART_DIR", "nshot-quickstart"),
+        help="results folder: the run and its checkpoint (default $NSHOT_QUICKSTART_DIR, else "
+        "nshot-quickstart)",
+    )
+    s.add_argument("--preset", default="small", help="TAIL's preset (default small)")
     s.set_defaults(func=cmd_quickstart)
+
+    s = sub.add_parser(
+        "new",
+        help="write a new method package (a working template to fill in; docs/adding-a-method.md)",
+    )
+    s.add_argument("name", help="the method's name: a lowercase Python identifier, e.g. my_method")
+    s.add_argument(
+        "--dir",
+        default=None,
+        help="the folder the package goes in, as DIR/<name>/ (default: ./methods when the "
+        "current folder is an nshot checkout, else the current folder)",
+    )
+    s.set_defaults(func=cmd_new)
     return p
 
 
@@ -1124,20 +1542,41 @@ def main(argv: list[str] | None = None) -> int:
         from nshot import cluster
 
         return cluster.main(argv[1:], prog="nshot cluster")
-    args = build_parser().parse_args(argv)
-    args.argv = argv  # train: the command an interrupted run is resumed with
-    try:
-        with warnings.catch_warnings():
-            # nshot's own warnings (e.g. an earlier checkpoint taken) as one line each
-            warnings.showwarning = _one_line_warning
-            return int(args.func(args) or 0)
-    except NshotError as err:
-        text = " ".join(str(err).split("\n"))  # one line, whatever the message holds
-        print(f"nshot: error: {text}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"nshot: interrupted: {args.command} stopped", file=sys.stderr)
-        return 130
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # refused by the subcommand's parser: its usage, and a close option
+        _subparser(parser, args.command).unrecognized(extras)
+    # train: the command an interrupted run is resumed with, in the current spelling
+    args.argv = _current_spelling(argv)
+    with _plain_output():
+        try:
+            with warnings.catch_warnings():
+                # nshot's own warnings (e.g. an earlier checkpoint taken) as one line each
+                warnings.showwarning = _one_line_warning
+                return int(args.func(args) or 0)
+        except NshotError as err:
+            text = " ".join(str(err).split("\n"))  # one line, whatever the message holds
+            print(f"nshot: error: {text}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"nshot: interrupted: {args.command} stopped", file=sys.stderr)
+            return 130
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> _Parser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)  # pragma: no cover - the parser has its subcommands
+
+
+def _current_spelling(argv: list[str]) -> list[str]:
+    """``argv`` with a deprecated option spelled as it is now (``--output`` as ``--storage``)."""
+    out = []
+    for a in argv:
+        flag, eq, value = a.partition("=")
+        out.append(f"--storage{eq}{value}" if flag == "--output" else a)
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover
