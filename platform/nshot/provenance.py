@@ -25,6 +25,15 @@ REASONS = ("no run record", "no commit recorded", "dirty tree", "commit not in h
 NOT_RUN = ("claims.py", "serve.py", "__init__.py")
 
 
+def method_results_dir(name: str) -> Path:
+    """The ``results`` folder inside a registered method's package (the committed results)."""
+    import inspect
+
+    from nshot.method import get
+
+    return Path(inspect.getfile(type(get(name)))).parent / "results"
+
+
 def _git(args: list[str], cwd: Path, timeout: float = 20) -> subprocess.CompletedProcess | None:
     try:
         return subprocess.run(
@@ -165,8 +174,6 @@ def freshness(
 
     if results is None or isinstance(results, str | Path):
         if results is None:
-            from nshot.reproduce import method_results_dir
-
             results = method_results_dir(name) / "small.json"
         try:
             data = json.loads(Path(results).read_text())
@@ -186,8 +193,6 @@ def freshness(
     if root is None or not history_available(root):
         return Freshness("unknown", "", "no git history here to compare the run's commit with")
     if method_dir is None:
-        from nshot.reproduce import method_results_dir
-
         try:
             method_dir = method_results_dir(name).parent.resolve().relative_to(root).as_posix()
         except ValueError:

@@ -33,8 +33,7 @@ from typing import Any
 from nshot import catalog
 from nshot.claims import KINDS, VERDICT_WORDS, summary
 from nshot.errors import NshotError
-from nshot.provenance import Freshness, freshness, run_commit
-from nshot.reproduce import method_results_dir
+from nshot.provenance import Freshness, freshness, method_results_dir, run_commit
 
 __all__ = ["Entry", "freshness", "gather", "status_table", "to_html", "to_markdown", "write"]
 

@@ -54,6 +54,7 @@ from typing import Any
 
 from nshot.errors import NshotError
 from nshot.method import MethodConfig, ResultsTable, available, get
+from nshot.provenance import method_results_dir
 
 # the platform's packages whose versions can move any method's numbers
 BASE_PACKAGES = ("nshot", "torch", "numpy", "scipy", "scikit-learn", "ray", "transformers")
@@ -139,13 +140,6 @@ def package_versions(method_name: str | None = None) -> dict[str, str | None]:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def method_results_dir(name: str) -> Path:
-    """The ``results`` folder inside a registered method's package (the committed results)."""
-    import inspect
-
-    return Path(inspect.getfile(type(get(name)))).parent / "results"
 
 
 def experiment_of(cfg: MethodConfig) -> str | None:

@@ -35,6 +35,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray import serve
 
+from nshot.serve.resources import DEFAULT_CPUS, check_request, parse_autoscale
+
 logger = logging.getLogger("nshot.serve")
 
 
@@ -483,18 +485,6 @@ class MethodServer:
         return get_redoc_html(openapi_url=f"{root}/openapi.json", title="nshot - ReDoc")
 
 
-def parse_autoscale(text: str) -> tuple[int, int]:
-    """``"MIN:MAX"`` replicas, 1 <= MIN <= MAX (a ``ValueError`` saying what is wrong)."""
-    lo, sep, hi = str(text).partition(":")
-    try:
-        a, b = int(lo), int(hi)
-    except ValueError:
-        a = b = 0
-    if not sep or not 1 <= a <= b:
-        raise ValueError(f"autoscale {text!r}: give MIN:MAX replicas with 1 <= MIN <= MAX")
-    return a, b
-
-
 def build_app(method: str, checkpoint: str | os.PathLike, options: ServeOptions | None = None):
     """The Serve application for one method (bind it with ``serve.run(app, route_prefix=...)``).
 
@@ -515,8 +505,6 @@ def bind_app(method: str, checkpoint: str | os.PathLike, opts: ServeOptions):
     is not loaded again here). Each replica asks Ray for ``opts.replica_cpus`` CPUs (None: 1)
     and ``opts.replica_gpus`` GPUs; a request Ray cannot take is a one-line ``NshotError``."""
     from ray.serve.config import BackpressureConfig
-
-    from nshot.serve.resources import DEFAULT_CPUS, check_request
 
     check_request(opts.replica_cpus, opts.replica_gpus)
     cpus = DEFAULT_CPUS if opts.replica_cpus is None else opts.replica_cpus

@@ -79,11 +79,21 @@ def _number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` replicas, 1 <= MIN <= MAX (a ``ValueError`` saying what is wrong)."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        a, b = int(lo), int(hi)
+    except ValueError:
+        a = b = 0
+    if not sep or not 1 <= a <= b:
+        raise ValueError(f"autoscale {text!r}: give MIN:MAX replicas with 1 <= MIN <= MAX")
+    return a, b
+
+
 def replicas_of(opts: Any) -> int:
     """Replicas one application may run: ``num_replicas``, or the MAX of ``autoscale``."""
     if opts.autoscale:
-        from nshot.serve.app import parse_autoscale
-
         try:
             return parse_autoscale(opts.autoscale)[1]
         except ValueError as err:
