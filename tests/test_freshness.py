@@ -294,3 +294,22 @@ def test_all_into_the_committed_folders_refuses_a_dirty_tree_before_any_work(mon
         reproduce.run_all("small", None, only=["caos"], log=lambda line: None)
     with pytest.raises(NshotError, match="unknown method"):
         reproduce.run_all("small", None, only=["nope"], log=lambda line: None)
+
+
+def test_results_written_by_a_reproduction_do_not_make_the_tree_dirty(repo):
+    """``reproduce --all`` writes one method's results and then runs the next from the same
+    tree: results files are output, not code; a changed code file still counts."""
+    from nshot.provenance import dirty_files, refuse_dirty
+
+    root, _ = repo
+    (root / "methods/other/results").mkdir(parents=True)
+    (root / "methods/other/results/small.json").write_text("{}\n")
+    _commit(root, {"methods/other/results/small.md": "x\n"}, "results")
+    (root / "methods/other/results/small.json").write_text('{"rows": {}}\n')
+    (root / "methods/other/results/small.md").write_text("y\n")
+    assert dirty_files(root) == []
+    refuse_dirty(root / "methods/toy/results", root)  # allowed
+    (root / "methods/toy/model.py").write_text("W = 2\n")
+    assert dirty_files(root) == ["methods/toy/model.py"]
+    with pytest.raises(NshotError, match="methods/toy/model.py"):
+        refuse_dirty(root / "methods/toy/results", root)

@@ -57,12 +57,20 @@ def repo_root(start: Path | None = None) -> Path | None:
     return Path(root).resolve() if root else None
 
 
+def _is_results_file(rel: str) -> bool:
+    parts = Path(rel).parts
+    return len(parts) >= 3 and parts[0] == "methods" and parts[2] == "results"
+
+
 def dirty_files(root: Path) -> list[str]:
-    """Tracked files with changes not committed (staged or not); untracked files do not count."""
+    """Tracked files with changes not committed (staged or not); untracked files do not count,
+    nor do the results files in ``methods/<name>/results/`` (what a reproduction writes, not
+    code it runs: ``nshot reproduce --all`` writes one method's results, then runs the next)."""
     res = _git(["status", "--porcelain", "--untracked-files=no"], root)
     if res is None or res.returncode != 0:
         return []
-    return [line[3:].split(" -> ")[-1] for line in res.stdout.splitlines() if line.strip()]
+    files = [line[3:].split(" -> ")[-1] for line in res.stdout.splitlines() if line.strip()]
+    return [f for f in files if not _is_results_file(f)]
 
 
 def git_state(root: Path | None = None) -> dict[str, Any]:
