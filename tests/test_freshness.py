@@ -157,7 +157,6 @@ STALE = {
     "atha": "code changed since",
     "auxbo": "no run record",
     "bsr": "code changed since",
-    "caos": "no run record",
     "cfr": "dirty tree",
     "dirclip": "code changed since",
     "front": "no run record",
