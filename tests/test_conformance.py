@@ -53,6 +53,8 @@ def test_presets_and_declared_parts(name):
     # the packages whose versions `nshot reproduce` records: distribution names
     assert isinstance(method.packages, tuple), f"{name}: packages must be a tuple"
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in method.packages), name
+    url = method.paper_url
+    assert url is None or re.fullmatch(r"https://[^\s()<>]+", url), f"{name}: paper_url {url!r}"
 
 
 @pytest.mark.parametrize("name", METHODS)

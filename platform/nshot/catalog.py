@@ -2,7 +2,8 @@
 
 A registered method declares its paper's title and its area (``Method.paper``,
 ``Method.area``); this catalog holds the one thing a method does not declare: where its paper
-stands in the table (:data:`ORDER`, the numbering of the nineteen papers). ``nshot list``,
+stands in the table (:data:`ORDER`, the numbering of the nineteen papers), and where each of them
+can be read (:data:`LINKS`). ``nshot list``,
 ``nshot report`` and the README's method table all read titles and areas through here, so a
 title is written once, on the method. A third-party method (registered through the
 ``nshot.methods`` entry points) follows the nineteen, by name; a name of :data:`ORDER` whose
@@ -22,15 +23,35 @@ ORDER: tuple[str, ...] = (
 )  # fmt: skip
 
 
+#: where each of the nineteen papers can be read: its arXiv page where one is known, else the
+#: authors' reference code (a third-party method declares ``Method.paper_url`` instead)
+LINKS: dict[str, str] = {
+    "zerounlearn": "https://github.com/XMUDeepLIT/ZeroUnlearn",
+    "urs": "https://github.com/CIAM-Group/URS",
+    "timemode": "https://arxiv.org/abs/2606.15172",
+    "scgfm": "https://arxiv.org/abs/2605.08689",
+    "bsr": "https://github.com/yanweifu-sii/BSR-VideoMAE",
+    "caos": "https://arxiv.org/abs/2601.05219",
+    "front": "https://github.com/LUcy0505/FRONT",
+    "unpaired_iv": "https://arxiv.org/abs/2601.15254",
+    "weightspace": "https://arxiv.org/abs/2602.01083",
+    "atha": "https://github.com/shuaiyi308/ATHA",
+    "dirclip": "https://arxiv.org/abs/2512.12997",
+    "cfr": "https://github.com/Yuan-Honoka-Guo/CFR",
+}
+
+
 @dataclass(frozen=True)
 class Paper:
-    """One row of the method table: ``title`` and ``area`` are the method's own."""
+    """One row of the method table: ``title`` and ``area`` are the method's own; ``url`` where
+    the paper (or its reference code) can be read, if known."""
 
     number: int
     name: str
     title: str
     area: str
     registered: bool = True
+    url: str | None = None
 
 
 def papers() -> list[Paper]:
@@ -43,9 +64,10 @@ def papers() -> list[Paper]:
     for number, name in enumerate(names, start=1):
         if name in registered:
             method = get(name)
-            out.append(Paper(number, name, method.paper, method.area))
+            url = getattr(method, "paper_url", None) or LINKS.get(name)
+            out.append(Paper(number, name, method.paper, method.area, url=url))
         else:
-            out.append(Paper(number, name, name, "—", registered=False))
+            out.append(Paper(number, name, name, "—", registered=False, url=LINKS.get(name)))
     return out
 
 

@@ -510,7 +510,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.readme:
         changed = report.update_readme(args.readme, entries)
         print(f"{'updated' if changed else 'unchanged'}: the method table of {args.readme}")
-    index = report.write(entries, args.out)
+    out = args.out or (report.default_out() if not args.results else "nshot-report")
+    index = report.write(entries, out)
     with_results = [e for e in entries if e.data is not None]
     heads = sum(1 for e in with_results if e.counts["headline"]["verdict"] is True)
     paper = [e.counts["paper"] for e in with_results]
@@ -1322,7 +1323,10 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="one reproducibility report (HTML + Markdown) over every method's results"
     )
     s.add_argument(
-        "--out", default="nshot-report", help="results folder (index.html, report.md, images)"
+        "--out",
+        default=None,
+        help="folder of index.html and report.md (default: the checkout's docs/report for the "
+        "committed results, else ./nshot-report)",
     )
     s.add_argument("--preset", default="small", help="which committed results (default small)")
     s.add_argument(

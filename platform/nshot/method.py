@@ -261,6 +261,9 @@ class Method(ABC):
     name: ClassVar[str]
     paper: ClassVar[str]
     area: ClassVar[str]
+    # where the paper can be read (an https URL: its arXiv page, else the authors' code); the
+    # method table and the report link the title to it. None: not linked
+    paper_url: ClassVar[str | None] = None
     version: ClassVar[str] = "1"
     Config: ClassVar[type[MethodConfig]]
     # the paper's claims as data (nshot.claims.Claim), evaluated over the results of

@@ -6,7 +6,7 @@ It gathers, for each of the nineteen papers, the method's results (by default th
 writes:
 
 * ``index.html``: a static page that opens offline (inline CSS, no script, no CDN; the plots
-  copied beside it) with a scoreboard (method, paper, area, preset, the headline verdict, paper
+  linked where they are committed, or copied beside it outside the checkout) with a scoreboard (method, paper, area, preset, the headline verdict, paper
   claims held / failed / not evaluable, checks, runtime, date and commit of the run, and whether
   the result is fresh) and, per method, its results table, claims and plots;
 * ``report.md``: the same in Markdown.
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -56,6 +58,8 @@ class Entry:
     run_date: str | None = None
     run_commit: str | None = None
     fresh: Freshness | None = None
+    url: str | None = None  # where the paper can be read
+    page: Path | None = None  # the method's own page (its README.md)
 
     @property
     def claims(self) -> list[dict[str, Any]]:
@@ -219,12 +223,16 @@ def gather(preset: str = "small", results: list[str | Path] | None = None) -> li
     extra_number = len(papers)
     entries: list[Entry] = []
     for p in papers:
-        entries.append(Entry(p.number, p.name, p.title, p.area, p.name in registered))
+        entries.append(Entry(p.number, p.name, p.title, p.area, p.name in registered, url=p.url))
     for name in sorted(registered - known):  # a third-party method
         extra_number += 1
         m = get(name)
-        entries.append(Entry(extra_number, name, m.paper, m.area, True))
+        url = getattr(m, "paper_url", None)
+        entries.append(Entry(extra_number, name, m.paper, m.area, True, url=url))
     for e in entries:
+        if e.registered:
+            page = method_results_dir(e.name).parent / "README.md"
+            e.page = page if page.is_file() else None
         path = chosen.get(e.name)
         if path is None:
             continue
@@ -239,11 +247,43 @@ def gather(preset: str = "small", results: list[str | Path] | None = None) -> li
 # --------------------------------------------------------------------------- Markdown
 
 
-def status_table(entries: list[Entry]) -> str:
-    """The README's method table."""
+def relative_link(target: Path, base: Path) -> str | None:
+    """``target`` as a link from a page in the folder ``base``: a relative POSIX path when both
+    lie in the same git checkout (so the link works on a clone and on the forge), else None."""
+    from nshot.provenance import repo_root
+
+    base = Path(base).expanduser().resolve()
+    root = repo_root(base if base.is_dir() else base.parent)
+    target = Path(target).resolve()
+    if root is None or not target.is_relative_to(root) or not base.is_relative_to(root):
+        return None
+    return Path(os.path.relpath(target, base)).as_posix()
+
+
+def reproduce_command(e: Entry) -> str | None:
+    """The command that re-makes ``e``'s results (into the committed folder when they are the
+    committed ones; run it from a clean checkout)."""
+    if e.data is None:
+        return None
+    cmd = f"nshot reproduce {e.name} --preset {e.data.get('preset')}"
+    if e.results_path is not None and e.results_path.parent.resolve() == (
+        method_results_dir(e.name).resolve()
+    ):
+        cmd += f" --out methods/{e.name}/results"
+    return cmd
+
+
+def status_table(entries: list[Entry], base: Path | None = None) -> str:
+    """The README's method table; with ``base`` (the README's folder) each name links its
+    method's page, and each paper its source where known."""
     lines = ["| # | name | paper | area | status |", "|---|---|---|---|---|"]
     for e in entries:
-        lines.append(f"| {e.number} | `{e.name}` | {e.title} | {e.area} | {e.status} |")
+        name = f"`{e.name}`"
+        link = relative_link(e.page, base) if base is not None and e.page is not None else None
+        if link:
+            name = f"[{name}]({link})"
+        title = f"[{e.title}]({e.url})" if e.url else e.title
+        lines.append(f"| {e.number} | {name} | {title} | {e.area} | {e.status} |")
     return "\n".join(lines) + "\n"
 
 
@@ -325,7 +365,39 @@ def scoreboard_lines(entries: list[Entry]) -> list[str]:
     return lines
 
 
-def to_markdown(entries: list[Entry]) -> str:
+def image_src(e: Entry, img: Path, base: Path | None) -> str:
+    """Where a page in ``base`` finds a plot: the committed PNG by relative path when both lie
+    in one checkout, else the copy :func:`write` puts beside the page (``<method>/<plot>``)."""
+    return (relative_link(img, base) if base is not None else None) or f"{e.name}/{img.name}"
+
+
+def caption(e: Entry, img: Path) -> str:
+    """What a plot shows, from its file name: ``small-accuracy.png`` of ``small.json`` is the
+    accuracy plot of the `small` run, ``small.png`` its main comparison."""
+    stem = e.results_path.stem if e.results_path is not None else ""
+    what = img.stem[len(stem) + 1 :] if stem and img.stem.startswith(stem + "-") else ""
+    what = what.replace("-", " ").replace("_", " ") or "the main comparison"
+    source = e.results_path.name if e.results_path is not None else "its results"
+    return f"{e.name}: {what} (from {source})"
+
+
+def _page_lines(e: Entry, base: Path | None) -> list[str]:
+    """Paper link, method page and the command that re-makes the result, as Markdown."""
+    out = []
+    if e.url:
+        out.append(f"Paper: [{e.title}]({e.url}).")
+    link = relative_link(e.page, base) if base is not None and e.page is not None else None
+    if link:
+        out.append(f"Method page: [{e.name}]({link}).")
+    cmd = reproduce_command(e)
+    if cmd:
+        out.append(f"Re-made by `{cmd}` (from a clean checkout).")
+    return out
+
+
+def to_markdown(entries: list[Entry], base: Path | None = None) -> str:
+    """The report in Markdown, as a page in the folder ``base`` links it (None: plots copied
+    beside it)."""
     from nshot.claims import to_markdown as claims_md
     from nshot.reproduce import to_markdown as results_md
 
@@ -336,6 +408,9 @@ def to_markdown(entries: list[Entry]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     for e in entries:
         lines += ["", f"## {e.number}. `{e.name}` — {e.title}", "", f"Status: {e.status}."]
+        extra = _page_lines(e, base)
+        if extra:
+            lines += ["", " ".join(extra)]
         if e.data is None:
             continue
         if e.fresh is not None and e.fresh.state != "fresh":
@@ -346,7 +421,8 @@ def to_markdown(entries: list[Entry]) -> str:
         if e.claims:
             lines += ["", claims_md(e.claims).strip().replace("## Claims", "### Claims")]
         for img in e.images:
-            lines += ["", f"![{e.name}: {img.stem}]({e.name}/{img.name})"]
+            lines += ["", f"![{caption(e, img)}]({image_src(e, img, base)})", ""]
+            lines += [f"*{caption(e, img)}*"]
     return "\n".join(lines) + "\n"
 
 
@@ -436,18 +512,31 @@ def _claims_html(claims: list[dict[str, Any]]) -> str:
     return f"<p>{_e(summary_line(claims))}</p>\n" + _table(head, rows, raw=True)
 
 
-def to_html(entries: list[Entry]) -> str:
+def inline(text: Any) -> str:
+    """Escaped text with Markdown's inline code and bold as HTML (the statuses and notes are
+    written for Markdown; no backtick reaches the page)."""
+    out = _e(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def to_html(entries: list[Entry], base: Path | None = None) -> str:
+    """The report as one static page in the folder ``base`` (None: plots copied beside it)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         "<title>nshot reproducibility report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>nshot reproducibility report</h1>",
+        "<p>Every method's committed results, its claims re-evaluated with the current code. "
+        "Regenerated by <code>nshot report</code>; a stale result (made from a dirty tree, "
+        "recording no commit, or older than the code its run executes) is marked in red.</p>",
         "<h2>Scoreboard</h2>",
     ]
     rows = []
     for e, r in zip(entries, _scoreboard_rows(entries), strict=True):
-        cells = [f'<a href="#{_e(e.name)}">{_e(r[0])}</a>', *(_e(c) for c in r[1:])]
+        title = f'<a href="{_e(e.url)}">{_e(r[1])}</a>' if e.url else _e(r[1])
+        cells = [f'<a href="#{_e(e.name)}">{_e(r[0])}</a>', title, *(_e(c) for c in r[2:])]
         if e.stale:
             cells[-1] = f'<span class="no">{cells[-1]}</span>'
         rows.append(cells)
@@ -456,7 +545,18 @@ def to_html(entries: list[Entry]) -> str:
     for e in entries:
         parts.append(f'<section id="{_e(e.name)}">')
         parts.append(f"<h2>{e.number}. <code>{_e(e.name)}</code> — {_e(e.title)}</h2>")
-        parts.append(f"<p>Area: {_e(e.area)}. Status: {_e(e.status.replace('**', ''))}.</p>")
+        parts.append(f"<p>Area: {_e(e.area)}. Status: {inline(e.status)}.</p>")
+        links = []
+        if e.url:
+            links.append(f'paper: <a href="{_e(e.url)}">{_e(e.url)}</a>')
+        page = relative_link(e.page, base) if base is not None and e.page is not None else None
+        if page:
+            links.append(f'method page: <a href="{_e(page)}">{_e(e.name)}/README.md</a>')
+        cmd = reproduce_command(e)
+        if cmd:
+            links.append(f"re-made by <code>{_e(cmd)}</code> from a clean checkout")
+        if links:
+            parts.append("<p>" + "; ".join(links) + ".</p>")
         if e.data is not None:
             d = e.data
             parts.append(
@@ -466,15 +566,20 @@ def to_html(entries: list[Entry]) -> str:
             )
             if e.fresh is not None and e.fresh.state != "fresh":
                 cls = ' class="stale"' if e.stale else ""
-                parts.append(f"<p{cls}>Result {_e(freshness_text(e))}: {_e(e.fresh.detail)}.</p>")
+                text = f"Result {freshness_text(e)}: {e.fresh.detail}."
+                parts.append(f"<p{cls}>{inline(text)}</p>")
             parts.append(_results_html(d))
             if e.claims:
                 parts.append("<h3>Claims</h3>")
                 parts.append(_claims_html(e.claims))
             for note in d.get("notes") or []:
-                parts.append(f"<p class='note'>{_e(note)}</p>")
+                parts.append(f"<p class='note'>{inline(note)}</p>")
             for img in e.images:
-                parts.append(f'<img src="{_e(e.name)}/{_e(img.name)}" alt="{_e(img.stem)}">')
+                cap = caption(e, img)
+                parts.append(
+                    f'<figure><img src="{_e(image_src(e, img, base))}" alt="{_e(cap)}">'
+                    f"<figcaption>{_e(cap)}</figcaption></figure>"
+                )
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
@@ -483,17 +588,31 @@ def to_html(entries: list[Entry]) -> str:
 # --------------------------------------------------------------------------- writing
 
 
+def default_out() -> Path:
+    """``docs/report`` of the checkout nshot runs from (the committed report), else
+    ``nshot-report`` in the working directory."""
+    from nshot.provenance import repo_root
+
+    root = repo_root()
+    if root is not None and (root / "docs").is_dir():
+        return root / "docs" / "report"
+    return Path("nshot-report")
+
+
 def write(entries: list[Entry], out: str | Path) -> Path:
-    """``index.html``, ``report.md`` and the plots (``<method>/<plot>.png``) under ``out``."""
+    """``index.html`` and ``report.md`` under ``out``. Plots are linked where they are
+    committed, by relative path, when ``out`` lies in the same checkout; elsewhere they are
+    copied beside the pages (``<method>/<plot>.png``)."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    base = out.resolve()
     for e in entries:
-        if e.images:
-            (out / e.name).mkdir(exist_ok=True)
-            for img in e.images:
+        for img in e.images:
+            if relative_link(img, base) is None:
+                (out / e.name).mkdir(exist_ok=True)
                 shutil.copyfile(img, out / e.name / img.name)
-    (out / "report.md").write_text(to_markdown(entries))
-    (out / "index.html").write_text(to_html(entries))
+    (out / "report.md").write_text(to_markdown(entries, base))
+    (out / "index.html").write_text(to_html(entries, base))
     return out / "index.html"
 
 
@@ -505,7 +624,8 @@ def update_readme(readme: str | Path, entries: list[Entry]) -> bool:
         raise NshotError(f"{readme}: no method-table markers ({README_BEGIN} ... {README_END})")
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
-    new = f"{head}{README_BEGIN}\n{status_table(entries)}{README_END}{tail}"
+    table = status_table(entries, readme.resolve().parent)
+    new = f"{head}{README_BEGIN}\n{table}{README_END}{tail}"
     if new != text:
         readme.write_text(new)
     return new != text
