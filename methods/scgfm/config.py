@@ -51,6 +51,16 @@ class ScgfmConfig(MethodConfig):
     perm_graphs: int = Field(16, ge=1, le=10_000, description="graphs of the permutation error")
     # experiments
     seeds: int = Field(3, ge=1, le=20, description="seeds of the bases in experiments()")
+    experiment: Literal["comparison", "pretraining"] = Field(
+        "comparison",
+        description="experiments(): 'comparison' (SCGFM against its ablations and baselines) or "
+        "'pretraining' (the bases pre-trained at each of sweep_lr_theta for `steps` epochs, "
+        "against the untrained bases of the same seed)",
+    )
+    sweep_lr_theta: tuple[float, ...] = Field(
+        (0.01, 0.05, 0.2), min_length=1, max_length=8,
+        description="experiment=pretraining: the learning rates of the bases",
+    )  # fmt: skip
     beta0_run: bool = Field(True, description="also pre-train once with beta = 0 (reported)")
     gin_epochs: int = Field(100, ge=1, le=10_000, description="GIN baseline: epochs on the shots")
     dict_epochs: int = Field(5, ge=1, le=1000, description="GW dictionary baseline: epochs")
