@@ -31,6 +31,8 @@ FILES = (
     "README.md",
 )
 PLACEHOLDER = "skeleton"
+#: the longest name: the template's lines stay within ruff's 100 columns with it
+MAX_NAME = 30
 
 
 def camel(name: str) -> str:
@@ -39,13 +41,16 @@ def camel(name: str) -> str:
 
 
 def check_name(name: str, taken: list[str] | None = None) -> None:
-    """``name`` can name a method package: a lowercase Python identifier that is not a keyword
-    and not the name of a registered method (``taken``)."""
+    """``name`` can name a method package: a lowercase Python identifier of at most
+    :data:`MAX_NAME` characters that is not a keyword and not the name of a registered method
+    (``taken``)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise NshotError(
             f"nshot new {name!r}: a method's name is its package's name: a lowercase Python "
             "identifier (letters, digits, underscores; a letter first), e.g. my_method"
         )
+    if len(name) > MAX_NAME:
+        raise NshotError(f"nshot new {name}: a method's name has at most {MAX_NAME} characters")
     if name in (taken or []):
         raise NshotError(f"nshot new {name}: a method named {name!r} is already registered")
 

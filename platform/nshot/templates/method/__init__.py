@@ -1,4 +1,4 @@
-"""skeleton: a prototypical-network few-shot classifier (the template of ``nshot new``).
+"""skeleton: a prototypical-network few-shot classifier (``nshot new``'s template).
 
 Importing the package registers the method (``method.py``); ``nshot list`` then shows it.
 """

@@ -1,4 +1,4 @@
-"""skeleton's claims, as checks over the rows of ``nshot reproduce skeleton``.
+"""skeleton's claims: checks over the rows of ``nshot reproduce skeleton``.
 
 Every claim names its kind: the ``headline`` (the paper's central comparison, in its direction,
 against the strongest baseline run here, with a paired test over the per-seed values), an

@@ -17,7 +17,10 @@ from .config import SkeletonConfig
 SPLITS = ("train", "test")
 
 
-def examples(cfg: SkeletonConfig, split: str) -> tuple[np.ndarray, np.ndarray]:
+def examples(
+    cfg: SkeletonConfig,
+    split: str,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(x [classes * per_class, dim] float32, y [classes * per_class] int64)``."""
     n_classes = cfg.train_classes if split == "train" else cfg.test_classes
     rng = np.random.default_rng([cfg.data_seed, SPLITS.index(split)])
@@ -40,7 +43,10 @@ def tables(cfg: SkeletonConfig) -> dict[str, pa.Table]:
 
 
 def episode(
-    x: np.ndarray, y: np.ndarray, cfg: SkeletonConfig, rng: np.random.Generator
+    x: np.ndarray,
+    y: np.ndarray,
+    cfg: SkeletonConfig,
+    rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One N-way K-shot episode: ``(support_x, support_y, query_x, query_y)``, labels 0..N-1."""
     classes = rng.choice(np.unique(y), cfg.ways, replace=False)

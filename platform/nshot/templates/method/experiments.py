@@ -1,4 +1,4 @@
-"""`nshot reproduce skeleton`: the trained embedding against prototypes on the raw features.
+"""`nshot reproduce skeleton`: the trained embedding against raw-feature prototypes.
 
 Every training seed is one job of the platform's experiment runner (:mod:`nshot.experiment`: a
 Ray task, or in this process with ``--in-process``): it trains the model (``train.fit``) and
@@ -50,7 +50,8 @@ def run_experiments(cfg: SkeletonConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
     jobs = [Job((s,), run_seed, (cfg.model_dump(), s)) for s in seeds]
-    done = run_jobs(jobs, description=f"skeleton {cfg.preset}: {len(jobs)} training seeds")
+    description = f"skeleton {cfg.preset}: {len(jobs)} training seeds"
+    done = run_jobs(jobs, description=description)
     per_job = {(system, s): {"acc": done[(s,)][system]} for system in SYSTEMS for s in seeds}
     rows, stds, samples = aggregate(per_job)
     return ResultsTable(

@@ -1,4 +1,4 @@
-"""skeleton as an nshot Method: the face the platform talks to (the Method contract)."""
+"""skeleton as an nshot Method: the face the platform talks to."""
 
 from __future__ import annotations
 
@@ -33,7 +33,11 @@ class SkeletonMethod(Method):
     def train_loop(self, cfg: SkeletonConfig) -> None:
         train_loop(cfg)
 
-    def evaluate(self, checkpoint: LoadedCheckpoint, cfg: SkeletonConfig) -> dict[str, float]:
+    def evaluate(
+        self,
+        checkpoint: LoadedCheckpoint,
+        cfg: SkeletonConfig,
+    ) -> dict[str, float]:
         """Accuracy on ``eval_episodes`` episodes of held-out classes, with its 95 % interval,
         and the raw-feature baseline's on the same episodes."""
         model, _ = load_model(checkpoint)

@@ -1,4 +1,4 @@
-"""skeleton's model: an embedding network, classifying by the nearest class prototype.
+"""skeleton's model: an embedding network and the nearest-prototype rule.
 
 A prototype is the mean embedding of a class's support examples; a query's logits are minus its
 squared distances to the prototypes (prototypical networks). The same rule on the raw features
@@ -51,7 +51,12 @@ Embed = Callable[[torch.Tensor], torch.Tensor] | None
 
 @torch.no_grad()
 def episode_accuracies(
-    embed: Embed, cfg: SkeletonConfig, x: np.ndarray, y: np.ndarray, seed: int, permute=False
+    embed: Embed,
+    cfg: SkeletonConfig,
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    permute: bool = False,
 ) -> list[float]:
     """Accuracy on ``cfg.eval_episodes`` episodes of ``(x, y)`` drawn from ``seed`` (the same
     episodes for every ``embed``); ``permute``: the query labels shuffled (a negative control)."""
@@ -68,7 +73,9 @@ def episode_accuracies(
     return out
 
 
-def load_model(checkpoint: LoadedCheckpoint) -> tuple[SkeletonModel, SkeletonConfig]:
+def load_model(
+    checkpoint: LoadedCheckpoint,
+) -> tuple[SkeletonModel, SkeletonConfig]:
     """The model and config a checkpoint of ``train_loop`` holds, ready to evaluate."""
     cfg = SkeletonConfig.validated(checkpoint.config)
     model = SkeletonModel(cfg)

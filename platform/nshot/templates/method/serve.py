@@ -56,7 +56,9 @@ class SkeletonResponse(BaseModel):
     probs: list[dict[str, float]] = Field(..., description="per query: label -> probability")
 
 
-class SkeletonPredictor(Predictor[SkeletonRequest, SkeletonResponse]):
+class SkeletonPredictor(
+    Predictor[SkeletonRequest, SkeletonResponse],
+):
     Request = SkeletonRequest
     Response = SkeletonResponse
 
@@ -64,7 +66,10 @@ class SkeletonPredictor(Predictor[SkeletonRequest, SkeletonResponse]):
         self.model, self.cfg = load_model(checkpoint)
 
     @torch.no_grad()
-    def __call__(self, request: SkeletonRequest) -> SkeletonResponse:
+    def __call__(
+        self,
+        request: SkeletonRequest,
+    ) -> SkeletonResponse:
         width = len(request.support_x[0])
         if width != self.cfg.dim:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""skeleton's train loop: episodic training of the embedding on the training classes.
+"""skeleton's train loop: episodic training of the embedding.
 
 Step ``s`` draws its episodes from a generator seeded by ``(seed, s, rank)``, so a run resumed
 from the checkpoint of step ``k`` sees the episodes an uninterrupted run sees from step
