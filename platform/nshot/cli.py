@@ -1524,7 +1524,11 @@ def build_parser() -> argparse.ArgumentParser:
         "new",
         help="write a new method package (a working template to fill in; docs/adding-a-method.md)",
     )
-    s.add_argument("name", help="the method's name: a lowercase Python identifier, e.g. my_method")
+    s.add_argument(
+        "name",
+        metavar="NAME",
+        help="the method's name: a lowercase Python identifier, e.g. my_method",
+    )
     s.add_argument(
         "--dir",
         default=None,
@@ -1532,6 +1536,9 @@ def build_parser() -> argparse.ArgumentParser:
         "current folder is an nshot checkout, else the current folder)",
     )
     s.set_defaults(func=cmd_new)
+    for command in sub._choices_actions:  # `nshot COMMAND --help` opens with what it does
+        if sub.choices[command.dest].description is None:
+            sub.choices[command.dest].description = command.help
     return p
 
 

@@ -22,6 +22,7 @@ from .train import train_loop
 class SkeletonMethod(Method):
     name = "skeleton"
     paper = "Prototypical networks (the nshot new template: put your paper's title here)"
+    paper_url = "https://arxiv.org/abs/1703.05175"  # where the paper can be read
     area = "few-shot classification"
     version = "1"  # raise it when a checkpoint of the old code no longer loads
     Config = SkeletonConfig
