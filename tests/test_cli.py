@@ -359,9 +359,9 @@ def test_off_a_terminal_a_markdown_table_stays_intact(capsys):
 
 
 def test_off_a_terminal_worker_lines_come_without_colour(monkeypatch):
-    """Ray's own printing of worker and raylet lines (the driver's log dispatcher, fed here by
-    hand: no Ray starts), under a command's output: no colour codes, and the line the raylet
-    prints whenever Serve shuts down is dropped."""
+    """Ray's own printing of worker lines and of the errors the raylet reports (fed here by
+    hand: no Ray starts), under a command's output: no colour codes, and the error every Serve
+    shutdown reports is dropped."""
     import io
     import sys
 
@@ -369,19 +369,15 @@ def test_off_a_terminal_worker_lines_come_without_colour(monkeypatch):
     from ray._private.ray_logging import WorkerStandardStreamDispatcher
 
     from nshot import cli
-    from nshot.train import runner
 
-    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
-    monkeypatch.delenv("NSHOT_VERBOSE", raising=False)
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
-    monkeypatch.setattr(runner, "_BENIGN_RAY_LINES", runner._BENIGN_RAY_LINES)
-    dispatcher = WorkerStandardStreamDispatcher()
+    for var in ("RAY_COLOR_PREFIX", "NSHOT_VERBOSE", "FORCE_COLOR", "NO_COLOR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)
+    dispatcher = WorkerStandardStreamDispatcher()  # as ray.init sets it up on the driver
     dispatcher.add_handler(
         "ray_print_logs", lambda data: ray_worker.print_worker_logs(data, sys.stdout)
     )
-    monkeypatch.setattr(ray_worker, "global_worker_stdstream_dispatcher", dispatcher)
-    cli._quiet_serve_shutdown()
-    runner._drop_benign_ray_lines()  # what ensure_ray installs
+    cli._quiet_serve_shutdown()  # what the commands that serve do
     shutdown = (
         "Task ServeController.graceful_shutdown failed. There are infinite retries remaining, "
         "so the task will be retried. Error: The actor is dead because it was killed by "
@@ -392,12 +388,14 @@ def test_off_a_terminal_worker_lines_come_without_colour(monkeypatch):
     with cli._plain_output():
         assert os.environ["RAY_COLOR_PREFIX"] == "0"
         dispatcher.emit({"pid": 4321, "ip": "h", "localhost": "h", "lines": ["hello"]})
-        dispatcher.emit({"pid": "raylet", "ip": "h", "localhost": "h", "lines": [shutdown, "x"]})
+        for line in (shutdown, "another error"):  # Ray's thread that listens for errors
+            error = {"lines": [line], "pid": "raylet", "is_err": False}
+            ray_worker.print_to_stdstream(error, ignore_prefix=False)
         print("\x1b[1m\x1b[32mhttp://127.0.0.1:8265\x1b[39m\x1b[22m")  # Ray's start-up line
     assert "RAY_COLOR_PREFIX" not in os.environ  # restored
     assert out.getvalue().splitlines() == [
         "(pid=4321) hello",
-        "(raylet) x",
+        "(raylet) another error",
         "http://127.0.0.1:8265",
     ]
 

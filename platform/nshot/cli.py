@@ -105,19 +105,39 @@ def _plain_output():
             os.environ.pop("RAY_COLOR_PREFIX", None)
 
 
-# A line Ray prints although nothing is wrong, for each `nshot` command that serves and then
-# shuts Serve down (quickstart, serve, bench): the Serve controller's shutdown call ends by the
-# controller being killed, which the raylet reports as a failed task "to be retried"
+# A line Ray prints although nothing is wrong, at the end of each `nshot` command that serves
+# (quickstart, serve, bench): Serve's shutdown call to its controller ends with the controller
+# killed, and the core worker reports that call to the driver as an error, "(raylet) Task
+# ServeController.graceful_shutdown failed. There are infinite retries remaining, ..."
 SERVE_SHUTDOWN_LINE = ("ServeController.graceful_shutdown failed", "killed by `ray.kill`")
 
 
 def _quiet_serve_shutdown() -> None:
-    """Add :data:`SERVE_SHUTDOWN_LINE` to the Ray lines nshot's terminal drops (they stay in
-    Ray's session logs; ``NSHOT_VERBOSE=1`` keeps every line)."""
-    from nshot.train import runner
+    """Drop :data:`SERVE_SHUTDOWN_LINE` from the error messages Ray prints on the driver (its
+    thread that listens for errors prints them through ``print_to_stdstream``); every other line
+    is printed as Ray prints it, and ``NSHOT_VERBOSE=1`` keeps them all."""
+    if os.environ.get("NSHOT_VERBOSE", "").lower() in ("1", "true", "yes"):
+        return
+    try:
+        from ray._private import worker as ray_worker
 
-    if SERVE_SHUTDOWN_LINE not in runner._BENIGN_RAY_LINES:
-        runner._BENIGN_RAY_LINES = (*runner._BENIGN_RAY_LINES, SERVE_SHUTDOWN_LINE)
+        printer = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):  # another Ray version: the line stays
+        return
+    if getattr(printer, "_nshot_quiet", False):
+        return
+
+    def quiet(data: dict[str, Any], ignore_prefix: bool) -> None:
+        lines = [
+            line
+            for line in data.get("lines", [])
+            if not all(part in line for part in SERVE_SHUTDOWN_LINE)
+        ]
+        if lines:
+            printer({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+    quiet._nshot_quiet = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = quiet
 
 
 def _emit(args: argparse.Namespace, payload: Any, human: str | None = None) -> None:
