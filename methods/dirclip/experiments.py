@@ -36,7 +36,9 @@ SYSTEMS: dict[str, dict[str, Any] | None] = {
     "ucat": {"loss": "ucat"},
     "ucat_forward_kl": {"loss": "forward_kl"},
     "prob_kl": {"loss": "prob_kl"},
-    "ucat_lambda0": {"loss": "ucat", "tau": 0.0},
+    "ucat_lambda0": {"loss": "ucat", "tau": 0.0, "kl_weight": 0.0},
+    # the released code's weighting (λ from tau) on the same backbone, beside the config's own
+    "ucat_max_alpha": {"loss": "ucat", "kl_normalisation": "max_alpha"},
 }
 METRICS = {
     "clean": True,
@@ -74,7 +76,8 @@ def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bo
     t0 = time.time()
     over = SYSTEMS.get(system) or {}
     if sweep:
-        over = {"loss": "ucat", "tau": float(system.split("=", 1)[1])}
+        field, value = system.split("=", 1)
+        over = {"loss": "ucat", ("tau" if field == "tau" else "kl_weight"): float(value)}
     cfg = DirclipConfig.validated({**cfg_dict, **over, "seed": seed})
     splits = load_splits(cfg)
     base = base_clip(cfg)
@@ -116,7 +119,10 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
         ensure_ray()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     sweep_seeds = [cfg.seed + i for i in range(min(cfg.sweep_seeds, cfg.seeds))]
-    sweep = [t for t in dict.fromkeys(cfg.sweep_taus) if t != cfg.tau]
+    by_weight = cfg.kl_normalisation == "mean_alpha0"
+    field, own = ("w", cfg.kl_weight) if by_weight else ("tau", cfg.tau)
+    values = cfg.sweep_kl_weights if by_weight else cfg.sweep_taus
+    sweep = [t for t in dict.fromkeys(values) if t != own]
     jobs = []
     for system in [s for s in SYSTEMS if s != "clip"] + ["clip"]:  # trained first
         for i, seed in enumerate(seeds):
@@ -124,24 +130,27 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
                             (cfg.model_dump(), system, seed, i, False)))  # fmt: skip
     for tau in sweep:
         for i, seed in enumerate(sweep_seeds):
-            key = f"tau={tau:g}"
+            key = f"{field}={tau:g}"
             jobs.append(Job((key, seed), _job, (cfg.model_dump(), key, seed, i, True)))
     done = run_jobs(jobs, description="dirclip")
     per = {(s, seed): done[(s, seed)]["metrics"] for s in SYSTEMS for seed in seeds}
     rows, stds, samples = aggregate(per)
     lam0 = lambda_of(PAPER_TAU, cfg.tau_prime)
     sweep_rows = {}
-    for tau in sorted(set(cfg.sweep_taus)):
+    for tau in sorted(set(values)):
         vals = [
-            done[("ucat", s)]["metrics"] if tau == cfg.tau else done[(f"tau={tau:g}", s)]["metrics"]
+            done[("ucat", s)]["metrics"] if tau == own else done[(f"{field}={tau:g}", s)]["metrics"]
             for s in sweep_seeds
         ]
+        point: dict[str, Any] = {field: tau}
+        if not by_weight:
+            point["lambda"] = lambda_of(tau, cfg.tau_prime)
+            point["lambda_over_lambda0"] = lambda_of(tau, cfg.tau_prime) / lam0
         sweep_rows[f"{tau:g}"] = {
-            "tau": tau,
-            "lambda": lambda_of(tau, cfg.tau_prime),
-            "lambda_over_lambda0": lambda_of(tau, cfg.tau_prime) / lam0,
+            **point,
             "clean": float(np.mean([v["clean"] for v in vals])) if vals else None,
             "pgd": float(np.mean([v["pgd"] for v in vals])) if vals else None,
+            "ece_adv": _mean([v.get("ece_adv") for v in vals]),
             "seeds": len(vals),
         }
     unc = {
@@ -165,6 +174,13 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
         "training_curve": {
             s: done[(s, seeds[0])]["extra"]["selected"].get("curve") for s in SYSTEMS if s != "clip"
         },
+        # λ·KL over the cross-entropy at the first validation point (mean over the window)
+        "kl_to_ce": {
+            s: _ratio(done[(s, seeds[0])]["extra"]["selected"].get("curve"))
+            for s in SYSTEMS
+            if s != "clip"
+        },
+        "kl_normalisation": cfg.kl_normalisation,
         "job_seconds": {"/".join(map(str, k)): round(v["seconds"], 1) for k, v in done.items()},
     }
     plot(rows, stds, sweep_rows, workdir / "dirclip.png")
@@ -173,6 +189,12 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
         stds=stds, samples=samples, runtime_s=time.time() - t0, notes=_notes(cfg, lam0),
         extra=extra,
     )  # fmt: skip
+
+
+def _ratio(curve: list[dict[str, float]] | None) -> float | None:
+    if not curve or not curve[0].get("ce"):
+        return None
+    return float(curve[0]["lam_kl"] / curve[0]["ce"])
 
 
 def _mean(vals) -> float | None:
@@ -190,8 +212,14 @@ def _notes(cfg: DirclipConfig, lam0: float) -> list[str]:
         f"{cfg.steps} steps of {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}; train attack "
         f"PGD-{cfg.train_attack_steps} (step {cfg.train_attack_step:g}), ε = {cfg.eps:g}; "
         f"logits s · cos with s = {scale}.",
-        f"λ = tau / exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}, τ' {cfg.tau_prime:g}; "
-        f"λ₀ = {lam0:.3g} at the paper's tau 1e5); ucat_lambda0: tau 0.",
+        (
+            f"KL weighted by the batch's mean α₀ of g₀: w · Σ KL / Σ α₀ with w = "
+            f"{cfg.kl_weight:g}; ucat_max_alpha: the released code's λ = tau / "
+            f"exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}); ucat_lambda0: w = 0."
+            if cfg.kl_normalisation == "mean_alpha0"
+            else f"λ = tau / exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}, τ' "
+            f"{cfg.tau_prime:g}; λ₀ = {lam0:.3g} at the paper's tau 1e5); ucat_lambda0: tau 0."
+        ),
         f"pgd: PGD-{cfg.pgd_steps} (step {step}) on the 597 test digits; apgd: APGD-CE "
         f"{cfg.apgd_steps} on {cfg.apgd_images} test digits per seed (a different slice per "
         "seed); mean over seeds (± std over seeds).",
@@ -219,13 +247,12 @@ def plot(rows, stds, sweep_rows, path: Path) -> None:
     axes[0].set_title("accuracy (clean, PGD, APGD-CE)")
     axes[1].set_title("ECE (15 bins)")
     ax = axes[2]
-    pts = [
-        (v["lambda_over_lambda0"], v["pgd"]) for v in sweep_rows.values() if v["pgd"] is not None
-    ]
+    key = "w" if any("w" in v for v in sweep_rows.values()) else "lambda_over_lambda0"
+    pts = [(v[key], v["pgd"]) for v in sweep_rows.values() if v["pgd"] is not None]
     if pts:
         xs, ys = zip(*sorted(pts), strict=True)
         ax.semilogx([max(x, 1e-3) for x in xs], ys, "o-")
-    ax.set_xlabel("λ / λ₀")
+    ax.set_xlabel("kl_weight w (KL ÷ mean α₀ of g₀)" if key == "w" else "λ / λ₀")
     ax.set_ylabel("PGD accuracy")
     ax.set_title("λ sweep (UCAT)")
     fig.tight_layout()

@@ -87,7 +87,7 @@ def step_loss(
             a_adv = alpha_train(la, model.scale, cfg.tau_prime)
             a_ori = alpha_train(lo, model.scale, cfg.tau_prime)
             kl = dirichlet_kl(a_adv, a_ori) if cfg.loss == "ucat" else dirichlet_kl(a_ori, a_adv)
-            term = cfg.lam * kl.mean()
+            term = kl_term(kl, a_ori, cfg)
         elif cfg.loss == "prob_kl":
             lp_adv = la.to(torch.float64).log_softmax(-1)
             lp_ori = lo.to(torch.float64).log_softmax(-1)
@@ -102,6 +102,16 @@ def step_loss(
         "adv_acc": float((la.detach().argmax(-1) == y).float().mean()),
     }
     return loss, stats
+
+
+def kl_term(kl: torch.Tensor, a_ori: torch.Tensor, cfg: DirclipConfig) -> torch.Tensor:
+    """The weighted KL of a batch: ``λ · mean KL`` (``max_alpha``, the released code), or
+    ``kl_weight · Σ KL / Σ α₀(g₀)`` (``mean_alpha0``: the constant e^{2/τ'} of λ replaced by the
+    batch's mean concentration of the frozen model, detached, so that the KL weighs against the
+    cross-entropy as on real CLIP whatever the spread of the backbone's cosines)."""
+    if cfg.kl_normalisation == "mean_alpha0":
+        return cfg.kl_weight * kl.sum() / a_ori.sum(-1).detach().sum()
+    return cfg.lam * kl.mean()
 
 
 def make_optimizer(model: DirClip, cfg: DirclipConfig) -> torch.optim.Optimizer:
