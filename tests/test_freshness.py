@@ -310,3 +310,22 @@ def test_results_written_by_a_reproduction_do_not_make_the_tree_dirty(repo):
     assert dirty_files(root) == ["methods/toy/model.py"]
     with pytest.raises(NshotError, match="methods/toy/model.py"):
         refuse_dirty(root / "methods/toy/results", root)
+
+
+@needs_git
+def test_comments_and_docstrings_do_not_make_a_result_stale(repo):
+    """A commit that changes only comments and docstrings of the code a run executes leaves
+    its result fresh; a change to what runs (a value, a name, a new file) does not."""
+    root, first = repo
+    _commit(root, {"methods/toy/model.py": '"""The toy model."""\n\n# the weight\nW = 1\n'})
+    assert _fresh(root, first) == "fresh"
+    detail = freshness("toy", {"run": {"commit": first, "dirty": False}}, root=root,
+                       method_dir="methods/toy").detail  # fmt: skip
+    assert "only comments and docstrings" in detail
+    _commit(root, {"methods/toy/sub/data.py": "def n():\n    '''How many.'''\n    return 1\n"})
+    assert _fresh(root, first) == "stale (code changed since)"  # N = 1 became a function
+    made = _commit(root, {"methods/toy/README.md": "re-made\n"})
+    _commit(root, {"methods/toy/sub/data.py": "def n():\n    # one\n    return 1\n"})
+    assert _fresh(root, made) == "fresh"
+    _commit(root, {"methods/toy/sub/extra.py": "# only a comment\n"})
+    assert _fresh(root, made) == "stale (code changed since)"  # a new file of the run

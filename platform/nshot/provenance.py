@@ -7,7 +7,8 @@ clean tree at a commit that already holds the last change to the code its run ex
 re-evaluated without a re-run), ``serve.py`` and ``__init__.py`` (not run by a reproduction) and
 files or folders whose name starts with ``paper`` (the real-backbone track, which the ``small``
 preset does not run). Otherwise it is *stale*, with one short reason (:data:`REASONS`) and a
-longer detail. Without git or without the full history (a tarball, a shallow clone) freshness is
+longer detail. Commits that change only comments and docstrings of that code (the same syntax
+tree: :func:`same_code`) do not make a result stale. Without git or without the full history (a tarball, a shallow clone) freshness is
 *unknown* unless the results file alone shows the result stale.
 """
 
@@ -217,9 +218,58 @@ def freshness(
     if res is None or res.returncode not in (0, 1):
         return Freshness("unknown", "", f"git could not compare {last[:12]} with {commit[:12]}")
     if res.returncode == 1:
+        if same_code(commit, last, method_dir, root):
+            return Freshness(
+                "fresh",
+                "",
+                f"made at {commit[:12]}, clean tree; later commits changed only comments and "
+                f"docstrings of the code it runs (last at {last[:12]})",
+            )
         return Freshness(
             "stale",
             "code changed since",
             f"made at {commit[:12]}; the code it runs changed at {last[:12]}",
         )
     return Freshness("fresh", "", f"made at {commit[:12]}, clean tree; code unchanged since")
+
+
+def code_fingerprint(source: str) -> str | None:
+    """What a Python file runs, without its comments and docstrings: the dump of its syntax
+    tree with every docstring removed (``None`` when it does not parse)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
+def same_code(old: str, new: str, method_dir: str, root: Path) -> bool:
+    """Whether the code a method's run executes is the same at commits ``old`` and ``new`` up to
+    comments and docstrings (no file of it added, removed or changed otherwise)."""
+    diff = _git(["diff", "--name-status", old, new, "--", *code_pathspecs(method_dir)], root)
+    if diff is None or diff.returncode != 0:
+        return False
+    for line in diff.stdout.splitlines():
+        status, *paths = line.split("\t")
+        if status != "M" or len(paths) != 1:
+            return False  # a file of the run added, removed or renamed
+        before = _out(["show", f"{old}:{paths[0]}"], root)
+        after = _out(["show", f"{new}:{paths[0]}"], root)
+        if before is None or after is None:
+            return False
+        fp = code_fingerprint(before)
+        if fp is None or fp != code_fingerprint(after):
+            return False
+    return True
