@@ -304,6 +304,14 @@ def freshness_text(e: Entry) -> str:
     return f"stale: {e.fresh.reason}" if e.fresh.stale else e.fresh.state
 
 
+def freshness_detail(e: Entry) -> str:
+    """The freshness detail a committed page shows: without the commit that changed the code
+    later (that commit's own report could not name it), so the page is stable until the
+    result is re-made."""
+    assert e.fresh is not None
+    return e.fresh.detail.split("; the code it runs changed at", 1)[0]
+
+
 def _scoreboard_rows(entries: list[Entry]) -> list[list[str]]:
     rows = []
     for e in entries:
@@ -414,7 +422,7 @@ def to_markdown(entries: list[Entry], base: Path | None = None) -> str:
         if e.data is None:
             continue
         if e.fresh is not None and e.fresh.state != "fresh":
-            lines += ["", f"Result {freshness_text(e)}: {e.fresh.detail}."]
+            lines += ["", f"Result {freshness_text(e)}: {freshness_detail(e)}."]
         body = results_md({k: v for k, v in e.data.items() if k != "claims"})
         body = body.split("\n", 1)[1]  # its own title line goes
         lines += ["", body.strip().replace("\n## ", "\n### ")]
@@ -566,7 +574,7 @@ def to_html(entries: list[Entry], base: Path | None = None) -> str:
             )
             if e.fresh is not None and e.fresh.state != "fresh":
                 cls = ' class="stale"' if e.stale else ""
-                text = f"Result {freshness_text(e)}: {e.fresh.detail}."
+                text = f"Result {freshness_text(e)}: {freshness_detail(e)}."
                 parts.append(f"<p{cls}>{inline(text)}</p>")
             parts.append(_results_html(d))
             if e.claims:
