@@ -56,16 +56,19 @@ class Paper:
 
 def papers() -> list[Paper]:
     """Every paper: those of :data:`ORDER`, then the third-party methods (sorted by name)."""
-    from nshot.method import available, get
+    from nshot.method import available, method_class
 
     registered = available()
     names = [*ORDER, *sorted(set(registered) - set(ORDER))]
     out = []
     for number, name in enumerate(names, start=1):
-        if name in registered:
-            method = get(name)
+        # the class, whether or not its extra is installed here (the table lists every method)
+        method = method_class(name) if name in registered else None
+        if method is not None:
             url = getattr(method, "paper_url", None) or LINKS.get(name)
             out.append(Paper(number, name, method.paper, method.area, url=url))
+        elif name in registered:  # its import failed on a missing extra: titled by its name
+            out.append(Paper(number, name, name, "—", url=LINKS.get(name)))
         else:
             out.append(Paper(number, name, name, "—", registered=False, url=LINKS.get(name)))
     return out

@@ -346,6 +346,9 @@ class Method(ABC):
 
 _REGISTRY: dict[str, type[Method]] = {}
 _DISCOVERED = False
+# methods whose import failed on a module of an extra (nshot.extras), by name: the extra and
+# the missing modules; available() lists them and get() raises nshot.extras.MethodExtraError
+_UNAVAILABLE: dict[str, tuple[str, list[str]]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
@@ -359,6 +362,24 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+def _load(name: str, load: Any) -> Any:
+    """``load()``, the import of method ``name``. When it fails on a module of an extra (see
+    :mod:`nshot.extras`), the method is recorded as unavailable and None returned; any other
+    failure is raised as it is."""
+    try:
+        obj = load()
+    except ImportError as err:
+        from nshot.extras import import_error
+
+        missing = import_error(name, err)
+        if missing is None:
+            raise
+        _UNAVAILABLE[name] = (missing.extra, missing.missing)
+        return None
+    _UNAVAILABLE.pop(name, None)
+    return obj
+
+
 def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
@@ -369,19 +390,22 @@ def _discover() -> None:
 
     for info in pkgutil.iter_modules(builtin.__path__):
         if info.ispkg:
-            importlib.import_module(f"nshot.methods.{info.name}")
+            module = f"nshot.methods.{info.name}"
+            _load(info.name, lambda module=module: importlib.import_module(module))
     # Third-party methods.
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
+        if ep.name in _REGISTRY or ep.name in _UNAVAILABLE:
             continue
-        obj = ep.load()
+        obj = _load(ep.name, ep.load)
         if isinstance(obj, type) and issubclass(obj, Method):
             register(obj)
 
 
 def available() -> list[str]:
+    """Every registered method's name, those whose extra is missing included (:func:`get`
+    refuses them; :func:`describe` says which extra each needs)."""
     _discover()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *_UNAVAILABLE})
 
 
 def _import_builtin(name: str) -> None:
@@ -396,19 +420,60 @@ def _import_builtin(name: str) -> None:
     except (ImportError, ValueError):
         spec = None
     if spec is not None:
-        importlib.import_module(f"nshot.methods.{name}")
+        _load(name, lambda: importlib.import_module(f"nshot.methods.{name}"))
+
+
+def method_class(name: str) -> type[Method] | None:
+    """The class registered as ``name``, whether or not its extra is installed (None: its
+    import failed on a module of a missing extra). Raises :class:`UnknownMethodError` for a
+    name no method has. For listings; :func:`get` is the lookup that runs a method."""
+    if name not in _REGISTRY:
+        _import_builtin(name)
+    if name not in _REGISTRY and name not in _UNAVAILABLE:
+        _discover()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _UNAVAILABLE:
+        return None
+    raise UnknownMethodError(
+        f"unknown method {name!r}; available: {', '.join(available()) or 'none'}"
+    )
+
+
+def describe(name: str) -> dict[str, Any]:
+    """:meth:`Method.describe` of method ``name`` whether or not its extra is installed, with
+    ``extra`` (the extra it needs, None for the core) and ``missing`` (the modules of that
+    extra not installed here; empty: the method runs here). A method whose import failed is
+    titled by its name."""
+    from nshot import extras
+
+    cls = method_class(name)
+    if cls is None:
+        extra, missing = _UNAVAILABLE[name]
+        info: dict[str, Any] = {
+            "name": name, "paper": name, "area": "—", "version": None, "presets": []
+        }  # fmt: skip
+        return {**info, "extra": extra, "missing": list(missing)}
+    need = extras.needs(name)
+    return {
+        **cls().describe(),
+        "extra": need.extra if need else None,
+        "missing": extras.missing(name),
+    }
 
 
 def get(name: str) -> Method:
     """The method registered as ``name`` (an instance). A built-in method is imported alone;
-    any other name discovers every method (third-party ones through entry points)."""
-    if name not in _REGISTRY:
-        _import_builtin(name)
-    if name not in _REGISTRY:
-        _discover()
-    try:
-        return _REGISTRY[name]()
-    except KeyError:
-        raise UnknownMethodError(
-            f"unknown method {name!r}; available: {', '.join(sorted(_REGISTRY)) or 'none'}"
-        ) from None
+    any other name discovers every method (third-party ones through entry points).
+
+    Raises :class:`UnknownMethodError` for a name no method has, and
+    :class:`nshot.extras.MethodExtraError` (one line naming the extra to install) for a method
+    whose extra is not installed here."""
+    from nshot.extras import MethodExtraError, check
+
+    cls = method_class(name)
+    if cls is None:
+        extra, missing = _UNAVAILABLE[name]
+        raise MethodExtraError(name, extra, missing)
+    check(name)
+    return cls()
