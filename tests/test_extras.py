@@ -259,3 +259,28 @@ def test_the_table_names_every_field_library_a_method_imports():
 def test_the_quickstart_method_needs_no_extra():
     assert extras.needs("tail") is None and extras.missing("tail") == []
     assert extras.missing_extra("tail") is None
+
+
+def test_reproduce_all_skips_a_method_whose_extra_is_missing(monkeypatch):
+    """``nshot reproduce --all`` goes on past a method this install cannot run (named in its
+    scoreboard as skipped, with the extra to install); naming it with --only is an error."""
+    from nshot import reproduce
+    from nshot.extras import MethodExtraError
+
+    real_get = reproduce.get
+
+    def get(name):
+        if name == "recog":
+            raise MethodExtraError("recog", "chem", ["rdkit"])
+        return real_get(name)
+
+    monkeypatch.setattr(reproduce, "get", get)
+    ran = []
+    monkeypatch.setattr(reproduce, "run", lambda name, *a, **k: ran.append(name))
+    out = reproduce.run_all("smoke", "/nonexistent-nshot-out", only=None, force=True,
+                            log=lambda line: None)  # fmt: skip
+    by = {o["name"]: o for o in out}
+    assert by["recog"]["status"] == "skipped" and "nshot[chem]" in by["recog"]["detail"]
+    assert "recog" not in ran and "tail" in ran
+    with pytest.raises(MethodExtraError):
+        reproduce.run_all("smoke", "/nonexistent-nshot-out", only=["recog"], log=lambda line: None)

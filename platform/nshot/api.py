@@ -343,8 +343,9 @@ def list_methods() -> dict[str, str]:
     """The registered methods: name -> the paper's title (``nshot list``).
 
     Every built-in method and every method a package registers under the ``nshot.methods``
-    entry point, sorted by name. ``nshot.method.get(name).describe()`` has the rest (area,
-    version, presets).
+    entry point, sorted by name, whether or not their extra is installed here.
+    ``nshot.method.describe(name)`` has the rest (area, version, presets, the extra it needs and
+    which of its modules are missing).
 
     Examples
     --------
@@ -352,9 +353,9 @@ def list_methods() -> dict[str, str]:
     >>> nshot.list_methods()["tail"]
     'TAIL: universal algorithm-implicit meta-learner'
     """
-    from nshot.method import available, get
+    from nshot.method import available, describe
 
-    return {name: get(name).paper for name in available()}
+    return {name: describe(name)["paper"] for name in available()}
 
 
 def _checkpoint_path(path: CheckpointLike) -> str | os.PathLike:

@@ -223,9 +223,9 @@ def _check_fields(config_class, overrides: dict[str, Any], option: str) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from nshot.method import available, get
+    from nshot.method import available, describe
 
-    rows = [get(n).describe() for n in available()]
+    rows = [describe(n) for n in available()]  # also those whose extra is not installed
     if args.json:
         _emit(args, rows)
         return 0
@@ -235,7 +235,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for col in ("name", "area", "presets", "paper"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r["area"], ", ".join(r["presets"]), r["paper"])
+        name = r["name"] + (f" (needs nshot[{r['extra']}])" if r.get("missing") else "")
+        t.add_row(name, r["area"], ", ".join(r["presets"]), r["paper"])
     _console().print(t)
     return 0
 
@@ -465,11 +466,11 @@ def _reproduce_all(args: argparse.Namespace) -> int:
         log=lambda line: print(f"[nshot reproduce] {line}", file=sys.stderr, flush=True),
     )
     out = Path(args.out).expanduser() if args.out else None
-    made = [o for o in outcomes if o["path"].is_file()]
+    made = [o for o in outcomes if o["path"] is not None and o["path"].is_file()]
     entries = []
     if made:
         entries = report.gather(preset=args.preset, results=[out] if out else None)
-        report_dir = (out / "report") if out else Path("nshot-report")
+        report_dir = (out / "report") if out else report.default_out()
         index = report.write(entries, report_dir)
         print(f"wrote {index} and {index.parent / 'report.md'}", file=sys.stderr)
     by_name = {e.name: e for e in entries}
@@ -479,10 +480,11 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     for o in outcomes:
         line = lines.get(o["name"], o["name"])
         tag = {"made": "made", "skipped": "skipped", "failed": "FAILED"}[o["status"]]
-        failed = f"  ({o['detail']})" if o["status"] == "failed" else ""
+        failed = f"  ({o['detail']})" if o["status"] == "failed" or o["path"] is None else ""
         print(f"{tag:<7}  {line}{failed}", file=board)
     if args.json:
-        print(json.dumps([{**o, "path": str(o["path"])} for o in outcomes], indent=1))
+        rows = [{**o, "path": None if o["path"] is None else str(o["path"])} for o in outcomes]
+        print(json.dumps(rows, indent=1))
     return 1 if any(o["status"] == "failed" for o in outcomes) else 0
 
 

@@ -378,6 +378,7 @@ def run_all(
     writes into a scratch folder on its node and sends its files back. Writing into
     ``methods/*/results/`` needs a clean tree (checked before any work). Returns one
     ``{"name", "status": "made" | "skipped" | "failed", "path", "detail"}`` per method."""
+    from nshot.extras import MethodExtraError
     from nshot.provenance import git_state, refuse_dirty
 
     names = available()
@@ -388,8 +389,18 @@ def run_all(
         names = [n for n in names if n in only]
     dests: dict[str, Path] = {}
     stems: dict[str, str] = {}
-    for name in names:
-        cfg = get(name).config(preset)  # an unknown preset fails here, before any work
+    outcomes: dict[str, dict[str, Any]] = {}
+    for name in list(names):
+        try:
+            method = get(name)
+        except MethodExtraError as err:  # not installed here: named with --only, it is an error
+            if only:
+                raise
+            outcomes[name] = {"name": name, "status": "skipped", "path": None, "detail": str(err)}
+            log(f"{name}: skipped, {err}")
+            names.remove(name)
+            continue
+        cfg = method.config(preset)  # an unknown preset fails here, before any work
         dests[name] = (
             Path(out).expanduser().resolve() / name if out is not None else method_results_dir(name)
         )
@@ -397,7 +408,6 @@ def run_all(
     for dest in dests.values():
         refuse_dirty(dest)
     git = git_state()
-    outcomes: dict[str, dict[str, Any]] = {}
     todo = []
     for name in names:
         path = dests[name] / f"{stems[name]}.json"
@@ -419,7 +429,7 @@ def run_all(
                 outcomes[name] = _failed(name, path, err, log)
                 continue
             outcomes[name] = {"name": name, "status": "made", "path": path, "detail": ""}
-    return [outcomes[n] for n in names]
+    return [outcomes[n] for n in available() if n in outcomes]
 
 
 def _failed(name: str, path: Path, err: BaseException, log: Callable[[str], None]) -> dict:
