@@ -3,7 +3,7 @@
     python examples/bsr_pooling.py --out pooling.json        # small: about 5 minutes
     python examples/bsr_pooling.py --preset smoke            # seconds (tests)
 
-The spec's classifier (VideoMAE's fine-tuning head) averages the encoder's tokens over time
+The reproduction's classifier (VideoMAE's fine-tuning head) averages the encoder's tokens over time
 **and space** before its linear layer. In the motor-imagery task the classes differ in *where*
 on the scalp α / β power drops (left hand: over C4, right hand: over C3, feet: at Cz), so an
 average over the scalp can cancel the difference a classifier needs, unless the encoder has
@@ -13,7 +13,7 @@ reproduction's target subjects, support draws and settings (k per class, montage
 same standardised logistic regression on three read-outs of the frozen encoder's last block,
 all tokens visible:
 
-* ``mean``: the mean over every token (what the spec's head sees);
+* ``mean``: the mean over every token (what the mean-pooled head sees);
 * ``per_position``: the mean over time of each in-head spatial patch's token, concatenated
   (where on the scalp each feature sits is kept);
 

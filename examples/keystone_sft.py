@@ -1,4 +1,4 @@
-"""Keystone's SFT comparison (spec check 4) in one process, without Ray: for one GPU machine.
+"""Keystone's SFT comparison (the ``sft_*`` claims) in one process, without Ray: for one GPU.
 
 ``nshot reproduce keystone`` runs the probe and the SFT comparison inside a Ray job; this script
 runs only the SFT comparison (the probe of ``sft_model`` to find K*, then full fine-tuning,
@@ -7,13 +7,13 @@ keystone-only SFT and random-rows SFT with the same row count) through the same 
 transformers but not Ray. The model and the SFT runs go to the GPU when one is visible
 (``device=auto``; DeepSpeed picks bf16 there).
 
-Example, the spec's SFT budget (300 steps of batch 32, three seeds) on SmolLM2-135M::
+Example, the full SFT budget (300 steps of batch 32, three seeds) on SmolLM2-135M::
 
     python examples/keystone_sft.py --preset small \\
         --set sft_steps=300 --set sft_batch=32 --set sft_seeds=3 --out sft.json
 
 ``--set key=value`` takes any :class:`KeystoneConfig` field (values parsed as JSON when they
-are JSON). The script prints the per-run metrics and check 4's three parts and writes them,
+are JSON). The script prints the per-run metrics and the three ``sft_*`` claims and writes them,
 with the config, to ``--out``.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 def summarise(result: dict) -> dict:
-    """Means over seeds of gain / forgetting per system, and check 4's three parts."""
+    """Means over seeds of gain / forgetting per system (what the three ``sft_*`` claims read)."""
 
     def mean(name: str, key: str) -> float:
         vals = [r[key] for r in result["runs"][name]]

@@ -9,7 +9,7 @@
 The model is trained on first use and cached under ``$NSHOT_CACHE/models/`` (safetensors +
 ``clip.json`` with its sha256); later runs load it. The script prints and writes (``--output``,
 default ``tiny_clip_<preset>.json`` in the current folder) the zero-shot report of
-:func:`nshot.train.clip.zero_shot_report`: ``acc_src_8way`` is the ATHA plan's precondition
+:func:`nshot.train.clip.zero_shot_report`: ``acc_src_8way`` is the atha method's precondition
 (≥ 0.80 at ``small``), the other figures measure held-out (shape, colour) pairs and class names
 never used in pre-training. The default text tower (MiniLM, the better one measured) needs
 ``pip install 'nshot[tail-text]'``; ``--text word`` needs nothing more.

@@ -1,9 +1,9 @@
 """Causal effects from unpaired data across many environments (SplitUP), through the predictor.
 
-Draws one data set of the spec's generator (hidden confounding, a known sparse effect), splits it
-into the two tables the predictor takes, (environment, X) and (environment, Y), and asks for the
-dense estimate with standard errors and the ℓ1 estimate with its support. Two-sample 2SLS on the
-same tables shows the bias the cross-fold moment removes.
+Draws one data set of the reproduction's generator (hidden confounding, a known sparse effect),
+splits it into the two tables the predictor takes, (environment, X) and (environment, Y), and asks
+for the dense estimate with standard errors and the ℓ1 estimate with its support. Two-sample 2SLS
+on the same tables shows the bias the cross-fold moment removes.
 
     python examples/unpaired_iv.py                        # a few seconds, no Ray needed
     python examples/unpaired_iv.py --envs 200 --reps 50   # fewer environments, more repetitions

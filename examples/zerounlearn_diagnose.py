@@ -20,7 +20,7 @@ Example (SmolLM2-135M, the ``small`` preset's facts, about 10 minutes on 2 CPU c
 ``--scan-layers`` only reports, for every layer, how much of the facts' down_proj output energy
 lies along their mean direction (forward passes only, seconds): the projector cannot spare the
 retained facts where that share is high, so edit layers where it is low (on SmolLM2-135M layers
-4–6: 14–25 %, against 37–67 % at the spec's 15–17)::
+4–6: 14–25 %, against 37–67 % at the `small` preset's 15–17)::
 
     python examples/zerounlearn_diagnose.py --preset small --scan-layers
 

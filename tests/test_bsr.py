@@ -207,7 +207,7 @@ def test_pooling_diagnostic_example(tmp_path, run_example):
 def test_position_head_reads_each_in_head_position_and_takes_the_pretrained_encoder():
     """head_pool="position": the classifier's logits are its linear layer on the LayerNormed
     time-means of the in-head spatial tokens (computed here by hand from the encoder's last
-    block), the pretrained encoder loads into it as into the spec's head, its head gets the
+    block), the pretrained encoder loads into it as into the mean-pooled head, its head gets the
     undecayed lr, and the probe's features are the same read-out."""
     import torch
 

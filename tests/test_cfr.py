@@ -224,7 +224,7 @@ def test_scoring_normalisations_and_replacement(smoke_cfg):
     for system in ("patchcore_rgb", "patchcore_3d", "btf"):
         sc = m.score(f2, f3, valid, system)
         assert torch.all(sc.raw[~valid] == 0) and sc.raw[valid].max() > 0
-        # PatchCore's image score is the plain max (spec §5); the others are normalised
+        # PatchCore's image score is the plain max (PatchCore's own); the others are normalised
         plain = system != "btf"
         assert (sc.image_score == float(sc.raw.max())) is plain
         assert abs(sc.image_score - s_norm(sc.raw)) < 1e-6 or plain

@@ -1,8 +1,7 @@
 """Tampered, incomplete and oversized checkpoints are refused with one clear CheckpointError.
 
-Issue 20: reads outside the checkpoint (items 2), a silently substituted earlier checkpoint
-(item 3), a config whose model exhausts memory (item 4), non-finite weights (item 5) and
-malformed ``state.json`` structures (item 11).
+Refused: reads outside the checkpoint, a silently substituted earlier checkpoint, a config whose
+model exhausts memory, non-finite weights and malformed ``state.json`` structures.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ def _write_state(path, state):
     (path / "state.json").write_text(json.dumps(state))
 
 
-# --------------------------------------------------------------------------- item 2
+# ----------------------------------------------------- reads outside the checkpoint
 
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
@@ -125,7 +124,7 @@ def test_optimizer_state_needs_a_hashed_optimizer_file(tmp_path):
         load_checkpoint(ckpt)
 
 
-# --------------------------------------------------------------------------- item 3
+# ------------------------------------------------- a substituted earlier checkpoint
 
 
 def test_a_newest_checkpoint_without_state_is_not_silently_replaced(tmp_path):
@@ -177,7 +176,7 @@ def test_complete_run_dirs_still_resolve_to_the_latest(tmp_path):
         assert resolve_checkpoint(run).name == "checkpoint_00000020"
 
 
-# --------------------------------------------------------------------------- item 11
+# -------------------------------------------------------------- malformed state.json
 
 
 def _set(key, value):
@@ -248,7 +247,7 @@ def test_bad_optimizer_tensor_names_are_one_clear_error(tmp_path):
         load_checkpoint(ckpt).optimizer_state()
 
 
-# --------------------------------------------------------------------------- item 5
+# --------------------------------------------------------------- non-finite weights
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -267,7 +266,7 @@ def test_integer_tensors_and_finite_weights_load(tmp_path):
     assert set(load_checkpoint(ckpt).weights()) == {"w", "idx", "h"}
 
 
-# --------------------------------------------------------------------------- item 4
+# ----------------------------------------------------- a model that exhausts memory
 
 
 def _tail_checkpoint(path, **config):

@@ -69,7 +69,7 @@ def test_split_threshold_matches_crepes():
         n_cal = int(rng.integers(5, 40))
         alpha = float(rng.choice([0.05, 0.1, 0.2, 0.3]))
         if abs((1 - alpha) * (n_cal + 1) - round((1 - alpha) * (n_cal + 1))) < 1e-9:
-            continue  # crepes' float p-value comparison differs exactly there (spec pitfall)
+            continue  # crepes' float p-value comparison differs exactly there (a known pitfall)
         cal = rng.uniform(0, 2, size=n_cal)
         test = rng.uniform(0, 2, size=(10, 6))
         cc = ConformalClassifier()

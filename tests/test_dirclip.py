@@ -67,7 +67,7 @@ def test_config_errors_name_the_field():
     for bad in (0.0, 5000.0, "clip"):
         with pytest.raises(ConfigError, match="logit_scale"):
             dirclip.config("small", logit_scale=bad)
-    assert dirclip.config("paper").pgd_step == pytest.approx(1 / 255)  # the spec's PGD-100 step
+    assert dirclip.config("paper").pgd_step == pytest.approx(1 / 255)  # the paper's PGD-100 step
 
 
 def test_logit_scale_is_the_specs_100_or_the_backbones_own(smoke):

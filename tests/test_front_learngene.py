@@ -116,7 +116,7 @@ def test_matrix_shape_rules() -> None:
 
 
 def test_round_trip_exact_check4() -> None:
-    """Spec check 4: r = 1, L_t = L_s, same width → the source weights (float32, < 1e-5)."""
+    """Round trip: r = 1, L_t = L_s, same width → the source weights (float32, < 1e-5)."""
     src = randomise(vit())
     tgt = vit(seed=9)
     gene = extract(src, keep_ratio=1.0, source=src.shape())
@@ -174,7 +174,7 @@ def test_one_element_parameter_and_layernorm() -> None:
     assert torch.allclose(tgt.norm.weight, torch.ones(4))
 
 
-# ------------------------------------------------------------------------ depth transfer (check 5)
+# ---------------------------------------------------------------------------------- depth transfer
 
 
 def _amplitudes(stack_z: torch.Tensor, lt: int, depth_fix: bool) -> list[float]:
@@ -185,7 +185,7 @@ def _amplitudes(stack_z: torch.Tensor, lt: int, depth_fix: bool) -> list[float]:
 
 
 def test_depth_amplitude_check5() -> None:
-    """Spec check 5 on a smooth 12-layer stack: faithful 12→4 ≈ 3×, 12→24 ≈ 0.5×; fix → ≈ 1×."""
+    """Depth amplitude on a smooth 12-layer stack: faithful 12→4 ≈ 3×, 12→24 ≈ 0.5×; fix → ≈ 1×."""
     g = torch.Generator().manual_seed(0)
     base = torch.randn(48, 16, generator=g, dtype=torch.float64)
     delta = torch.randn(48, 16, generator=g, dtype=torch.float64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def test_keystone_sft_example_runs_without_ray(tiny_smoke_lm, tmp_path) -> None:
     """examples/keystone_sft.py (the one-GPU-machine SFT comparison) end to end on the tiny LM,
-    in a fresh process with Ray unimportable: three systems, check 4's three parts."""
+    in a fresh process with Ray unimportable: three systems, the three `sft_*` claims."""
     import json
     import os
     import subprocess

@@ -226,7 +226,7 @@ def client_plain(url: str) -> Client:
     return Client(url, token=TOKEN)
 
 
-# --------------------------------------------------------------------- hostile bodies (issue 20)
+# ---------------------------------------------------------------------------------- hostile bodies
 
 
 def _post(url: str, body: bytes | str, content_type: str | None = "application/json", **headers):
@@ -538,7 +538,7 @@ def test_an_answer_that_is_not_json_is_a_clean_500(untrained_tail_checkpoint, mo
         assert body["detail"].startswith("internal error") and body["request_id"]
 
 
-# --------------------------------------------------------------- under load (issue 26), no Ray
+# ------------------------------------------------------------------------------ under load, no Ray
 
 
 class _Scripted:

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the served TAIL app (issue 20): hostile bodies get a 4xx that names
+"""Property-based fuzzing of the served TAIL app: hostile bodies get a 4xx that names
 the field, never a 5xx, and a fixed valid request is answered identically before and after.
 
 Categories: deep nesting, numbers past float32 (and int64), unpaired surrogates, type confusion,

@@ -1,4 +1,4 @@
-"""TAIL takes any input a user sends (issue 27): features of any width up to 4,096, every
+"""TAIL takes any input a user sends: features of any width up to 4,096, every
 coordinate used, standardised from the support set unless the request says not to, the input
 contract in the predictor's metadata, and the any-width measurement against nearest centroid
 (a tiny version of ``examples/tail_widths.py``)."""
@@ -68,7 +68,7 @@ def test_past_the_width_cap_is_a_422_naming_the_field(predictor):
 @pytest.mark.parametrize("wide_inputs", ["span", "subset"])
 def test_every_coordinate_of_a_wide_input_counts(untrained_tail_checkpoint, wide_inputs):
     """Changing any single feature of a query turns the query's model input (its direction,
-    not only its length) with the default map. With the spec's first rule (a random d_data of
+    not only its length) with the default map. With the first design (a random d_data of
     the features per draw) most features only rescale it, which this test detects."""
     ckpt = load_checkpoint(untrained_tail_checkpoint, method="tail")
     base = get("tail").predictor(ckpt)

@@ -185,7 +185,7 @@ def test_tabular_preset_is_the_small_model_trained_for_any_input():
     training = {"train_tasks", "steps", "lr_decay_steps", "eval_draws", "checkpoint_every"}
     assert differs == training | {"preset"}
     assert 0 < tabular.lr_decay_steps < tabular.steps and tabular.eval_draws > small.eval_draws
-    assert small.lr_decay_steps == 0 and small.train_tasks == "A"  # the spec's schedule
+    assert small.lr_decay_steps == 0 and small.train_tasks == "A"  # `small`'s schedule as declared
 
 
 def test_modality_dims():

@@ -42,7 +42,7 @@ def test_hat_inrs_encode_the_hat_and_the_target_is_its_exact_dilation():
             sel = (fine >= x[j] - cfg.radius) & (fine <= x[j] + cfg.radius)
             assert float(fh[i][sel].max()) == pytest.approx(float(train.target[i, j]), abs=2e-3)
     ident = float(rel_mse(render(test.W1, test.b1, test.W2, test.b2, x), test.target).mean())
-    assert 0.5 <= ident <= 0.65  # spec check 5
+    assert 0.5 <= ident <= 0.65  # identity_sanity
     assert not np.allclose(train.params[:10], test.params[:10])
 
 
@@ -80,7 +80,7 @@ def test_parameter_matching_equivariance_and_the_collapse_control():
 
 
 def test_smoke_training_oce_beats_k1_and_oracles_order():
-    """Spec check 8: loss decreases and oce_k4 < meta_k1 after 300 steps; the k = 4 oracle
+    """Smoke training: loss decreases and oce_k4 < meta_k1 after 300 steps; the k = 4 oracle
     floor is far below the k = 1 one (the capacity barrier)."""
     from nshot.methods.weightspace.data import splits
     from nshot.methods.weightspace.train import build, fit_oracle, train_model

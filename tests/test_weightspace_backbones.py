@@ -1,4 +1,4 @@
-"""weightspace backbones: equivariance (check 1), canonicalisation (check 6), OCE head, rendering."""
+"""weightspace backbones: equivariance, canonicalisation (Thm. 6.3), OCE head, rendering."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def make_backbone(kind, **kw):
     return GMN(WIDTHS, channels=16, rounds=2, **kw).double()
 
 
-# --------------------------------------------------------------------------- check 1
+# --------------------------------------------------- hidden-permutation equivariance
 
 
 @pytest.mark.parametrize("kind", ["np_nfn", "gmn"])
@@ -147,7 +147,7 @@ def test_permute_hidden_leaves_render_unchanged(dtype, tol):
     assert max_diff(render(moved, x), render(layers, x)) < tol
 
 
-# --------------------------------------------------------------------------- check 6
+# ------------------------------------------------------------------ canonicalisation
 
 
 def test_check6_canonicalisation_invariant_on_gp_and_jumps_at_tie():

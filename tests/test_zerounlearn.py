@@ -1,4 +1,4 @@
-"""ZeroUnlearn: closed form (check 7), orthogonality (check 6), the edit on a tiny model, serving."""
+"""ZeroUnlearn: closed form, orthogonality, the edit on a tiny model, serving."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _trained_tiny_lm():
 
 
 def test_closed_form_zeroes_gradient():
-    """Check 7: D = A B⁻¹ zeroes ∂J/∂D (float64, random small matrices)."""
+    """Closed form: D = A B⁻¹ zeroes ∂J/∂D (float64, random small matrices)."""
     g = torch.Generator().manual_seed(0)
     d, m, n_w, n_f = 6, 10, 40, 3
     W = torch.randn(d, m, generator=g, dtype=torch.float64)
@@ -148,7 +148,7 @@ def edited_tiny():
 
 
 def test_orthogonality_after_first_layer(edited_tiny):
-    """Check 6: ‖Qᵀ W' k_i‖ / ‖Qᵀ W k_i‖ ≤ 0.05 on the forget keys after editing the first layer."""
+    """Orthogonality: ‖Qᵀ W' k_i‖ / ‖Qᵀ W k_i‖ ≤ 0.05 on the forget keys, first layer edited."""
     model, tok, forget, retain, prep, w0, keys, diag = edited_tiny
     q = E.sensitive_basis(prep.vs[0])
     w1 = E.mlp(model, 0).down_proj.weight.detach().double()

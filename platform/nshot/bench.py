@@ -511,9 +511,9 @@ def serve(
 
 
 def _serve_ratios(blocks: dict[str, Any], levels: tuple[int, ...]) -> dict[str, Any]:
-    """The ratios of issue 26, each from runs of one block (measured interleaved): medians, and
-    the spread of the same ratio over paired repeats (repeat i of one system against repeat i
-    of the other)."""
+    """The serving ratios with their targets (``out["targets"]``), each from runs of one block
+    (measured interleaved): medians, and the spread of the same ratio over paired repeats
+    (repeat i of one system against repeat i of the other)."""
     import numpy as np
 
     out: dict[str, Any] = {"targets": {}}
@@ -727,7 +727,7 @@ def sustained(
     clients: int = 64,
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Issue 26, point 7: ``requests`` requests (5 % malformed) at ``clients`` concurrent clients
+    """Sustained load: ``requests`` requests (5 % malformed) at ``clients`` concurrent clients
     against the app's default options with a token (batching; proxy ingress, the default of
     :func:`nshot.serve.start`, on this process's Ray): no 5xx, every valid
     answer equal to the in-process answer, every malformed body a 422, and the replica's
@@ -836,7 +836,7 @@ def serve_ramp(
     window_s: float = 5.0,
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Issue 26, point 4: Serve autoscaling under a load ramp. The app (default options with a
+    """Serve autoscaling under a load ramp. The app (default options with a
     token, batching, ``--autoscale MIN:MAX``, proxy ingress on this process's Ray) is driven by
     closed-loop clients in ``phases`` of ``(clients, seconds)`` (default 1 client for 20 s, 64
     for 90 s, 1 for 30 s); a sampler records the running replicas every 0.5 s. Reports the

@@ -95,8 +95,8 @@ Vietnam:Vietnamese South Korea:Korean Ukraine:Ukrainian Romania:Romanian Indones
 Austria:German Chile:Spanish Peru:Spanish Colombia:Spanish Iceland:Icelandic
 """
 
-# (subject, answer) pairs of the relations the spec and the issue name besides capitals and
-# languages (currency, continent, authors, element symbols)
+# (subject, answer) pairs of the further relations besides capitals and languages (currency,
+# continent, authors, element symbols)
 _CURRENCIES = (
     ("Japan", "yen"), ("China", "yuan"), ("India", "rupee"), ("Russia", "ruble"),
     ("Mexico", "peso"), ("Brazil", "real"), ("South Africa", "rand"), ("South Korea", "won"),

@@ -249,7 +249,7 @@ _SMALL = ClipPreset(
     version="6",
 )
 
-# The spec's CLIP structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
+# Real CLIP's structure at the tiny scale: the class token pooled (CLIP's x[:, 0]) and a
 # visual projection from the width 64 down to a narrower joint space of 48, as ViT-B/16's proj
 # maps 768 down to 512 (the anchors of the atha method invert it).
 _SMALL_CLS = replace(_SMALL, embed_dim=48, pool="token", version="7")
