@@ -105,7 +105,7 @@ def domain_references(bb: Backbone, cfg: AthaConfig) -> dict[str, dict[str, floa
 
 
 def unit_checks(bb: Backbone, cfg: AthaConfig) -> dict[str, float]:
-    """Check 6 on the backbone of the run: rho = 0 forward against CoOp + LoRA (max abs
+    """The unit checks (claim `unit_checks`) on the backbone of the run: rho = 0 forward against CoOp + LoRA (max abs
     difference of logits), head/tail overlap, anchor reconstruction error (relative)."""
     names = list(bb.clip.tokenizer.vocab[:2]) if bb.bert is None else ["circle", "square"]
     x = torch.rand(

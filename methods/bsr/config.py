@@ -143,7 +143,7 @@ class BsrConfig(MethodConfig):
     head_pool: Literal["mean", "position"] = Field(
         "mean",
         description="the read-out of the encoder's last block for the fine-tuning head and the "
-        "probe: mean (the spec's, VideoMAE's: the mean over every token) or position (the "
+        "probe: mean (VideoMAE's: the mean over every token) or position (the "
         "time-mean of each in-head spatial token, concatenated: a deviation that keeps where on "
         "the scalp a feature sits)",
     )
@@ -187,8 +187,8 @@ class BsrConfig(MethodConfig):
             "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1, "eegnet_ft_epochs": 2,
             "topomap_epochs": 5,
         },
-        # pretraining the spec's 30 epochs of the 1,440 training clips at batch 32; 4 target
-        # subjects x 3 training seeds (support draws and fine-tuning), the spec's 3 seeds, so
+        # pretraining the planned 30 epochs of the 1,440 training clips at batch 32; 4 target
+        # subjects x 3 training seeds (support draws and fine-tuning), the planned 3 seeds, so
         # that the headline's paired test has three seeds (about 11 min on 2 free cores,
         # README)
         "small": {

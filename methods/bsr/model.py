@@ -203,7 +203,7 @@ def position_tokens(
 
 
 def build_classifier(cfg: BsrConfig, encoder_state: dict | None = None) -> nn.Module:
-    """``VideoMAEForVideoClassification`` (``head_pool="mean"``, the spec's) or a
+    """``VideoMAEForVideoClassification`` (``head_pool="mean"``, VideoMAE's own head) or a
     :class:`PositionClassifier`; ``encoder_state`` is a pretrainer's ``videomae`` state dict
     (every encoder tensor must fit; the pre-training encoder's final ``layernorm``, which the
     classifier's head replaces by its ``fc_norm``, is left out, as VideoMAE's fine-tuning

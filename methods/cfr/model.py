@@ -108,7 +108,7 @@ class Scored:
     raw: torch.Tensor
     replaced: int
     valid: int
-    #: the image score is max(S), not normalised (PatchCore's, spec §5)
+    #: the image score is max(S), not normalised (PatchCore's own definition)
     plain_max: bool = False
 
     @property

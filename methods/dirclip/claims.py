@@ -99,7 +99,7 @@ CLAIMS: tuple[Claim, ...] = (
         id="lambda0_is_tecoa",
         statement="Check (true by construction: CE + 0 · KL is TeCoA's loss): the UCAT code "
         "path with λ = 0 matches TeCoA within 1 point of PGD and of clean accuracy.",
-        source="Negative control of the plan (the gain must come from the Dirichlet term); "
+        source="Negative control of the reproduction (the gain must come from the Dirichlet term); "
         "a check that the two code paths agree",
         expr="abs(ucat_lambda0.pgd - tecoa.pgd) <= 0.01 and "
         "abs(ucat_lambda0.clean - tecoa.clean) <= 0.01",

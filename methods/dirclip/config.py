@@ -61,7 +61,7 @@ class DirclipConfig(MethodConfig):
     template: str = Field(TEMPLATE, description="prompt of the class text features")
     logit_scale: float | Literal["backbone"] = Field(
         100.0,
-        description="s of the logits s · cos, frozen: the spec's 100 (real CLIP's own scale), "
+        description="s of the logits s · cos, frozen: the paper's 100 (real CLIP's own scale), "
         "a number, or 'backbone' (the tiny CLIP's own pre-trained exp(logit_scale)); the paper "
         "path (backbone=clip) keeps real CLIP's 100",
     )
@@ -86,7 +86,7 @@ class DirclipConfig(MethodConfig):
     train_attack_step: float = Field(0.05, gt=0.0, le=1.0, description="their step size")
     pgd_steps: int = Field(20, ge=1, le=1000, description="evaluation PGD steps")
     pgd_step: float | None = Field(
-        None, gt=0.0, le=1.0, description="evaluation PGD step size (None: ε/4, the spec's small)"
+        None, gt=0.0, le=1.0, description="evaluation PGD step size (None: ε/4, `small`'s)"
     )
     apgd_steps: int = Field(100, ge=1, le=1000, description="evaluation APGD-CE iterations")
     apgd_images: int = Field(

@@ -1,8 +1,8 @@
 """Keystone configuration and presets (the paper's settings scaled to a 2-core CPU).
 
-Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (checks 1–3; three disjoint
+Preset decision: ``small`` probes the real SmolLM2-135M-Instruct (the probe, its controls and calibration; three disjoint
 prompt groups, whose keystone sets are the headline's replicates) and runs the keystone SFT
-comparison (check 4) on the same model (25 steps of batch 8, three seeds: what 2 CPU cores
+comparison (the `sft_*` claims) on the same model (25 steps of batch 8, three seeds: what 2 CPU cores
 allow, see the README); ``smoke`` runs
 everything on ``tiny-smoke`` in seconds; ``paper`` probes any local or hub model
 (``model=<path or hub name>``, ``allow_download=true``) with the paper's prompt budget.
@@ -72,7 +72,7 @@ class KeystoneConfig(MethodConfig):
         [0.5, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0], min_length=1, description="scales r"
     )
     stability_groups: int = Field(2, ge=1, le=5, description="disjoint prompt groups")
-    # keystone SFT (check 4)
+    # keystone SFT (the `sft_*` claims)
     sft: bool = Field(True, description="run the SFT comparison in experiments()")
     sft_model: str = Field("tiny-small", description="model the SFT comparison runs on")
     sft_steps: int = Field(300, ge=1, le=1_000_000)

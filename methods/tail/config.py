@@ -47,7 +47,7 @@ class TailConfig(MethodConfig):
         0,
         ge=0,
         description="the learning rate falls linearly to lr/lr_decay_steps over the last "
-        "lr_decay_steps steps; 0: constant after the warmup (the spec)",
+        "lr_decay_steps steps; 0: constant after the warmup (`small`'s schedule)",
     )
     curriculum_frac: float = Field(0.25, ge=0.0, le=1.0, description="0 disables it")
     # training episodes (modality A)
@@ -58,7 +58,7 @@ class TailConfig(MethodConfig):
     queries_per_class: int = Field(5, ge=1, le=1000)
     train_tasks: Literal["A", "A+mixed"] = Field(
         "A",
-        description="training episodes: modality A only (the spec), or 'A+mixed': every other "
+        description="training episodes: modality A only (the paper's training), or 'A+mixed': every other "
         "step (drawn per step) a batch of generated mixed-Gaussian tasks (episodes."
         "MixedGaussianModality) of random width 8..d_data, separation 0.7..1.5 and feature "
         "noise 0.5..2, standardised by their support like the predictor's requests",

@@ -391,7 +391,7 @@ def span_embedding(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Features wider than the model (``d_T > d_data``) in ``w = min(n, width)`` coordinates.
 
-    (Reconstruction; replaces the spec's "keep a random subset of d_data coordinates", which
+    (Reconstruction; replaces the first design's "keep a random subset of d_data coordinates", which
     drops the other coordinates.) The ``n`` support rows span at most ``n`` dimensions, so every
     support row is written in a basis of the support span ``S`` (when ``n > width``: of its top
     ``width - 1`` principal directions), and every row gets one more coordinate, the norm of its

@@ -146,7 +146,7 @@ class TailPredictor(Predictor[TailRequest, TailResponse]):
        ``"span"`` (default) writes them in a basis of the support span plus each row's residual
        norm (:func:`episodes.span_embedding`: exact distances between the support and each
        query, so every coordinate counts); ``"subset"`` keeps a random ``d_data`` of the
-       coordinates per draw (the spec's first reconstruction, kept as the ablation);
+       coordinates per draw (the first design, kept as the ablation);
        ``"gaussian"`` is a Gaussian random projection to ``d_data`` per draw;
     4. per (π, ρ) draw, the random injection π into the ``d_data`` model coordinates and ρ of
        the labels into the dictionary; the restricted softmax is averaged over ``n_draws``.

@@ -227,7 +227,7 @@ def plot(rows: dict, stds: dict, order: list[str], path: Path) -> None:
 
 
 def unit_checks(seed: int = 0) -> dict[str, float]:
-    """The plan's model checks on a randomly initialised smoke TG-DT: padded contents never
+    """The model's unit checks on a randomly initialised smoke TG-DT: padded contents never
     change the actions or L_DT; the action at s_t ignores a_t and every later token; every TBM
     batch holds negatives (positive fraction of its labels)."""
     from .train import align_terms

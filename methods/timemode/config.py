@@ -97,7 +97,7 @@ class TimeModeConfig(MethodConfig):
         le=10.0,
         description="EMA warm-up power: n steps after ema_start the decay is "
         "min(ema, 1 − (1 + n)^−power) (ema_pytorch's schedule, whose update_after_step is the "
-        "spec's 'EMA 0 for the first 100 steps'); null: the constant decay ema from ema_start on",
+        "paper's 'EMA 0 for the first 100 steps'); null: the constant decay ema from ema_start on",
     )
     grad_clip: float = Field(1.0, gt=0.0, description="gradient norm clip")
     freeze: list[Literal["attention", "prototypes", "shared_expert"]] = Field(

@@ -8,7 +8,7 @@ Generator (one replication)::
     Y-sample: r fresh units per environment, keep (e, Y); their X is latent (oracle only)
 
 β* has its first ``s*`` coordinates equal to ``beta_value`` and the rest 0; c is the
-confounding coefficient (2 in the spec).
+confounding coefficient (2 by default).
 """
 
 from __future__ import annotations
