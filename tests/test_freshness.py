@@ -160,7 +160,6 @@ STALE = {
     "cfr": "dirty tree",
     "dirclip": "code changed since",
     "front": "no run record",
-    "keystone": "no run record",
     "modhnn": "no run record",
     "recog": "code changed since",
     "scgfm": "code changed since",
