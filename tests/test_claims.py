@@ -345,6 +345,9 @@ def test_a_headline_stated_for_another_preset_gives_no_verdict():
 # are not evaluable until small is re-made (the test fails once the metric appears, so the entry
 # cannot outlive the rerun).
 AWAITING_RERUN = {("auxbo", "below_f_only_over_seeds_lcbench")}
+# claims whose row a declared change adds: the committed small results predate the row (the test
+# fails once the row appears, so the entry cannot outlive the rerun)
+AWAITING_ROW = {("dirclip", "balanced_kl_calibrates_better")}
 
 
 def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
@@ -367,6 +370,12 @@ def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
                 continue
             data = json.loads(committed.read_text())
             assert data.get("experiment") == claim.experiment, committed
+            if (name, claim.id) in AWAITING_ROW:
+                assert any(system not in data["rows"] for system, _ in claim.references()), (
+                    f"{name}.{claim.id}: the committed results now hold every row it reads; "
+                    "remove the claim from AWAITING_ROW"
+                )
+                continue
             for system, metric in claim.references():
                 assert system in data["rows"], f"{name}.{claim.id}: no row {system!r}"
                 if (name, claim.id) in AWAITING_RERUN:
