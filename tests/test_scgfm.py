@@ -275,8 +275,14 @@ def test_claims_on_the_committed_small_results():
     if not path.is_file():
         pytest.skip("no committed small results yet")
     data = json.loads(path.read_text())
-    claims = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
-    assert None not in claims.values()
+    evaluated = [c for c in with_claims(data)["claims"] if c.get("applies", True)]
+    claims = {c["id"]: c["holds"] for c in evaluated}
+    # every claim is decided, except one whose premise the run does not meet: pre-trained
+    # against random bases needs a pre-training that lowered its loss by 10 %
+    pre = data["extra"]["pretrain"]
+    moved = pre["loss_last"] <= 0.9 * pre["loss_first"]
+    undecided = {k for k, v in claims.items() if v is None}
+    assert undecided <= (set() if moved else {"pretrained_beats_random_paired"}), undecided
     data["rows"]["scgfm_rewired"]["acc_target_noise"] = 0.9
     data["extra"]["unit"]["envelope_grad_err"] = 1e-3
     flipped = {c["id"]: c["holds"] for c in with_claims(data)["claims"]}
