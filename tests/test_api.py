@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _compare import json_close
 
 import nshot
 from nshot.errors import CheckpointError, ConfigError, NshotError, UnknownMethodError
@@ -36,21 +37,6 @@ def _doc_examples() -> list[tuple[str, str]]:
         heads = re.findall(r"^## (.+)$", text[: m.start()], flags=re.M)
         out.append((heads[-1] if heads else "top", m.group(1)))
     return out
-
-
-def _json_close(a, b) -> bool:
-    """Equal JSON values, floats to 1e-5."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_close(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        return (
-            isinstance(a, int | float)
-            and isinstance(b, int | float)
-            and a == pytest.approx(b, rel=1e-5, abs=1e-9)
-        )
-    return a == b
 
 
 def _answer(pred) -> dict:
@@ -230,7 +216,7 @@ def test_load_reads_only_the_checkpoint_and_never_unpickles(
     root = ckpt.resolve()
     assert opened and all(p.parent == root for p in opened), opened
     assert {p.name for p in opened} == {"state.json", "model.safetensors"}
-    assert _json_close(_answer(pred), _answer(_long_way(untrained_tail_checkpoint)))
+    assert json_close(_answer(pred), _answer(_long_way(untrained_tail_checkpoint)))
 
     outside = tmp_path / "outside.safetensors"
     shutil.move(ckpt / "model.safetensors", outside)
@@ -242,7 +228,7 @@ def test_load_reads_only_the_checkpoint_and_never_unpickles(
 def test_load_of_a_checkpoint_folder_answers_as_the_long_way(untrained_tail_checkpoint):
     pred = nshot.load(untrained_tail_checkpoint)
     assert type(pred).__name__ == "TailPredictor"
-    assert _json_close(_answer(pred), _answer(_long_way(untrained_tail_checkpoint)))
+    assert json_close(_answer(pred), _answer(_long_way(untrained_tail_checkpoint)))
     ckpt = nshot.load_checkpoint(untrained_tail_checkpoint, method="tail")
     assert ckpt.method == "tail" and ckpt.step == 1
 
@@ -260,8 +246,8 @@ def test_trained_run_loads_answers_evaluates_as_the_long_way(ray_session, tmp_pa
     # the run folder, its checkpoint and the TrainedRun give the same predictor's answers
     expected = _answer(_long_way(run.checkpoint))
     for given in (run.run_dir, str(run.run_dir), run.checkpoint, run):
-        assert _json_close(_answer(nshot.load(given)), expected), given
-    assert _json_close(_answer(run.load()), expected)
+        assert json_close(_answer(nshot.load(given)), expected), given
+    assert json_close(_answer(run.load()), expected)
 
     metrics = nshot.evaluate(run.run_dir, overrides={"eval_episodes": 5}, method="tail")
     assert metrics and all(isinstance(v, float) for v in metrics.values())

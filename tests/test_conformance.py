@@ -21,6 +21,7 @@ import re
 import typing
 
 import pytest
+from _compare import json_close
 
 from nshot.method import PRESETS, MethodConfig, Predictor, available, get
 
@@ -163,27 +164,13 @@ def test_predictor_answers_its_example_over_json_batch_and_http(
     with TestClient(make_app(name, str(res.checkpoint))) as client:
         got = client.post(f"/{name}/predict", json=example)
     assert got.status_code == 200, got.text
-    assert _json_close(got.json(), json.loads(answer.model_dump_json()))
+    assert json_close(got.json(), json.loads(answer.model_dump_json()))
 
 
 def _same(a, b) -> bool:
     """Equal answers, floats to 1e-5: a batch of two runs other matrix kernels than a batch of one,
     so an LM's probabilities may differ in the seventh digit between the two."""
-    return _json_close(json.loads(a.model_dump_json()), json.loads(b.model_dump_json()))
-
-
-def _json_close(a, b) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_close(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        return (
-            isinstance(a, int | float)
-            and isinstance(b, int | float)
-            and a == pytest.approx(b, rel=1e-5, abs=1e-9)
-        )
-    return a == b
+    return json_close(json.loads(a.model_dump_json()), json.loads(b.model_dump_json()))
 
 
 def _leaves(obj, path=()):
