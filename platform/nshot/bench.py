@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform as _stdlib_platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -1205,11 +1206,44 @@ def deepspeed(
     )
 
 
+def _clients(c: int) -> str:
+    return "1 client" if c == 1 else f"{c} clients"
+
+
+#: a table of a page generated from a committed ``nshot bench serve`` JSON: what stands between
+#: the marker naming the file (relative to the repository) and the end marker
+PAGE_TABLE = re.compile(
+    r"(<!-- nshot:bench-table (?P<path>\S+) -->\n)(?P<table>.*?)(<!-- nshot:bench-table:end -->)",
+    re.S,
+)
+
+
+def serve_rows(data: dict[str, Any]) -> str:
+    """The Markdown table of :func:`serve_table` alone (no ratios or notes)."""
+    return "\n".join(ln for ln in serve_table(data).splitlines() if ln.startswith("|")) + "\n"
+
+
+def update_page(page: str | Path, root: str | Path) -> bool:
+    """Regenerate every marked table of ``page`` from the committed JSON it names (relative to
+    ``root``, the repository); True when the page changed."""
+    page = Path(page)
+    text = page.read_text()
+
+    def table(m: re.Match) -> str:
+        data = json.loads((Path(root) / m["path"]).read_text())
+        return m.group(1) + serve_rows(data) + m.group(4)
+
+    new = PAGE_TABLE.sub(table, text)
+    if new != text:
+        page.write_text(new)
+    return new != text
+
+
 def serve_table(data: dict[str, Any]) -> str:
     """``nshot bench serve``'s table (requests/s, p50 ms, p99 ms: medians of the repeats, with
     the throughput's min-max) and its ratios against their targets, as Markdown."""
     levels = data["levels"]
-    head = "| block | system | " + " | ".join(f"{c} clients" for c in levels) + " |"
+    head = "| block | system | " + " | ".join(_clients(c) for c in levels) + " |"
     lines = [head, "|" + "---|" * (len(levels) + 2)]
     for mode, block in data["blocks"].items():
         if not block.get("available"):
@@ -1240,7 +1274,7 @@ def serve_table(data: dict[str, Any]) -> str:
             f"{c['batched_ms_per_request']:.1f} ms a request): the most batching can gain here"
         )
     lines.append(f"targets: {json.dumps(data['targets'])}")
-    lines.append(f"written to {data['written_to']}")
+    lines.append(f"written to {data.get('written_to', '?')}")
     return "\n".join(lines)
 
 
