@@ -162,7 +162,6 @@ STALE = {
     "front": "no run record",
     "modhnn": "no run record",
     "recog": "code changed since",
-    "scgfm": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
