@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _compare import json_close
 
 import nshot.method as registry
 from nshot.cli import main
@@ -146,7 +147,7 @@ def test_its_predictor_answers_its_example_over_json_batch_and_http(registered, 
     with TestClient(make_app(NAME, str(checkpoint)), raise_server_exceptions=False) as client:
         got = client.post(f"/{NAME}/predict", json=example)
         assert got.status_code == 200, got.text
-        assert conformance._json_close(got.json(), json.loads(answer.model_dump_json()))
+        assert json_close(got.json(), json.loads(answer.model_dump_json()))
         failed = []
         for label, body in conformance._hostile_variants(example):
             res = client.post(f"/{NAME}/predict", json=body)
