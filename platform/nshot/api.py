@@ -28,7 +28,7 @@ import difflib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,18 +155,14 @@ class SweepResult:
         return self.best.f if self.best else None
 
     def to_json(self) -> dict[str, Any]:
-        """What ``nshot tune --json`` prints for this sweep."""
-        return {
-            "experiment_dir": str(self.experiment_dir),
-            "metric": self.metric,
-            "mode": self.mode,
-            "best_config": self.best_config,
-            "best_f": self.best_f,
-            "trials": [asdict(t) for t in self.trials],
-            "history_path": str(self.history_path) if self.history_path else None,
-            "wall_s": self.wall_s,
-            **self.extra,
-        }
+        """What ``nshot tune --json`` prints for this sweep (the Tune result's own JSON)."""
+        from nshot.tune.run import TuneResult
+
+        return TuneResult(
+            experiment_dir=self.experiment_dir, metric=self.metric, mode=self.mode,
+            best_config=self.best_config, best_f=self.best_f, trials=list(self.trials),
+            history_path=self.history_path, wall_s=self.wall_s, extra=dict(self.extra),
+        ).to_json()  # fmt: skip
 
     @classmethod
     def from_result(cls, res: TuneResult) -> SweepResult:
