@@ -22,6 +22,7 @@ import typing
 
 import pytest
 from _compare import json_close
+from _smoke_trace import capture, record, recorded, recording
 
 from nshot.method import PRESETS, MethodConfig, Predictor, available, get
 
@@ -108,13 +109,14 @@ def _train_with_a_fault(name, storage, trained):
     cfg = method.config("smoke")
     at = cfg.checkpoint_every + 1 if cfg.checkpoint_every < cfg.steps else 1
     faulty = cfg.replace(fail_at_step=at)
-    with pytest.raises(Exception) as err:  # noqa: PT011 - any failure of the first attempt
+    with pytest.raises(Exception) as err, capture() as first:  # noqa: PT011 - any failure
         fit(name, faulty, storage=storage, name=name)
     run = storage / name
     before = [json.loads((c / "state.json").read_text())["step"] for c in find_checkpoints(run)]
     # the fault fires on a first attempt only; with no checkpoint before it, the resume is one
-    res = fit(name, faulty if before else cfg, storage=storage, name=name, resume=True)
-    trained[name] = (err.value, at, before, res)
+    with capture() as second:
+        res = fit(name, faulty if before else cfg, storage=storage, name=name, resume=True)
+    trained[name] = (err.value, at, before, res, first + second)
     return trained[name]
 
 
@@ -127,7 +129,7 @@ def test_smoke_trains_fails_at_the_injected_step_and_resumes(
     if name in LLM:
         request.getfixturevalue("tiny_smoke_lm")
     storage = tmp_path_factory.mktemp(f"conf-{name}")
-    err, at, before, res = _train_with_a_fault(name, storage, trained)
+    err, at, before, res, _ = _train_with_a_fault(name, storage, trained)
     assert "injected fault" in str(err) or "fail_at_step" in str(err), f"{name}: {err!r}"
     assert res.checkpoint is not None, f"{name}: no final checkpoint"
     ckpt = load_checkpoint(res.checkpoint, method=name)
@@ -135,6 +137,26 @@ def test_smoke_trains_fails_at_the_injected_step_and_resumes(
     if at > 1:  # a checkpoint was committed before the fault, and the resume went past it
         assert before and max(before) < at, f"{name}: checkpoints before the fault {before}"
         assert ckpt.step > max(before), f"{name}: resumed to step {ckpt.step} from {before}"
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_smoke_reports_the_recorded_numbers(name, trained, tmp_path_factory, request):
+    """The metrics ``smoke`` reports at each step (the failed attempt, then the resumed run)
+    equal those recorded in ``tests/smoke_trace.json`` to 1e-5: moving a method's loop into the
+    platform's trainer must not change what it computes."""
+    if name in LLM:
+        request.getfixturevalue("tiny_smoke_lm")
+    storage = tmp_path_factory.mktemp(f"conf-{name}")
+    *_, trace = _train_with_a_fault(name, storage, trained)
+    if recording():
+        record(name, trace)
+        return
+    want = recorded().get(name)
+    if want is None:
+        pytest.skip(f"{name}: no recorded trace (NSHOT_RECORD_SMOKE_TRACE=1 records one)")
+    assert len(trace) == len(want), f"{name}: {len(trace)} reports, {len(want)} recorded"
+    for i, (got, exp) in enumerate(zip(trace, want, strict=True)):
+        assert json_close(got, exp), f"{name}: report {i}: {got} != recorded {exp}"
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -149,7 +171,7 @@ def test_predictor_answers_its_example_over_json_batch_and_http(
     if name in LLM:
         request.getfixturevalue("tiny_smoke_lm")
     storage = tmp_path_factory.mktemp(f"conf-{name}")
-    *_, res = _train_with_a_fault(name, storage, trained)
+    *_, res, _ = _train_with_a_fault(name, storage, trained)
     method = get(name)
     pred = method.predictor(load_checkpoint(res.checkpoint, method=name))
     assert isinstance(pred, Predictor)
@@ -237,7 +259,7 @@ def test_hostile_variants_of_the_example_get_an_answer_or_a_4xx_never_a_5xx(
     if name in LLM:
         request.getfixturevalue("tiny_smoke_lm")
     storage = tmp_path_factory.mktemp(f"conf-{name}")
-    *_, res = _train_with_a_fault(name, storage, trained)
+    *_, res, _ = _train_with_a_fault(name, storage, trained)
     example = get(name).predictor(load_checkpoint(res.checkpoint, method=name)).example_request()
     failed = []
     app = make_app(name, str(res.checkpoint))

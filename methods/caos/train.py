@@ -12,20 +12,29 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import CAOSConfig
 from .model import fit_bank
 
 
-def train_loop(cfg: CAOSConfig) -> None:
-    restored = session.restore()
-    start = restored.step if restored else 0
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
+class CAOSRecipe(Recipe):
+    """One closed-form step: fit the bank; a resume redoes it (no weights are restored)."""
+
+    def build(self) -> None:
+        self.bank_state: dict[str, torch.Tensor] = {}
+        self.bank_extra: dict | None = None
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
         ref, bank, extra = fit_bank(cfg)  # the same bank at every step: it is closed-form
         q = np.quantile(bank.loo_sorted, [0.1, 0.5, 0.9])
-        metrics = {
+        self.bank_state = {
+            "ref": torch.from_numpy(ref.astype(np.float32)),
+            "loo_sorted": torch.from_numpy(bank.loo_sorted.astype(np.float32)),
+        }
+        self.bank_extra = extra
+        return {
             "n": float(bank.n),
             "k": float(bank.k),
             "loo_q10": q[0],
@@ -33,15 +42,13 @@ def train_loop(cfg: CAOSConfig) -> None:
             "loo_q90": q[2],
             **{f"q_hat_a{round(a * 100):02d}": min(bank.q_hat(a), 1e9) for a in cfg.alphas},
         }
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            session.report(
-                metrics,
-                step=step,
-                model={
-                    "ref": torch.from_numpy(ref.astype(np.float32)),
-                    "loo_sorted": torch.from_numpy(bank.loo_sorted.astype(np.float32)),
-                },
-                extra=extra,
-                checkpoint=is_ckpt,
-            )
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.bank_state
+
+    def extra(self) -> dict | None:
+        return self.bank_extra
+
+
+def train_loop(cfg: CAOSConfig) -> None:
+    train(CAOSRecipe(cfg))

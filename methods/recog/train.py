@@ -9,13 +9,11 @@ AUC. Loss: query BCE + ``lambda_rel`` · L_rel (CPR) + ``beta`` · L_IB (CGIB).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import RecogConfig
 from .data import Track, sample_episode, track_for
@@ -54,38 +52,53 @@ def episode_loss(
                   "ib": float(out.loss_ib.detach())}  # fmt: skip
 
 
-def fit_model(
-    cfg: RecogConfig,
-    track: Track,
-    system: str | None = None,
-    *,
-    model: torch.nn.Module | None = None,
-    opt: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    forward: torch.nn.Module | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-    before_step: Callable[[int], None] | None = None,
-) -> torch.nn.Module:
-    """Train ``cfg.steps`` episodes (from ``start``); ``forward`` is a DDP wrapper when given."""
-    model = model if model is not None else new_model(cfg, track, system)
-    opt = opt or torch.optim.Adam(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True
-    )
-    fwd = forward if forward is not None else model
-    model.train()
-    for step in range(start + 1, cfg.steps + 1):
-        if before_step is not None:
-            before_step(step)
-        loss, stats = episode_loss(fwd, track, cfg, step, rank)
-        if forward is not None:  # every parameter takes part in DDP's reduction
-            loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if on_step is not None:
-            on_step(step, stats)
-    return model
+class RecogRecipe(Recipe):
+    """One Adam step per episode on the loss of :func:`episode_loss`; the validation AUC on the
+    held-out training target every ``val_every`` steps and at the end."""
+
+    def __init__(self, cfg: RecogConfig, track: Track | None = None, system: str | None = None):
+        super().__init__(cfg)
+        self.track, self.system = track, system
+        self.samples_per_step = 1
+
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.track is None:
+            self.track = track_for(cfg)
+        self.model = new_model(cfg, self.track, self.system)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True
+        )
+        self.last_val = 0.5
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        self.last_val = float(restored.metrics.get("val_auc", 0.5))
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, stats = episode_loss(self.forward, self.track, self.cfg, step, self.rank)
+        if self.forward is not self.model:  # every parameter takes part in DDP's reduction
+            loss = loss + 0.0 * sum(p.sum() for p in self.model.parameters())
+        return loss, stats
+
+    def step(self, step: int) -> dict[str, float]:
+        stats = super().step(step)
+        if self.session and (step % self.cfg.val_every == 0 or step == self.cfg.steps):
+            self.last_val = validation_auc(self.model, self.track, self.cfg,
+                                           meta_targets(self.track)[1])  # fmt: skip
+            self.model.train()
+        return stats
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return {**metrics, "val_auc": self.last_val}
+
+    def extra(self) -> dict:
+        return {"props": property_record(self.track), "system": self.cfg.system}
+
+
+def fit_model(cfg: RecogConfig, track: Track, system: str | None = None) -> torch.nn.Module:
+    """Train ``cfg.steps`` episodes in this process (a row of the experiments) and return the
+    model."""
+    return train(RecogRecipe(cfg, track, system), session=False).model
 
 
 def property_record(track: Track) -> dict:
@@ -103,36 +116,4 @@ def train_loop(cfg: RecogConfig) -> None:
     """Episodic training under Ray Train: every worker trains on its own episodes (DDP averages
     the gradients); loss every ``log_every`` episodes, the validation AUC on the held-out
     training target every ``val_every``, a checkpoint every ``checkpoint_every`` and at the end."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    track = track_for(cfg)
-    model = new_model(cfg, track)
-    opt = torch.optim.Adam(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True
-    )
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    ddp = session.prepare_model(model)
-    _, val_target = meta_targets(track)
-    extra = {"props": property_record(track), "system": cfg.system}
-    window: list[dict[str, float]] = []
-    last_val = [float(restored.metrics.get("val_auc", 0.5)) if restored else 0.5]
-
-    def on_step(step: int, stats: dict[str, float]) -> None:
-        window.append(stats)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.val_every == 0 or step == cfg.steps:
-            last_val[0] = validation_auc(model, track, cfg, val_target)
-            model.train()
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-            metrics["val_auc"] = last_val[0]
-            session.report(metrics, step=step, model=model, optimizer=opt, extra=extra,
-                           checkpoint=is_ckpt, samples=len(window))  # fmt: skip
-            window.clear()
-
-    fit_model(
-        cfg, track, model=model, opt=opt, start=start, rank=ctx.rank,
-        forward=ddp if ctx.world_size > 1 else None, on_step=on_step,
-        before_step=lambda s: session.maybe_inject_fault(s, restored),
-    )  # fmt: skip
+    train(RecogRecipe(cfg))

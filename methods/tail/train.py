@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import TailConfig
 from .episodes import (
@@ -54,24 +54,31 @@ def _mixed_tasks(cfg: TailConfig, rng) -> MixedGaussianModality:
     )
 
 
-def train_loop(cfg: TailConfig) -> None:
-    ctx = session.context()
-    model = session.prepare_model(build_model(cfg))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    extra = restored.extra if restored else {"history": [], "resumed_from": []}
-    if restored:
-        extra["resumed_from"] = [*extra.get("resumed_from", []), start]
-    modality = modality_a()
-    window_loss = window_acc = 0.0
-    window_n = window_samples = 0
-    model.train()
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
-        rng = train_rng(cfg.seed, step, ctx.rank)
+class TailRecipe(Recipe):
+    """Υ trained on episodes of modality A (and, with ``train_tasks="A+mixed"``, on generated
+    task families half the time): AdamW, cross-entropy on the queries, the step's learning rate
+    from :func:`lr_at`."""
+
+    def build(self) -> None:
+        cfg = self.cfg
+        self.model = build_model(cfg)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
+        self.samples_per_step = cfg.batch_episodes
+        self.modality = modality_a()
+        self.history: list[dict] = []
+        self.resumed_from: list[int] = []
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        self.history = list(restored.extra.get("history", []))
+        self.resumed_from = [*restored.extra.get("resumed_from", []), restored.step]
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        rng = train_rng(cfg.seed, step, self.rank)
         K, shots = sample_task_shape(cfg, rng)
-        source, standardised = modality, False
+        source, standardised = self.modality, False
         if cfg.train_tasks == "A+mixed" and rng.random() < 0.5:
             source, standardised = _mixed_tasks(cfg, rng), True
         batch = make_batch(
@@ -85,37 +92,28 @@ def train_loop(cfg: TailConfig) -> None:
             step=step - 1,
             standardised=standardised,
         )
-        inputs = {k: batch[k].to(ctx.device) for k in MODEL_INPUTS}
-        target = batch["query_y"].to(ctx.device)
-        for group in opt.param_groups:
+        inputs = {k: batch[k].to(self.device) for k in MODEL_INPUTS}
+        target = batch["query_y"].to(self.device)
+        for group in self.optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
-        logits = model(**inputs)
+        logits = self.forward(**inputs)
         loss = F.cross_entropy(logits.reshape(-1, K), target.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
         with torch.no_grad():
-            window_loss += float(loss)
-            window_acc += float((logits.argmax(-1) == target).float().mean())
-        window_n += 1
-        window_samples += cfg.batch_episodes
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {
-                "loss": window_loss / window_n,
-                "episode_acc": window_acc / window_n,
-                "lr": lr_at(cfg, step),
-                "active_dictionary": active_dictionary_size(cfg, step - 1),
-            }
-            extra["history"].append({"step": step, **metrics})
-            session.report(
-                metrics,
-                step=step,
-                model=model,
-                optimizer=opt,
-                extra=extra,
-                checkpoint=is_ckpt,
-                samples=window_samples,
-            )
-            window_loss = window_acc = 0.0
-            window_n = window_samples = 0
+            acc = float((logits.argmax(-1) == target).float().mean())
+        return loss, {"loss": float(loss), "episode_acc": acc}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        metrics = {
+            **metrics,
+            "lr": lr_at(self.cfg, step),
+            "active_dictionary": active_dictionary_size(self.cfg, step - 1),
+        }
+        self.history.append({"step": step, **metrics})
+        return metrics
+
+    def extra(self) -> dict:
+        return {"history": self.history, "resumed_from": self.resumed_from}
+
+
+def train_loop(cfg: TailConfig) -> None:
+    train(TailRecipe(cfg))
