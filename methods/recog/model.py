@@ -158,6 +158,7 @@ class RecogModel(nn.Module):
         generator: torch.Generator | None = None,
     ) -> Output:
         S, Q, A = xs.shape[0], xq.shape[0], aux.shape[0]
+        dev = xs.device  # the worker's device; random draws come from the CPU generator
         h_mol = self.encoder(torch.cat([xs, xq]), (smiles_s or []) + (smiles_q or []))
         h_s0 = h_mol[:S]
         st_s, st_q = label_states(ls), label_states(lq)
@@ -165,7 +166,7 @@ class RecogModel(nn.Module):
         hidden = None
         if self.training and self.use_cpr and A > 0:  # hide auxiliary edges for L_rel
             obs = torch.cat([st_s, st_q]) <= POS
-            pick = torch.rand(obs.shape, generator=generator) < self.rel_frac
+            pick = torch.rand(obs.shape, generator=generator).to(dev) < self.rel_frac
             hidden = obs & pick
             st_all = torch.cat([st_s, st_q]).masked_fill(hidden, ABSENT)
             st_s, st_q_in = st_all[:S], st_all[S:]
@@ -174,7 +175,7 @@ class RecogModel(nn.Module):
             st_q_in = st_q
         # property × molecule states, target column first (queries: no edge to t)
         tgt_s = ys.long().unsqueeze(1)
-        tgt_q = torch.full((Q, 1), ABSENT, dtype=torch.long)
+        tgt_q = torch.full((Q, 1), ABSENT, dtype=torch.long, device=dev)
         st = torch.cat([torch.cat([tgt_s, st_s], 1), torch.cat([tgt_q, st_q_in], 1)])  # [M, P']
         P = A + 1
         base = torch.cat([self.t_token.unsqueeze(0), self.prop_emb(aux)])
@@ -182,7 +183,7 @@ class RecogModel(nn.Module):
         # relation embeddings (auxiliary pairs: training labels; target pairs: the support)
         e = None
         if self.use_cpr or self.use_cgib:
-            counts = torch.zeros(P, P, 4)
+            counts = torch.zeros(P, P, 4, device=dev)
             counts[1:, 1:] = r_aux
             ta = self.relation_hist(ys, st[:S, 1:])
             counts[0, 1:] = ta
@@ -192,19 +193,19 @@ class RecogModel(nn.Module):
         # CGIB gates
         gates = None
         loss_ib = h_mol.new_zeros(())
-        g = torch.ones(P)
+        g = torch.ones(P, device=dev)
         if self.use_cgib and A > 0:
             z = torch.cat([h_p[0].expand(A, -1), h_p[1:], e[0, 1:]], dim=1)
             logit = self.gate(z).squeeze(-1)
             gates = torch.sigmoid(logit)
             if self.training:
-                u1 = torch.rand(A, generator=generator).clamp(1e-6, 1 - 1e-6)
-                u2 = torch.rand(A, generator=generator).clamp(1e-6, 1 - 1e-6)
+                u1 = torch.rand(A, generator=generator).to(dev).clamp(1e-6, 1 - 1e-6)
+                u2 = torch.rand(A, generator=generator).to(dev).clamp(1e-6, 1 - 1e-6)
                 gumbel = torch.log(-torch.log(u2)) - torch.log(-torch.log(u1))
                 mask = torch.sigmoid((logit + gumbel) / self.tau)
             else:
                 mask = gates
-            g = torch.cat([torch.ones(1), mask])
+            g = torch.cat([torch.ones(1, device=dev), mask])
             pi = gates.clamp(1e-6, 1 - 1e-6)
             loss_ib = (
                 pi * torch.log(pi / self.r0) + (1 - pi) * torch.log((1 - pi) / (1 - self.r0))
@@ -218,7 +219,7 @@ class RecogModel(nn.Module):
         # molecule–molecule edges to the support (no self loops)
         diff = torch.exp(-(h_mol.unsqueeze(1) - h_s0.unsqueeze(0)).abs())  # [M, S, d]
         w_mm = torch.sigmoid(self.sim(diff).squeeze(-1))
-        self_mask = torch.zeros(S + Q, S, dtype=torch.bool)
+        self_mask = torch.zeros(S + Q, S, dtype=torch.bool, device=dev)
         self_mask[torch.arange(S), torch.arange(S)] = True
         w_mm = w_mm.masked_fill(self_mask, 0.0)
         keep = max(1, S - 1)
@@ -231,8 +232,8 @@ class RecogModel(nn.Module):
             obs01 = ((st == NEG) | (st == POS)).float() * g.unsqueeze(0)  # [M, P']
             y01 = (st == POS).float()
             ind = [obs01 * (1 - y01), obs01 * y01]  # label 0 / 1 observed, gated
-            off = 1.0 - torch.eye(P)
-            iu = torch.triu_indices(P, P, 1)  # unordered property pairs p < p'
+            off = 1.0 - torch.eye(P, device=dev)
+            iu = torch.triu_indices(P, P, 1, device=dev)  # unordered property pairs p < p'
             pairs = [ind[a][:, iu[0]] * ind[b][:, iu[1]] for a in (0, 1) for b in (0, 1)]
             n_pairs = sum(p.sum(1) for p in pairs).clamp_min(1.0).unsqueeze(1)
         h_m = h_mol
@@ -269,14 +270,14 @@ class RecogModel(nn.Module):
         if len(ms) == 0:
             return h_m.new_zeros(())
         if len(ms) > cap:
-            sel = torch.randperm(len(ms), generator=generator)[:cap]
+            sel = torch.randperm(len(ms), generator=generator)[:cap].to(ms.device)
             ms, ps = ms[sel], ps[sel]
         obs = (st[ms] == NEG) | (st[ms] == POS)  # [n, P'] observed properties
         ok = obs.any(1)
         ms, ps, obs = ms[ok], ps[ok], obs[ok]
         if len(ms) == 0:
             return h_m.new_zeros(())
-        r = torch.rand(obs.shape, generator=generator) * obs.float()
+        r = torch.rand(obs.shape, generator=generator).to(obs.device) * obs.float()
         p_other = r.argmax(1)
         y_other = st[ms, p_other]
         y_hidden = true_all[ms, ps]  # auxiliary column ps of the label block
@@ -310,16 +311,20 @@ def build_model(cfg: RecogConfig, n_props: int, system: str | None = None) -> nn
     return RecogModel(cfg, n_props, system)
 
 
-def episode_tensors(ep) -> dict:
-    """The model inputs of an :class:`~.data.Episode` (never its query labels)."""
+def episode_tensors(ep, device: torch.device | str = "cpu") -> dict:
+    """The model inputs of an :class:`~.data.Episode` (never its query labels), on ``device``."""
+
+    def t(a, dtype):  # noqa: ANN001, ANN202
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(device)
+
     return {
-        "xs": torch.from_numpy(np.ascontiguousarray(ep.xs, dtype=np.float32)),
-        "ys": torch.from_numpy(np.ascontiguousarray(ep.ys, dtype=np.float32)),
-        "xq": torch.from_numpy(np.ascontiguousarray(ep.xq, dtype=np.float32)),
-        "ls": torch.from_numpy(np.ascontiguousarray(ep.ls, dtype=np.float32)),
-        "lq": torch.from_numpy(np.ascontiguousarray(ep.lq, dtype=np.float32)),
-        "aux": torch.from_numpy(np.ascontiguousarray(ep.aux, dtype=np.int64)),
-        "r_aux": torch.from_numpy(np.ascontiguousarray(ep.r_aux, dtype=np.float32)),
+        "xs": t(ep.xs, np.float32),
+        "ys": t(ep.ys, np.float32),
+        "xq": t(ep.xq, np.float32),
+        "ls": t(ep.ls, np.float32),
+        "lq": t(ep.lq, np.float32),
+        "aux": t(ep.aux, np.int64),
+        "r_aux": t(ep.r_aux, np.float32),
         "smiles_s": list(ep.smiles_s),
         "smiles_q": list(ep.smiles_q),
     }

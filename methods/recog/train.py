@@ -44,8 +44,9 @@ def episode_loss(
     k = int(rng.choice(cfg.shots))
     ep = sample_episode(track, t, k, cfg.query, rng, n_aux=cfg.n_aux,
                         n_distractors=cfg.n_distractors)  # fmt: skip
-    out = model(**episode_tensors(ep))
-    cls = F.binary_cross_entropy_with_logits(out.logits, torch.from_numpy(ep.yq))
+    device = next(model.parameters()).device  # the worker's device: inputs follow the model
+    out = model(**episode_tensors(ep, device))
+    cls = F.binary_cross_entropy_with_logits(out.logits, torch.from_numpy(ep.yq).to(device))
     loss = cls + cfg.lambda_rel * out.loss_rel + cfg.beta * out.loss_ib
     return loss, {"loss": float(loss.detach()), "cls": float(cls.detach()),
                   "rel": float(out.loss_rel.detach()),

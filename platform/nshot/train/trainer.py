@@ -54,6 +54,11 @@ class Recipe:
     optimizer: torch.optim.Optimizer | None = None
     #: the model as the step calls it: DDP-wrapped on a worker group, else :attr:`model`
     forward: Any = None
+    #: a DeepSpeed engine (:func:`nshot.train.deepspeed.build_engine`) built in :meth:`build`
+    #: instead of :attr:`optimizer`: the trainer's step then calls ``engine.backward`` and
+    #: ``engine.step`` (ZeRO, precision and accumulation are the engine's), and the checkpoint
+    #: gathers the engine's full weights
+    engine: Any = None
     #: samples one step processes on this worker (the throughput the progress line shows)
     samples_per_step: int | None = None
     #: clip the gradients' global norm to this before the optimiser step (``None``: no clip)
@@ -105,6 +110,12 @@ class Recipe:
     def on_restore(self, restored: Restored) -> None:
         """Called after the newest checkpoint's weights and optimiser state are loaded."""
 
+    def schedule(self) -> tuple[int, int, int]:
+        """``(steps, log_every, checkpoint_every)``: the config's, unless the recipe trains a
+        stage of its own (an inner fine-tuning run) on another schedule."""
+        cfg = self.cfg
+        return int(cfg.steps), int(cfg.log_every), int(cfg.checkpoint_every)
+
     def restores_weights(self) -> bool:
         """Whether a resume loads weights into :attr:`model` (a step redone from scratch on a
         resume, such as a closed-form fit, restores only the step and extra state)."""
@@ -124,6 +135,8 @@ def autocast(recipe: Recipe) -> contextlib.AbstractContextManager:
 def optimizer_step(recipe: Recipe, step: int) -> Stats:
     """Zero the gradients, run ``grad_accum`` micro-batches of :meth:`Recipe.loss` (each
     scaled by its share), clip, step the optimiser; return the micro-batches' mean stats."""
+    if recipe.engine is not None:
+        return _engine_step(recipe, step)
     opt = recipe.optimizer
     if opt is None:
         raise NotImplementedError(f"{type(recipe).__name__}: loss() needs an optimizer")
@@ -155,6 +168,15 @@ def optimizer_step(recipe: Recipe, step: int) -> Stats:
     return totals
 
 
+def _engine_step(recipe: Recipe, step: int) -> Stats:
+    """One step of a DeepSpeed engine: its forward (under the engine's precision), backward
+    and step; the engine accumulates and clips as its config says."""
+    loss, stats = recipe.loss(step, 0)
+    recipe.engine.backward(loss)
+    recipe.engine.step()
+    return {k: float(v) for k, v in stats.items()}
+
+
 class Window:
     """The mean of each number over the steps since the last report."""
 
@@ -184,6 +206,9 @@ def _prepare(recipe: Recipe, ctx: WorkerContext, session: bool) -> None:
     recipe.device, recipe.rank, recipe.world_size = ctx.device, ctx.rank, ctx.world_size
     recipe.session = session
     recipe.build()
+    if recipe.engine is not None:  # the engine placed and wrapped the model itself
+        recipe.forward = recipe.forward or recipe.engine
+        return
     if recipe.model is not None:
         recipe.model.to(ctx.device)
     if recipe.forward is None:
@@ -204,8 +229,8 @@ def _prepare(recipe: Recipe, ctx: WorkerContext, session: bool) -> None:
 
 
 def steps(recipe: Recipe, start: int) -> Iterator[int]:
-    """The steps left to run: ``start + 1`` to the config's ``steps``."""
-    return iter(range(start + 1, int(recipe.cfg.steps) + 1))
+    """The steps left to run: ``start + 1`` to the schedule's last."""
+    return iter(range(start + 1, recipe.schedule()[0] + 1))
 
 
 def train(recipe: Recipe, *, session: bool = True) -> Recipe:
@@ -214,7 +239,6 @@ def train(recipe: Recipe, *, session: bool = True) -> Recipe:
     ``session=True`` (inside ``Method.train_loop``, on every Ray Train worker): the worker's
     device and rank, resume, faults, reports and checkpoints. ``session=False``: the same steps
     in this process on the CPU, nothing reported (a method's experiments)."""
-    cfg = recipe.cfg
     ctx = _session.context() if session else _local_context()
     _prepare(recipe, ctx, session)
     restored = None
@@ -226,7 +250,7 @@ def train(recipe: Recipe, *, session: bool = True) -> Recipe:
             recipe.on_restore(restored)
     start = restored.step if restored else 0
     window = Window()
-    every, ckpt_every, last = int(cfg.log_every), int(cfg.checkpoint_every), int(cfg.steps)
+    last, every, ckpt_every = recipe.schedule()
     if recipe.model is not None:
         recipe.model.train()
     for step in steps(recipe, start):
@@ -241,8 +265,8 @@ def train(recipe: Recipe, *, session: bool = True) -> Recipe:
                 _session.report(
                     metrics,
                     step=step,
-                    model=recipe.state(),
-                    optimizer=recipe.optimizer,
+                    model=recipe.engine if recipe.engine is not None else recipe.state(),
+                    optimizer=recipe.optimizer if recipe.engine is None else None,
                     extra=recipe.extra(),
                     checkpoint=is_ckpt,
                     samples=window.samples if recipe.samples_per_step is not None else None,
