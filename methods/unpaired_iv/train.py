@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nshot.method import NshotError
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from . import estimators as E
 from .config import UnpairedIVConfig
@@ -94,65 +94,74 @@ def _errors(fits: dict[str, Any], beta: np.ndarray | None) -> dict[str, float]:
     return out
 
 
+class UnpairedIVRecipe(Recipe):
+    """One closed-form step: fit the data set; a resume redoes it (no weights are restored)."""
+
+    def build(self) -> None:
+        self.fit_state: dict[str, torch.Tensor] = {}
+        self.fit_extra: dict[str, Any] | None = None
+
+    def step(self, step: int) -> dict[str, float]:
+        """Fit the data set (the same fit at every step: it is closed-form)."""
+        cfg = self.cfg
+        t0 = time.time()
+        data = load_data(cfg)
+        fits = fit_data(data, cfg)
+        prep, dense, l1 = fits["prep"], fits["dense"], fits["l1"]
+        d = prep.d
+        nan = np.full(d, np.nan)
+        support = np.zeros(d, dtype=np.int64)
+        support[l1.support] = 1
+        state = {
+            "beta": torch.from_numpy(nan if dense is None else dense.beta),
+            "se": torch.from_numpy(nan if dense is None else dense.se),
+            "beta_l1": torch.from_numpy(l1.beta),
+            "se_l1": torch.from_numpy(l1.se),
+            "support_l1": torch.from_numpy(support),
+            "beta_two_sample": torch.from_numpy(np.asarray(fits["two_sample"], float)),
+            "c_xx": torch.from_numpy(fits["moments"].cxx),
+            "c_xy": torch.from_numpy(fits["moments"].cxy),
+        }
+        if fits["oracle"] is not None:
+            state["beta_oracle"] = torch.from_numpy(np.asarray(fits["oracle"], float))
+        if data.beta is not None:
+            state["beta_star"] = torch.from_numpy(np.asarray(data.beta, float))
+        metrics = {
+            "n_envs_used": float(prep.m),
+            "n_x": float(prep.n_x),
+            "n_y": float(prep.n),
+            "cond_cxx": fits["cond"] if np.isfinite(fits["cond"]) else 1e308,
+            "lam": float(fits["lam"]),
+            "support_size": float(len(l1.support)),
+            **_errors(fits, data.beta),
+            "wall_s": time.time() - t0,
+        }
+        labels = data.labels
+        self.fit_state = state
+        self.fit_extra = {
+            "data_source": cfg.data_source,
+            "n_envs_used": prep.m,
+            "dropped_envs": [labels[i] if labels else int(i) for i in prep.dropped],
+            "cond_cxx": metrics["cond_cxx"],
+            "lam": float(fits["lam"]),
+            "support_l1": [int(i) for i in l1.support],
+            "estimator": {
+                "folds": cfg.folds,
+                "repeats": cfg.repeats,
+                "analytic": cfg.analytic,
+                "weight": cfg.weight,
+                "se": "environment-clustered delta-method sandwich",
+            },
+            "info": {k: v for k, v in data.info.items() if isinstance(v, int | float | str | None)},
+        }
+        return metrics
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.fit_state
+
+    def extra(self) -> dict[str, Any] | None:
+        return self.fit_extra
+
+
 def train_loop(cfg: UnpairedIVConfig) -> None:
-    restored = session.restore()
-    start = restored.step if restored else 0
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
-        _fit_step(cfg, step)
-
-
-def _fit_step(cfg: UnpairedIVConfig, step: int) -> None:
-    """Fit the data set (the same fit at every step: it is closed-form) and report it."""
-    t0 = time.time()
-    data = load_data(cfg)
-    fits = fit_data(data, cfg)
-    prep, dense, l1 = fits["prep"], fits["dense"], fits["l1"]
-    d = prep.d
-    nan = np.full(d, np.nan)
-    support = np.zeros(d, dtype=np.int64)
-    support[l1.support] = 1
-    state = {
-        "beta": torch.from_numpy(nan if dense is None else dense.beta),
-        "se": torch.from_numpy(nan if dense is None else dense.se),
-        "beta_l1": torch.from_numpy(l1.beta),
-        "se_l1": torch.from_numpy(l1.se),
-        "support_l1": torch.from_numpy(support),
-        "beta_two_sample": torch.from_numpy(np.asarray(fits["two_sample"], float)),
-        "c_xx": torch.from_numpy(fits["moments"].cxx),
-        "c_xy": torch.from_numpy(fits["moments"].cxy),
-    }
-    if fits["oracle"] is not None:
-        state["beta_oracle"] = torch.from_numpy(np.asarray(fits["oracle"], float))
-    if data.beta is not None:
-        state["beta_star"] = torch.from_numpy(np.asarray(data.beta, float))
-    metrics = {
-        "n_envs_used": float(prep.m),
-        "n_x": float(prep.n_x),
-        "n_y": float(prep.n),
-        "cond_cxx": fits["cond"] if np.isfinite(fits["cond"]) else 1e308,
-        "lam": float(fits["lam"]),
-        "support_size": float(len(l1.support)),
-        **_errors(fits, data.beta),
-        "wall_s": time.time() - t0,
-    }
-    labels = data.labels
-    extra = {
-        "data_source": cfg.data_source,
-        "n_envs_used": prep.m,
-        "dropped_envs": [labels[i] if labels else int(i) for i in prep.dropped],
-        "cond_cxx": metrics["cond_cxx"],
-        "lam": float(fits["lam"]),
-        "support_l1": [int(i) for i in l1.support],
-        "estimator": {
-            "folds": cfg.folds,
-            "repeats": cfg.repeats,
-            "analytic": cfg.analytic,
-            "weight": cfg.weight,
-            "se": "environment-clustered delta-method sandwich",
-        },
-        "info": {k: v for k, v in data.info.items() if isinstance(v, int | float | str | None)},
-    }
-    is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-    if step % cfg.log_every == 0 or is_ckpt:
-        session.report(metrics, step=step, model=state, extra=extra, checkpoint=is_ckpt)
+    train(UnpairedIVRecipe(cfg))
