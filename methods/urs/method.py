@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import torch
 
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
@@ -17,7 +15,7 @@ from .claims import CLAIMS
 from .config import URSConfig
 from .data import instances_table, load_test_set
 from .model import build_model, load_model
-from .train import RolloutModule, train_step, validate, validation_set
+from .train import train_loop
 
 
 @register
@@ -47,42 +45,7 @@ class URSMethod(Method):
         return out
 
     def train_loop(self, cfg: URSConfig) -> None:
-        from nshot.train import session
-
-        ctx = session.context()
-        net = build_model(cfg)
-        model = session.prepare_model(RolloutModule(net))
-        opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-        restored = session.restore(net, opt)
-        start = restored.step if restored else 0
-        extra = restored.extra if restored else {"history": [], "resumed_from": []}
-        if restored:
-            extra["resumed_from"] = [*extra.get("resumed_from", []), start]
-        val = validation_set(cfg)
-        window: list[dict[str, float]] = []
-        net.train()
-        for step in range(start + 1, cfg.steps + 1):
-            session.maybe_inject_fault(step, restored)
-            window.append(train_step(model, opt, cfg, step, ctx.rank))
-            is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-            if step % cfg.log_every == 0 or is_ckpt:
-                metrics = {
-                    "loss": float(np.mean([w["loss"] for w in window])),
-                    "train_cost": float(np.mean([w["train_cost"] for w in window])),
-                    "val_cost": validate(net, val, cfg.train_starts),
-                    "lr": cfg.lr * (0.1 if step > cfg.lr_decay_at * cfg.steps else 1.0),
-                }
-                extra["history"].append({"step": step, **metrics})
-                session.report(
-                    metrics,
-                    step=step,
-                    model=net,
-                    optimizer=opt,
-                    extra=extra,
-                    checkpoint=is_ckpt,
-                    samples=len(window) * cfg.batch_size,
-                )
-                window = []
+        train_loop(cfg)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: URSConfig) -> dict[str, float]:
         """Mean cost, gap to the reference solver (%), feasible share (%) and time per

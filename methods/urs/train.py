@@ -15,6 +15,8 @@ import time
 import numpy as np
 import torch
 
+from nshot.train.trainer import Recipe, train
+
 from .config import URSConfig
 from .model import URSNet, build_model, rollout, solve
 from .representation import Instances, generate, generate_mixed
@@ -34,14 +36,14 @@ def size_at(cfg: URSConfig, step: int, rng: np.random.Generator) -> tuple[int, i
     return n, max(1, round(cfg.batch_size * (n0 / n) ** 2))
 
 
-def train_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: URSConfig, step: int, rank: int = 0
-) -> dict[str, float]:
+def rollout_loss(
+    model: torch.nn.Module, cfg: URSConfig, step: int, rank: int = 0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The REINFORCE loss of step ``step``'s batch (the learning rate of ``step`` is set by the
+    caller) and its numbers: loss, mean training cost and the batch's customer count ``n``."""
     rng = np.random.default_rng([cfg.seed, step, rank])
     n, batch = size_at(cfg, step, rng)
     inst = generate_mixed(cfg.seen_variants, n, batch, rng, cfg.train_layouts)
-    for group in opt.param_groups:
-        group["lr"] = lr_at(cfg, step)
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(int(rng.integers(2**31)))
     if isinstance(model, URSNet):
@@ -51,11 +53,21 @@ def train_step(
     reward = -env.cost.float()
     adv = reward - reward.mean(-1, keepdim=True)
     loss = -(adv * logp).mean()
+    return loss, {"loss": float(loss.detach()), "train_cost": float(env.cost.mean()), "n": n}
+
+
+def train_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: URSConfig, step: int, rank: int = 0
+) -> dict[str, float]:
+    """One Adam step on :func:`rollout_loss` with the gradient clipped to ``grad_clip``."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(cfg, step)
+    loss, stats = rollout_loss(model, cfg, step, rank)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
-    return {"loss": float(loss.detach()), "train_cost": float(env.cost.mean()), "n": n}
+    return stats
 
 
 class RolloutModule(torch.nn.Module):
@@ -82,16 +94,71 @@ def validate(net: URSNet, sets: list[Instances], starts: int) -> float:
     return float(np.mean(costs))
 
 
+class URSRecipe(Recipe):
+    """POMO REINFORCE on URSNet: Adam at the step's learning rate (:func:`lr_at`), the gradient
+    clipped to ``grad_clip``; at each report the validation cost on the seen variants, the
+    learning rate and a history of the reports (kept in the checkpoint's extra state)."""
+
+    def __init__(self, cfg: URSConfig, log=None) -> None:  # noqa: ANN001
+        super().__init__(cfg)
+        self.log = log
+        self.clip_grad_norm = cfg.grad_clip
+        self.samples_per_step = cfg.batch_size
+
+    def build(self) -> None:
+        cfg = self.cfg
+        self.model = build_model(cfg)
+        self.forward = RolloutModule(self.model)  # DDP's forward is the rollout
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.history: list[dict] = []
+        self.resumed_from: list[int] = []
+        self.steps_seen: list[dict[str, float]] = []  # every step's numbers (in-process runs)
+        self.val = validation_set(cfg) if self.session else None
+        self._t0 = time.time()
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        self.history = list(restored.extra.get("history", []))
+        self.resumed_from = [*restored.extra.get("resumed_from", []), restored.step]
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.cfg, step)
+        loss, stats = rollout_loss(self.forward, self.cfg, step, self.rank)
+        self._n = stats.pop("n")
+        return loss, stats
+
+    def step(self, step: int) -> dict[str, float]:
+        stats = super().step(step)
+        if not self.session:
+            self.steps_seen.append({**stats, "n": self._n})
+            if self.log and step % self.cfg.log_every == 0:
+                self.log(f"step {step} loss {stats['loss']:.3f} cost {stats['train_cost']:.3f} "
+                         f"({time.time() - self._t0:.0f}s)")  # fmt: skip
+        return stats
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        if not self.session:
+            return metrics
+        metrics = {
+            **metrics,
+            "val_cost": validate(self.model, self.val, self.cfg.train_starts),
+            "lr": lr_at(self.cfg, step),
+        }
+        self.history.append({"step": step, **metrics})
+        return metrics
+
+    def extra(self) -> dict:
+        return {"history": self.history, "resumed_from": self.resumed_from}
+
+
+def train_loop(cfg: URSConfig) -> None:
+    """POMO training under Ray Train: every worker trains on its own batches (DDP averages the
+    gradients); a report every ``log_every`` steps, a checkpoint every ``checkpoint_every``."""
+    train(URSRecipe(cfg))
+
+
 def train_in_process(cfg: URSConfig, log=None) -> tuple[URSNet, list]:
-    """The same training without Ray Train (benchmarks, notebooks)."""
-    net = build_model(cfg)
-    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    hist = []
-    t0 = time.time()
-    for step in range(1, cfg.steps + 1):
-        m = train_step(net, opt, cfg, step)
-        if step % cfg.log_every == 0 and log:
-            log(f"step {step} loss {m['loss']:.3f} cost {m['train_cost']:.3f} "
-                f"({time.time() - t0:.0f}s)")  # fmt: skip
-        hist.append(m)
-    return net, hist
+    """The same training without Ray Train (benchmarks, notebooks): the net and every step's
+    numbers."""
+    recipe = train(URSRecipe(cfg, log), session=False)
+    return recipe.model, recipe.steps_seen
