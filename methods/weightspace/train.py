@@ -1,5 +1,9 @@
-"""Training of the OCE meta-network (in process, and under Ray Train with checkpoints), its
-evaluation, and the oracle floors (the paper's capacity analysis)."""
+"""Training of the OCE meta-network (one recipe of :mod:`nshot.train.trainer`, run in process
+by the experiments and under Ray Train by ``train_loop``), its evaluation, and the oracle floors
+(the paper's capacity analysis).
+
+Step ``s`` draws the ``s``-th batch of a generator seeded by ``seed``; a resumed run draws the
+batches of the steps it skips, so it sees what an uninterrupted run would have seen."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from nshot.train.trainer import Recipe
+from nshot.train.trainer import train as train_recipe
 
 from .backbones import copy_separation_flat, count_params
 from .config import WeightspaceConfig
@@ -29,13 +36,95 @@ def evaluate_model(model: DeepSetsOCE, data: INRSet, x: torch.Tensor) -> dict[st
     model.eval()
     out = []
     seps = []
+    dev = x.device  # the data follow the grid (the model's device)
     for i in range(0, len(data), 512):
         d = data.subset(slice(i, i + 512))
-        eW1, eb1, eW2, eb2, deltas = model(d.W1, d.b1, d.W2, d.b2)
-        out.append(rel_mse(render(eW1, eb1, eW2, eb2, x).mean(1), d.target))
+        eW1, eb1, eW2, eb2, deltas = model(*(t.to(dev) for t in (d.W1, d.b1, d.W2, d.b2)))
+        out.append(rel_mse(render(eW1, eb1, eW2, eb2, x).mean(1), d.target.to(dev)))
         seps.append(copy_separation_flat(deltas) * len(d))
     model.train()
     return {"rel_mse": float(torch.cat(out).mean()), "copy_separation": sum(seps) / len(data)}
+
+
+class WeightspaceRecipe(Recipe):
+    """The OCE meta-network trained end to end through rendering: Adam ``lr`` with a cosine
+    decay to ``lr_min`` over ``steps``, batch ``batch`` (each worker takes its slice), gradient
+    clipping; the training loss, the test rel_mse and the copy separation every ``eval_every``
+    steps (checkpoints every ``checkpoint_every``, a multiple of it).
+
+    ``model``/``train``/``test``/``seed`` given: a row of the experiments, trained in-process
+    on what the caller built (``on_eval(step, row)`` sees every evaluation)."""
+
+    def __init__(
+        self,
+        cfg: WeightspaceConfig,
+        model: DeepSetsOCE | None = None,
+        train: INRSet | None = None,
+        test: INRSet | None = None,
+        *,
+        seed: int | None = None,
+        on_eval: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.model, self.train_set, self.test_set = model, train, test
+        self.seed = cfg.seed if seed is None else seed
+        self.on_eval = on_eval
+
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.model is None:
+            torch.manual_seed(cfg.seed)
+            self.model = build(cfg)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        if self.train_set is None or self.test_set is None:
+            self.train_set, self.test_set = splits(cfg)
+        self.clip_grad_norm = cfg.clip
+        self.samples_per_step = cfg.batch // self.world_size
+        self.x = grid(cfg).float().to(self.device)
+        self.gen = torch.Generator().manual_seed(self.seed * 7919 + 1)
+        self.history: list[dict[str, float]] = []
+        self.resumed_from: list[int] = []
+
+    def schedule(self) -> tuple[int, int, int]:
+        cfg = self.cfg
+        return int(cfg.steps), int(cfg.eval_every), int(cfg.checkpoint_every)
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        self.resumed_from = [*restored.extra.get("resumed_from", []), restored.step]
+        for _ in range(restored.step):  # continue the batch sequence of the resumed run
+            torch.randint(len(self.train_set), (self.cfg.batch,), generator=self.gen)
+
+    def lr_at(self, step: int) -> float:
+        cfg = self.cfg
+        t = min(step, cfg.steps) / cfg.steps
+        return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * t))
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        idx = torch.randint(len(self.train_set), (cfg.batch,), generator=self.gen)
+        d = self.train_set.subset(idx[self.rank :: self.world_size])
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr_at(step - 1)
+        W1, b1, W2, b2, target = (t.to(self.device) for t in (d.W1, d.b1, d.W2, d.b2, d.target))
+        pred = oce_render(self.forward, W1, b1, W2, b2, self.x)
+        loss = ((pred - target) ** 2).mean()
+        return loss, {"loss": float(loss.detach())}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        ev = evaluate_model(self.model, self.test_set, self.x)
+        metrics = {**metrics, "test_rel_mse": ev["rel_mse"],
+                   "copy_separation": ev["copy_separation"]}  # fmt: skip
+        row = {"step": float(step), **metrics}
+        self.history.append(row)
+        if self.on_eval is not None:
+            self.on_eval(step, row)
+        return metrics
+
+    def extra(self) -> dict[str, Any]:
+        cfg, model = self.cfg, self.model
+        return {"model": model.describe(), "params": count_params(model), "task": cfg.task,
+                "grid": cfg.grid, "radius": cfg.radius,
+                "resumed_from": self.resumed_from}  # fmt: skip
 
 
 def train_model(
@@ -45,54 +134,14 @@ def train_model(
     cfg: WeightspaceConfig,
     *,
     seed: int,
-    forward: torch.nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
     on_eval: Callable[[int, dict[str, float]], None] | None = None,
-    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Adam ``lr`` with a cosine decay to ``lr_min`` over ``steps``, batch ``batch`` (each of
-    ``world`` ranks takes its slice), gradient clipping; evaluates every ``eval_every``.
-    ``on_step(step)`` runs at the start of every step (the Ray Train loop's fault injection)."""
-    fwd = forward if forward is not None else model
-    x = grid(cfg).float()
-    opt = optimizer or torch.optim.Adam(model.parameters(), lr=cfg.lr)
-
-    def lr_at(step: int) -> float:
-        t = min(step, cfg.steps) / cfg.steps
-        return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * t))
-
-    gen = torch.Generator().manual_seed(seed * 7919 + 1)
-    for _ in range(start):  # continue the batch sequence of a resumed run
-        torch.randint(len(train), (cfg.batch,), generator=gen)
-    history: list[dict[str, float]] = []
+    """Train ``model`` in this process (a row of the experiments) with the recipe a worker
+    runs (:class:`WeightspaceRecipe`); ``on_eval(step, row)`` sees every evaluation."""
     t0 = time.time()
-    window: list[float] = []
-    for step in range(start + 1, cfg.steps + 1):
-        if on_step is not None:
-            on_step(step)
-        idx = torch.randint(len(train), (cfg.batch,), generator=gen)[rank::world]
-        d = train.subset(idx)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step - 1)
-        pred = oce_render(fwd, d.W1, d.b1, d.W2, d.b2, x)
-        loss = ((pred - d.target) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
-        window.append(float(loss.detach()))
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = evaluate_model(model, test, x)
-            row = {"step": float(step), "loss": sum(window) / len(window),
-                   "test_rel_mse": ev["rel_mse"], "copy_separation": ev["copy_separation"]}  # fmt: skip
-            window = []
-            history.append(row)
-            if on_eval is not None:
-                on_eval(step, row)
-    return {"history": history, "seconds": time.time() - t0}
+    recipe = WeightspaceRecipe(cfg, model, train, test, seed=seed, on_eval=on_eval)
+    train_recipe(recipe, session=False)
+    return {"history": recipe.history, "seconds": time.time() - t0}
 
 
 def fit_oracle(
@@ -126,37 +175,9 @@ def fit_oracle(
 
 
 def train_loop(cfg: WeightspaceConfig) -> None:
-    """Train one (backbone, k) configuration end to end through rendering; every worker
-    takes its slice of each batch (DDP averages the gradients); reports the training loss,
-    the test rel_mse and the copy separation every ``eval_every`` steps and checkpoints
-    every ``checkpoint_every``; resumes from the last checkpoint; honours ``fail_at_step``."""
-    from nshot.train import session
-
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
-    model = build(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    ddp = session.prepare_model(model)
-    train, test = splits(cfg)
-    # resumed_from: the steps this run was resumed from (one entry per resume)
-    resumed = [*restored.extra.get("resumed_from", []), start] if restored else []
-    extra = {"model": model.describe(), "params": count_params(model), "task": cfg.task,
-             "grid": cfg.grid, "radius": cfg.radius, "resumed_from": resumed}  # fmt: skip
-
-    def on_eval(step: int, row: dict[str, float]) -> None:
-        session.report(
-            {k: v for k, v in row.items() if k != "step"}, step=step, model=model,
-            optimizer=opt, extra=extra,
-            checkpoint=step % cfg.checkpoint_every == 0 or step == cfg.steps,
-            samples=cfg.eval_every * cfg.batch // ctx.world_size,
-        )  # fmt: skip
-
-    train_model(model, train, test, cfg, seed=cfg.seed, forward=ddp, optimizer=opt,
-                start=start, rank=ctx.rank, world=ctx.world_size, on_eval=on_eval,
-                on_step=lambda step: session.maybe_inject_fault(step, restored))  # fmt: skip
+    """Train one (backbone, k) configuration end to end through rendering under Ray Train:
+    every worker takes its slice of each batch (DDP averages the gradients)."""
+    train_recipe(WeightspaceRecipe(cfg))
 
 
 def evaluate_checkpoint(checkpoint: LoadedCheckpoint, cfg: WeightspaceConfig) -> dict[str, float]:
