@@ -35,6 +35,8 @@ import torch
 from torch import nn
 
 from nshot.errors import NshotError
+from nshot.train.trainer import Recipe
+from nshot.train.trainer import train as train_recipe
 
 from .config import ModHNNConfig
 from .model import Dynamics, DynSpec, MetaState, relative_loss
@@ -176,6 +178,94 @@ class MetaTrainer:
         lat.copy_(full)
 
 
+class ModHNNRecipe(Recipe):
+    """Meta-training as :mod:`nshot.train.trainer` runs it: one :class:`MetaTrainer` outer step
+    per step (its own Adam on the base, plain SGD on the latents); the checkpoint is the
+    :class:`MetaState` (base, hypernetwork and the training latents) with the base's Adam.
+    Reports the mean L_symp of the steps since the last report and the mean latent norm.
+
+    Given ``train`` (and ``kind``/``modulation``/``seed``), a row of the experiments trained
+    in-process; ``progress(step, loss)`` sees every report."""
+
+    def __init__(
+        self,
+        cfg: ModHNNConfig,
+        train: Split | None = None,
+        *,
+        kind: str | None = None,
+        modulation: str | None = None,
+        seed: int | None = None,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.train_split = train
+        self.kind = kind or cfg.model_kind
+        self.modulation = modulation
+        self.seed = cfg.seed if seed is None else seed
+        self.progress = progress
+
+    def build(self) -> None:
+        cfg = self.cfg
+        n_test = None
+        if self.train_split is None:
+            from .data import load_splits
+
+            self.train_split, test = load_splits(cfg)
+            n_test = test.n_instances
+        train = self.train_split
+        if train.n_instances < self.world_size:
+            raise NshotError(
+                f"n_train_instances: {train.n_instances} instances for {self.world_size} workers"
+            )
+        torch.manual_seed(self.seed)
+        self.spec = make_spec(cfg, train, kind=self.kind, modulation=self.modulation)
+        self.model = state = MetaState(Dynamics(self.spec), train.n_instances)
+        self.forward = state.dyn  # the base step's call (DDP-wrapped on a worker group)
+        state.to(self.device)
+        self.trainer = MetaTrainer(
+            cfg, state, train, rank=self.rank, world=self.world_size, device=self.device
+        )
+        self.optimizer = self.trainer.opt
+        self.samples_per_step = self.trainer.batch
+        self.instances = {"train": train.n_instances, "test": n_test}
+        self.window: list[float] = []
+        self.t_last = time.time()
+        self.curve: list[float] = []
+
+    def schedule(self) -> tuple[int, int, int]:
+        steps, log_every, checkpoint_every = super().schedule()
+        if not self.session:  # in-process: a curve point every log_every, none at checkpoints
+            checkpoint_every = steps
+        return steps, log_every, checkpoint_every
+
+    def step(self, step: int) -> dict[str, float]:
+        self.trainer.fn = self.forward
+        loss = self.trainer.step(step, self.seed).loss
+        self.window.append(loss)
+        return {"loss": loss}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        cfg = self.cfg
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            self.trainer.gather_latents()  # every instance's latent, on every rank
+        loss = float(np.mean(self.window))
+        metrics = {
+            "loss": loss,
+            "latent_norm": float(self.model.latents.norm(dim=-1).mean()),
+            "step_s": (time.time() - self.t_last) / max(len(self.window), 1),
+        }
+        self.window = []
+        self.t_last = time.time()
+        self.curve.append(loss)
+        if self.progress is not None:
+            self.progress(step, loss)
+        return metrics
+
+    def extra(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict(), "system": self.cfg.system,
+                "instances": self.instances}  # fmt: skip
+
+
 def meta_train(
     cfg: ModHNNConfig,
     train: Split,
@@ -185,24 +275,13 @@ def meta_train(
     seed: int | None = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> tuple[MetaState, list[float]]:
-    """Meta-train in-process (one worker): used by ``experiments()``; ``train_loop`` runs the
-    same ``MetaTrainer`` under Ray Train with checkpoints."""
-    seed = cfg.seed if seed is None else seed
-    torch.manual_seed(seed)
-    spec = make_spec(cfg, train, kind=kind, modulation=modulation)
-    state = MetaState(Dynamics(spec), train.n_instances)
-    trainer = MetaTrainer(cfg, state, train)
-    curve: list[float] = []
-    window: list[float] = []
-    for step in range(1, cfg.steps + 1):
-        window.append(trainer.step(step, seed).loss)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            curve.append(float(np.mean(window)))
-            window = []
-            if progress is not None:
-                progress(step, curve[-1])
-    state.eval()
-    return state, curve
+    """Meta-train in-process (one worker, the recipe ``train_loop`` runs): used by
+    ``experiments()``; returns the state (in eval mode) and the reported loss curve."""
+    recipe = ModHNNRecipe(cfg, train, kind=kind, modulation=modulation, seed=seed,
+                          progress=progress)  # fmt: skip
+    train_recipe(recipe, session=False)
+    recipe.model.eval()
+    return recipe.model, recipe.curve
 
 
 def state_dict_numpy(state: nn.Module) -> dict[str, Any]:
@@ -214,53 +293,4 @@ def train_loop(cfg: ModHNNConfig) -> None:
     instances sharded by rank, the base's gradients averaged by DDP; reports the mean
     L_symp every ``log_every`` outer steps and checkpoints base, hypernetwork and the
     training latents every ``checkpoint_every``."""
-    from nshot.train import session
-
-    from .data import load_splits
-
-    ctx = session.context()
-    train, test = load_splits(cfg)
-    if train.n_instances < ctx.world_size:
-        raise NshotError(
-            f"n_train_instances: {train.n_instances} instances for {ctx.world_size} workers"
-        )
-    torch.manual_seed(cfg.seed)
-    spec = make_spec(cfg, train, kind=cfg.model_kind)
-    state = MetaState(Dynamics(spec), train.n_instances)
-    ddp = session.prepare_model(state.dyn)
-    state.to(ctx.device)
-    trainer = MetaTrainer(
-        cfg, state, train, fn=ddp, rank=ctx.rank, world=ctx.world_size, device=ctx.device
-    )
-    restored = session.restore(state, trainer.opt)
-    start = restored.step if restored else 0
-    extra = {
-        "spec": spec.to_dict(),
-        "system": cfg.system,
-        "instances": {"train": train.n_instances, "test": test.n_instances},
-    }
-    window: list[float] = []
-    t_last = time.time()
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
-        window.append(trainer.step(step, cfg.seed).loss)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            if is_ckpt:
-                trainer.gather_latents()  # every instance's latent, on every rank
-            metrics = {
-                "loss": float(np.mean(window)),
-                "latent_norm": float(state.latents.norm(dim=-1).mean()),
-                "step_s": (time.time() - t_last) / max(len(window), 1),
-            }
-            window = []
-            t_last = time.time()
-            session.report(
-                metrics,
-                step=step,
-                model=state,
-                optimizer=trainer.opt,
-                extra=extra,
-                checkpoint=is_ckpt,
-                samples=trainer.batch,
-            )
+    train_recipe(ModHNNRecipe(cfg))
