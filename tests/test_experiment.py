@@ -193,3 +193,50 @@ def test_a_job_whose_worker_dies_runs_again_and_without_retries_is_named(ray_ses
     assert fetch(submit(Job(("s",), _dies_once, (str(tmp_path / "sub"),), num_cpus=0.5))) == {
         "acc": 1.0
     }
+
+
+def test_planning_lists_the_grid_with_its_resources_and_runs_nothing():
+    """``nshot reproduce --dry-run``: submitted jobs and the grid are recorded, nothing runs,
+    and under a GPU scale the jobs that train a network take the scale's CPUs, GPUs and
+    threads while the others keep their own request."""
+    from nshot.experiment import JobScale, PlanComplete, planning, scaled
+
+    def comparison():
+        ahead = submit(Job(("pre",), _boom, ("a", 1), trains=True))
+        assert ahead is None  # never run
+        run_jobs(
+            [
+                Job(("a", 0), _boom, ("a", 1), trains=True),
+                Job(("b", 0), _boom, ("b", 1), num_cpus=2),
+            ]
+        )
+        raise AssertionError("run_jobs returned while planning")
+
+    with scaled(JobScale.preset("gpu8")), planning() as plan:
+        with pytest.raises(PlanComplete):
+            comparison()
+    assert [p["key"] for p in plan] == [["pre"], ["a", "0"], ["b", "0"]]
+    assert [(p["cpus"], p["gpus"], p["threads"]) for p in plan] == [
+        (8.0, 1.0, 8),
+        (8.0, 1.0, 8),
+        (2, 0.0, 2),
+    ]
+    with planning() as plan:  # no scale: as declared
+        with pytest.raises(PlanComplete):
+            comparison()
+    assert [(p["cpus"], p["gpus"]) for p in plan] == [(1.0, 0.0), (1.0, 0.0), (2, 0.0)]
+
+
+def test_a_scaled_training_job_runs_with_the_scales_threads_in_process(monkeypatch):
+    from nshot.experiment import JobScale, scaled
+
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+
+    def threads() -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    with scaled(JobScale("t", 2.0, 0.0)):
+        got = run_jobs([Job(("t",), threads, trains=True), Job(("o",), threads)], progress=False)
+    assert got == {("t",): 2, ("o",): 1}

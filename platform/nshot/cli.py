@@ -428,13 +428,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.method is None:
         raise NshotError("name a method to reproduce, or --all (`nshot list` shows them)")
     cfg = _config(args.method, args)
+    if args.scale is not None:
+        from nshot.train import Scaling
+
+        Scaling.preset(args.scale)  # an unknown name fails here, naming the presets
+    if args.dry_run:
+        print(json.dumps(reproduce.plan(args.method, cfg, args.scale), indent=1))
+        return 0
     out = Path(args.out or f"results/{args.method}-{cfg.preset}")
     if args.in_process:
         os.environ["NSHOT_IN_PROCESS"] = "1"
     overrides = parse_overrides(args.overrides)
     if getattr(args, "allow_download", False):
         overrides["allow_download"] = True
-    data = reproduce.run(args.method, cfg, out, overrides)
+    data = reproduce.run(args.method, cfg, out, overrides, scale=args.scale)
     _emit(
         args,
         data,
@@ -1316,6 +1323,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the comparison's jobs one after another in this process, without Ray "
         "(for a debugger or a profiler; same results, slower); NSHOT_IN_PROCESS=1 does the same",
+    )
+    s.add_argument(
+        "--scale",
+        default=None,
+        help="a scaling preset (local | cpu2 | gpu1 | gpu8 | multinode): every job that trains a "
+        "network asks for its CPUs and GPUs per worker (default: each job's own request)",
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan as JSON (every job with its CPUs, GPUs and threads) and run nothing",
     )
     _add_json(s)
     s.set_defaults(func=cmd_reproduce)

@@ -30,12 +30,14 @@ the same seeds give the same figures. :func:`share` (data stored once for many j
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,89 @@ class Job:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     memory: int | None = None  # bytes of RAM Ray reserves for the task
+    #: the job trains (or fine-tunes) a network: under a job scale (:func:`scaled`,
+    #: ``nshot reproduce --scale``) it takes the scale's CPUs and GPUs instead of its own
+    trains: bool = False
+
+
+@dataclass(frozen=True)
+class JobScale:
+    """The resources every job that trains a network gets (``nshot reproduce --scale``): a
+    scale preset's ``cpus_per_worker`` and ``gpus_per_worker``."""
+
+    name: str
+    cpus: float
+    gpus: float
+
+    @classmethod
+    def preset(cls, name: str) -> JobScale:
+        from nshot.train.runner import Scaling
+
+        s = Scaling.preset(name)
+        return cls(name, float(s.cpus_per_worker), float(s.gpus_per_worker))
+
+
+_SCALE: contextvars.ContextVar[JobScale | None] = contextvars.ContextVar("scale", default=None)
+_PLAN: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "plan", default=None
+)
+
+
+@contextlib.contextmanager
+def scaled(scale: JobScale | None) -> Iterator[None]:
+    """Run the jobs submitted inside the block at ``scale`` (``None``: as they declare)."""
+    token = _SCALE.set(scale)
+    try:
+        yield
+    finally:
+        _SCALE.reset(token)
+
+
+class PlanComplete(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by :func:`run_jobs` while planning (:func:`planning`): the comparison's grid is
+    known, and nothing has run."""
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[list[dict[str, Any]]]:
+    """Collect the jobs a comparison would run, without running any: inside the block
+    :func:`submit` records its job and :func:`run_jobs` records its grid, then raises
+    :class:`PlanComplete` (the comparison's later phases depend on results that do not
+    exist). Yields the list of job plans (:func:`job_plan`)."""
+    plan: list[dict[str, Any]] = []
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
+
+
+def resources(job: Job) -> tuple[float, float]:
+    """``(cpus, gpus)`` the job runs with: the scale's for a training job under a scale."""
+    scale = _SCALE.get()
+    if scale is not None and job.trains:
+        return scale.cpus, scale.gpus
+    return job.num_cpus, job.num_gpus
+
+
+def job_plan(job: Job) -> dict[str, Any]:
+    """What a job asks for: its key, function, CPUs, GPUs, torch threads (one per CPU, as
+    Ray sets ``OMP_NUM_THREADS`` for a task), memory, and whether it trains a network."""
+    cpus, gpus = resources(job)
+    return {
+        "key": [str(k) for k in job.key],
+        "fn": f"{job.fn.__module__}.{job.fn.__qualname__}",
+        "cpus": cpus,
+        "gpus": gpus,
+        "threads": threads_for(cpus),
+        "memory": job.memory,
+        "trains": job.trains,
+    }
+
+
+def threads_for(cpus: float) -> int:
+    """torch threads of a job with ``cpus`` CPUs."""
+    return max(1, int(cpus))
 
 
 def grid(*axes: Iterable[Hashable]) -> list[Key]:
@@ -79,6 +164,10 @@ def run_jobs(
     keys = [j.key for j in jobs]
     if len(set(keys)) != len(keys):
         raise NshotError(f"{description}: two jobs share a key")
+    plan = _PLAN.get()
+    if plan is not None:
+        plan.extend(job_plan(j) for j in jobs)
+        raise PlanComplete(description)
     if not jobs:
         return {}
     if in_process():
@@ -92,11 +181,8 @@ def run_jobs(
     refs: dict[Any, Key] = {}
     for job in jobs:
         remote = remotes.setdefault(job.fn, ray.remote(job.fn))
-        options: dict[str, Any] = {
-            "num_cpus": job.num_cpus,
-            "num_gpus": job.num_gpus,
-            "max_retries": max_retries,
-        }
+        cpus, gpus = resources(job)
+        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         if job.memory is not None:
             options["memory"] = job.memory
         refs[remote.options(**options).remote(*job.args, **job.kwargs)] = job.key
@@ -137,7 +223,7 @@ def share(value: Any) -> Any:
     """Store ``value`` once for many jobs of a comparison (a dataset, a trained model): on Ray,
     a reference in the object store (``ray.put``; a job given it as an argument receives the
     value); in-process, the value itself. Pass the result as an argument of a :class:`Job`."""
-    if in_process():
+    if in_process() or _PLAN.get() is not None:  # planning: nothing is stored
         return value
     import ray
 
@@ -154,6 +240,10 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
     it, once it is ready); in-process, the result itself, computed here and now. :func:`fetch`
     turns either into the value. A worker that dies under the job reruns it up to
     ``max_retries`` times, as in :func:`run_jobs`."""
+    plan = _PLAN.get()
+    if plan is not None:  # planning: recorded, not run; its result is never needed
+        plan.append(job_plan(job))
+        return None
     if in_process():
         return _run_here([job], f"job {job.key}", progress=False)[job.key]
     import ray
@@ -161,7 +251,8 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
     from nshot.train.runner import ensure_ray
 
     ensure_ray()
-    options: dict[str, Any] = {"num_cpus": job.num_cpus, "num_gpus": job.num_gpus}
+    cpus, gpus = resources(job)
+    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus}
     if job.memory is not None:
         options["memory"] = job.memory
     return (
@@ -175,7 +266,7 @@ def check_gpus(job_gpus: float, field: str = "job_gpus") -> None:
     """Refuse, naming ``field``, jobs that reserve more GPUs than the Ray cluster has (Ray would
     hold them pending forever). In process (:func:`in_process`) jobs reserve nothing and run on
     this process's device: no check."""
-    if job_gpus <= 0 or in_process():
+    if job_gpus <= 0 or in_process() or _PLAN.get() is not None:
         return
     import ray
 
@@ -223,7 +314,7 @@ def _run_here(jobs: Sequence[Job], description: str, progress: bool) -> dict[Any
         for job in jobs:
             args, kwargs = _resolved(job.args), _resolved(job.kwargs)
             threads = torch.get_num_threads()
-            torch.set_num_threads(max(1, int(job.num_cpus)))  # a Ray task's OMP_NUM_THREADS
+            torch.set_num_threads(threads_for(resources(job)[0]))  # a Ray task's OMP_NUM_THREADS
             try:
                 done[job.key] = job.fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - name the job, as the Ray path does

@@ -67,8 +67,13 @@ def run(
     overrides: dict[str, Any] | None = None,
     *,
     git: dict[str, Any] | None = None,
+    scale: str | None = None,
 ) -> dict[str, Any]:
     """Run ``method_name``'s comparison on ``cfg`` and write its results under ``out``.
+
+    ``scale``: a scaling preset (``gpu8``, ...): every job that trains a network runs with its
+    CPUs and GPUs per worker (:class:`nshot.experiment.JobScale`); ``None``: as each job
+    declares.
 
     ``overrides``: the config fields the user set (recorded beside the resolved config);
     ``git``: the checkout's state to record (default: read here, see
@@ -84,14 +89,19 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     for line in version_drift(method_name, cfg.preset, experiment_of(cfg)):
         print(f"[nshot reproduce] warning: {line}", file=sys.stderr, flush=True)
+    from nshot.experiment import JobScale, scaled
+
+    job_scale = JobScale.preset(scale) if scale else None
     info = run_info(method_name, cfg, overrides, git=git)
+    if job_scale is not None:
+        info["scale"] = {"name": scale, "cpus": job_scale.cpus, "gpus": job_scale.gpus}
     t0 = time.time()
     scratch = (
         tempfile.TemporaryDirectory(prefix=f"nshot-{method_name}-")
         if stem != "results"
         else contextlib.nullcontext(str(out))
     )
-    with scratch as workdir:
+    with scratch as workdir, scaled(job_scale):
         table = method.experiments(cfg, Path(workdir))
         wall = time.time() - t0
         if not table.runtime_s:
@@ -358,6 +368,47 @@ def on_cluster() -> bool:
     from nshot.experiment import in_process
 
     return bool(os.environ.get("RAY_ADDRESS")) and not in_process()
+
+
+def plan(method_name: str, cfg: MethodConfig, scale: str | None = None) -> dict[str, Any]:
+    """The jobs ``nshot reproduce`` would run for ``method_name`` on ``cfg`` at ``scale``,
+    without running any (``nshot reproduce --dry-run``): each with its CPUs, GPUs, torch
+    threads and memory, and whether it trains a network.
+
+    The comparison is called in planning mode (:func:`nshot.experiment.planning`): what it
+    submits ahead and its grid are recorded, and it stops at the grid. A comparison with later
+    phases (jobs built from an earlier phase's results) lists its first phase; ``phases``
+    says so. A comparison that submitted nothing is reported with ``jobs: []``."""
+    from nshot.experiment import JobScale, PlanComplete, planning, scaled
+
+    method = get(method_name)
+    job_scale = JobScale.preset(scale) if scale else None
+    stopped = False
+    with (
+        tempfile.TemporaryDirectory(prefix=f"nshot-plan-{method_name}-") as workdir,
+        scaled(job_scale),
+        planning() as jobs,
+    ):
+        try:
+            method.experiments(cfg, Path(workdir))
+        except PlanComplete:
+            stopped = True
+    return {
+        "method": method_name,
+        "preset": cfg.preset,
+        "scale": None
+        if job_scale is None
+        else {"name": scale, "cpus": job_scale.cpus, "gpus": job_scale.gpus},
+        "phases": "first" if stopped else "all",
+        "jobs": jobs,
+        "totals": {
+            "jobs": len(jobs),
+            "training_jobs": sum(1 for j in jobs if j["trains"]),
+            "gpu_jobs": sum(1 for j in jobs if j["gpus"] > 0),
+            "cpus": sum(j["cpus"] for j in jobs),
+            "gpus": sum(j["gpus"] for j in jobs),
+        },
+    }
 
 
 def run_all(
