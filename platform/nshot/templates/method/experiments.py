@@ -49,7 +49,7 @@ def run_seed(config: dict[str, Any], seed: int) -> dict[str, float]:
 def run_experiments(cfg: SkeletonConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
-    jobs = [Job((s,), run_seed, (cfg.model_dump(), s)) for s in seeds]
+    jobs = [Job((s,), run_seed, (cfg.model_dump(), s), trains=True) for s in seeds]
     description = f"skeleton {cfg.preset}: {len(jobs)} training seeds"
     done = run_jobs(jobs, description=description)
     per_job = {(system, s): {"acc": done[(s,)][system]} for system in SYSTEMS for s in seeds}
