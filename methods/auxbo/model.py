@@ -408,22 +408,24 @@ def sample_batch(
 def predict_batch(
     model: nn.Module, batch: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(μ, σ)`` of a packed batch; ``model`` may be wrapped (DDP) around a :class:`TNP`."""
-    use_h = getattr(model, "module", model).cfg.use_h
+    """``(μ, σ)`` of a packed batch; ``model`` may be wrapped (DDP) around a :class:`TNP`. The
+    batch (packed on the CPU) follows the model's device."""
+    net = getattr(model, "module", model)
+    device = next(net.parameters()).device
     return model(
-        batch["xc"],
-        batch["fc"],
-        batch["hc"] if use_h else None,
-        batch["xt"],
-        batch["ctx_mask"],
-        batch["h_mask"],
+        batch["xc"].to(device),
+        batch["fc"].to(device),
+        batch["hc"].to(device) if net.cfg.use_h else None,
+        batch["xt"].to(device),
+        batch["ctx_mask"].to(device),
+        batch["h_mask"].to(device),
     )
 
 
 def nll_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Gaussian NLL (nats per target, mean over targets and tasks) of ``batch["ft"]``."""
     mu, sigma = predict_batch(model, batch)
-    return gaussian_nll(mu, sigma, batch["ft"]).mean()
+    return gaussian_nll(mu, sigma, batch["ft"].to(mu.device)).mean()
 
 
 def gaussian_nll(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -483,8 +485,9 @@ def evaluate_prediction(
             h_src = [shuffles[k][c] for k, c in zip(group, ctx)] if h_shuffle else None
             batch = _pack(chunk, ctx, tgt, n, stats, h_src)
             mu, sigma = predict_batch(model, batch)
-            nll_sum += float(gaussian_nll(mu, sigma, batch["ft"]).sum())
-            se_sum += float(((mu - batch["ft"]) ** 2).sum())
+            ft = batch["ft"].to(mu.device)
+            nll_sum += float(gaussian_nll(mu, sigma, ft).sum())
+            se_sum += float(((mu - ft) ** 2).sum())
             count += mu.numel()
         out[int(n)] = {"nll": nll_sum / count, "mse": se_sum / count}
     model.train(was_training)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from nshot.errors import NshotError
-from nshot.train import session
+from nshot.train.trainer import Recipe
+from nshot.train.trainer import train as train_recipe
 
 from .config import AuxBOConfig
 from .data import load_family
@@ -92,6 +93,133 @@ def selection_nll(
     return float(np.mean([pred[n]["nll"] for n in sizes]))
 
 
+class AuxBORecipe(Recipe):
+    """Meta-training of the TNP: Adam on the Gaussian NLL of a batch of history tasks per step
+    (drawn from ``(seed, step, rank)``), the gradient clipped to ``grad_clip``; with
+    ``select_tasks`` > 0 the held-back tasks' NLL every ``select_every`` steps picks the step
+    whose weights are kept.
+
+    Under Ray Train (no ``tasks`` given) it reads the config's family, reports the NLL and MSE
+    on the first ``eval_tasks`` held-out tasks (and the selection) and checkpoints the family's
+    description; in-process (:func:`meta_train`) it trains on the given tasks and keeps the
+    mean loss of every ``log_every`` steps."""
+
+    def __init__(
+        self,
+        cfg: AuxBOConfig,
+        tasks: list[Task] | None = None,
+        stats: dict[str, Any] | None = None,
+        use_h: bool | None = None,
+        *,
+        h_shuffle: bool = False,
+        progress: str | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.tasks, self.stats, self.use_h = tasks, stats, use_h
+        self.h_shuffle, self.progress = h_shuffle, progress
+        self.clip_grad_norm = cfg.grad_clip
+        self.samples_per_step = cfg.batch_tasks
+
+    def build(self) -> None:
+        cfg = self.cfg
+        self.test: list[Task] = []
+        self.info: dict[str, Any] = {}
+        if self.tasks is None:  # the config's family (a Ray Train run)
+            self.tasks, self.test, self.info = load_family(cfg)
+            self.stats = family_stats(self.tasks)
+        tasks = self.tasks
+        self.tcfg = tnp_config(cfg, tasks, self.use_h)
+        torch.manual_seed(cfg.seed)
+        self.model = TNP(self.tcfg)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.n_max, self.m = batch_shape(cfg, tasks)
+        self.fit, self.held = selection_split(cfg, tasks)  # held: picks the step that is kept
+        self.best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+        self.curve_steps: list[int] = []
+        self.curve_nll: list[float] = []
+        self.losses: list[float] = []
+        self.window: list[float] = []
+        self.selected: tuple[int, float] | None = None  # (step, its held-back NLL)
+        self.t0 = time.time()
+        if self.session:
+            self.val = self.test[: cfg.eval_tasks]
+            self.n_val = min(5, self.n_max, min(len(t.f) for t in self.val) - 1)
+
+    def schedule(self) -> tuple[int, int, int]:
+        steps, log_every, checkpoint_every = super().schedule()
+        # in-process the loss is averaged over every log_every steps (and the last) only
+        return steps, log_every, checkpoint_every if self.session else log_every
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, step, self.rank])
+        batch = sample_batch(
+            self.fit, cfg.batch_tasks, self.n_max, self.m, rng, self.stats,
+            h_shuffle=self.h_shuffle,
+        )  # fmt: skip
+        loss = nll_loss(self.forward, batch)  # through the DDP wrapper when there is one
+        return loss, {"loss": float(loss.detach())}
+
+    def step(self, step: int) -> dict[str, float]:
+        self.forward.train()
+        stats = super().step(step)
+        self.window.append(stats["loss"])
+        last = self.schedule()[0]
+        if self.held and (step % self.cfg.select_every == 0 or step == last):
+            net = self.model
+            sel = selection_nll(net, self.held, self.m, self.stats, self.cfg.seed,
+                                h_shuffle=self.h_shuffle)  # fmt: skip
+            net.train()
+            self.curve_steps.append(step)
+            self.curve_nll.append(sel)
+            if self.best is None or sel < self.best[0]:
+                state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+                self.best = (sel, step, state)
+            if step == last and self.session:  # the final checkpoint holds the kept weights
+                net.load_state_dict(self.best[2])
+                sel = self.best[0]
+                _log(f"kept step {self.best[1]} (held-back nll {self.best[0]:.3f})")
+            self.selected = (step, sel)
+        return stats
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        loss = float(np.mean(self.window or [float("nan")]))
+        self.window = []
+        if not self.session:
+            self.losses.append(loss)
+            if self.progress:
+                sel = f", held-back nll {self.curve_nll[-1]:.3f}" if self.curve_nll else ""
+                _log(
+                    f"{self.progress}: step {step}/{self.cfg.steps} nll {loss:.3f}{sel} "
+                    f"({time.time() - self.t0:.0f}s)"
+                )
+            return {**metrics, "loss": loss}
+        net = self.model
+        net.eval()
+        pred = evaluate_prediction(net, self.val, n_ctx_list=(self.n_val,), m_targets=self.m,
+                                   stats=self.stats, seed=self.cfg.seed)  # fmt: skip
+        out = {"loss": loss, "val_nll": pred[self.n_val]["nll"],
+               "val_mse": pred[self.n_val]["mse"]}  # fmt: skip
+        if self.best is not None:
+            selected = self.selected is not None and self.selected[0] == step
+            out.update(
+                select_nll=self.selected[1] if selected else self.best[0], kept_step=self.best[1]
+            )
+        return out
+
+    def extra(self) -> dict[str, Any]:
+        info = self.info
+        return {
+            "tnp": self.tcfg.to_dict(),
+            "stats": self.stats,
+            "family": self.cfg.family,
+            "space": info.get("space"),
+            "space_hash": info.get("space_hash"),
+            "history_method": info.get("method"),
+            "tasks": {"train": len(self.fit), "held_back": len(self.held), "test": len(self.test)},
+        }
+
+
 def meta_train(
     cfg: AuxBOConfig,
     train: list[Task],
@@ -113,131 +241,34 @@ def meta_train(
     receives ``best_step``, ``best_nll``, ``steps`` and ``nll`` (the curve)."""
     if h_shuffle and not use_h:
         raise ValueError("h_shuffle needs a model that reads h (use_h=True)")
-    torch.manual_seed(cfg.seed)
-    fit, held = selection_split(cfg, train)
-    model = TNP(tnp_config(cfg, train, use_h))
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    n_max, m = batch_shape(cfg, train)
-    losses = []
-    t0 = time.time()
-    window = []
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    curve_steps: list[int] = []
-    curve_nll: list[float] = []
-    train = fit
-    for step in range(1, cfg.steps + 1):
-        rng = np.random.default_rng([cfg.seed, step])
-        batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats, h_shuffle=h_shuffle)
-        loss = nll_loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        window.append(float(loss.detach()))
-        if held and (step % cfg.select_every == 0 or step == cfg.steps):
-            val = selection_nll(model, held, m, stats, cfg.seed, h_shuffle=h_shuffle)
-            model.train()
-            curve_steps.append(step)
-            curve_nll.append(val)
-            if best is None or val < best[0]:
-                best = (val, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            losses.append(float(np.mean(window)))
-            window = []
-            if progress:
-                sel = f", held-back nll {curve_nll[-1]:.3f}" if curve_nll else ""
-                _log(
-                    f"{progress}: step {step}/{cfg.steps} nll {losses[-1]:.3f}{sel} "
-                    f"({time.time() - t0:.0f}s)"
-                )
+    recipe = AuxBORecipe(cfg, train, stats, use_h, h_shuffle=h_shuffle, progress=progress)
+    train_recipe(recipe, session=False)
+    model, best = recipe.model, recipe.best
     if best is not None:
         model.load_state_dict(best[2])
         if progress:
             _log(f"{progress}: kept step {best[1]} (held-back nll {best[0]:.3f})")
         if selection is not None:
             selection.update(
-                best_step=best[1], best_nll=best[0], steps=curve_steps, nll=curve_nll,
-                tasks=[t.name for t in held],
+                best_step=best[1], best_nll=best[0], steps=recipe.curve_steps,
+                nll=recipe.curve_nll, tasks=[t.name for t in recipe.held],
             )  # fmt: skip
     model.eval()
-    return model, losses
+    return model, recipe.losses
 
 
 def train_loop(cfg: AuxBOConfig) -> None:
     """Meta-train the TNP on the config's family under Ray Train: every ``checkpoint_every``
     steps a checkpoint, the held-back tasks pick the step that is kept (``select_tasks``), and a
     history family also saves the surrogate the Tune searcher reads."""
-    ctx = session.context()
-    train, test, info = load_family(cfg)
-    stats = family_stats(train)
-    tcfg = tnp_config(cfg, train)
-    torch.manual_seed(cfg.seed)
-    model = session.prepare_model(TNP(tcfg))
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    n_max, m = batch_shape(cfg, train)
-    train, held = selection_split(cfg, train)  # held: picks the step that is kept
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    val = test[: cfg.eval_tasks]
-    n_val = min(5, n_max, min(len(t.f) for t in val) - 1)
-    extra = {
-        "tnp": tcfg.to_dict(),
-        "stats": stats,
-        "family": cfg.family,
-        "space": info.get("space"),
-        "space_hash": info.get("space_hash"),
-        "history_method": info.get("method"),
-        "tasks": {"train": len(train), "held_back": len(held), "test": len(test)},
-    }
-    window = []
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
-        rng = np.random.default_rng([cfg.seed, step, ctx.rank])
-        batch = sample_batch(train, cfg.batch_tasks, n_max, m, rng, stats)
-        model.train()
-        loss = nll_loss(model, batch)  # through the DDP wrapper when there is one
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        window.append(float(loss.detach()))
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        select = bool(held) and (step % cfg.select_every == 0 or step == cfg.steps)
-        if select:
-            net = session.unwrap(model)
-            sel = selection_nll(net, held, m, stats, cfg.seed)
-            if best is None or sel < best[0]:
-                best = (sel, step, {k: v.detach().clone() for k, v in net.state_dict().items()})
-            if step == cfg.steps:  # the final checkpoint holds the selected step's weights
-                net.load_state_dict(best[2])
-                sel = best[0]
-                _log(f"kept step {best[1]} (held-back nll {best[0]:.3f})")
-        if step % cfg.log_every == 0 or is_ckpt or select:
-            net = session.unwrap(model)
-            net.eval()
-            pred = evaluate_prediction(
-                net, val, n_ctx_list=(n_val,), m_targets=m, stats=stats, seed=cfg.seed
-            )
-            metrics = {"loss": float(np.mean(window or [float("nan")])),
-                       "val_nll": pred[n_val]["nll"], "val_mse": pred[n_val]["mse"]}  # fmt: skip
-            if best is not None:
-                metrics.update(select_nll=sel if select else best[0], kept_step=best[1])
-            window = []
-            session.report(
-                metrics,
-                step=step,
-                model=model,
-                optimizer=opt,
-                extra=extra,
-                checkpoint=is_ckpt,
-                samples=cfg.batch_tasks,
-            )
-    if cfg.family == "history" and ctx.rank == 0 and info.get("space_hash"):
+    recipe = train_recipe(AuxBORecipe(cfg))
+    info = recipe.info
+    if cfg.family == "history" and recipe.rank == 0 and info.get("space_hash"):
         from .searcher import surrogate_dir_for_hash
 
+        extra = recipe.extra()
         folder = save_tnp(
-            session.unwrap(model), stats, surrogate_dir_for_hash(info["space_hash"]),
+            recipe.model, recipe.stats, surrogate_dir_for_hash(info["space_hash"]),
             extra={k: extra[k] for k in ("space", "space_hash", "history_method")},
         )  # fmt: skip
         _log(f"surrogate for space {info['space_hash']} saved to {folder}")
