@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -112,6 +112,14 @@ class MethodConfig(BaseModel):
         "on the first attempt (never after a resume)",
     )
     fail_rank: int = Field(0, ge=0, description="rank that dies when fail_at_step is set")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="autocast dtype of the forward pass on a CUDA worker (nshot.train.trainer); "
+        "a CPU worker always trains in fp32",
+    )
+    grad_accum: int = Field(
+        1, ge=1, le=1024, description="micro-batches accumulated per optimizer step"
+    )
 
     @classmethod
     def from_preset(cls, preset: str = "small", **overrides: Any) -> Self:
