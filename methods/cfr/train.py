@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import MAPPING_SYSTEMS, RETRIEVER_SYSTEMS, CfrConfig
 from .data import shot_split
@@ -146,39 +146,6 @@ def _call(fwd: torch.nn.Module, name: str, *args: object) -> torch.Tensor:
     return fwd(name, *args)
 
 
-def fit(
-    cfg: CfrConfig,
-    shots: Shots | None = None,
-    *,
-    model: CfrModel | None = None,
-    opt: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    forward: torch.nn.Module | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-    before_step: Callable[[int], None] | None = None,
-) -> CfrModel:
-    """Stages 1–3 of ``cfg.system`` (from step ``start``), in process."""
-    shots = shots or shot_features(cfg)
-    model = model or new_model(cfg, shots)
-    opt = opt or new_optimizer(cfg, model)
-    trains_maps = cfg.system in MAPPING_SYSTEMS
-    for step in range(start + 1, cfg.steps + 1):
-        if before_step is not None:
-            before_step(step)
-        if trains_maps:
-            stats = epoch(cfg, model, opt, shots, step, rank, forward)
-        else:
-            stats = {"loss": 0.0, "stage": 2.0}
-        if step == cfg.map_epochs or not trains_maps:
-            finish_banks(cfg, model, shots)
-        if step == cfg.steps:
-            set_threshold_hint(cfg, model, shots)
-        if on_step is not None:
-            on_step(step, stats)
-    return model
-
-
 class _Dispatch(torch.nn.Module):
     """DDP calls ``forward``; this routes it to a named method of the CFR model."""
 
@@ -202,40 +169,89 @@ def run_record(cfg: CfrConfig, model: CfrModel, step: int) -> dict:
             "threshold_hint": float(model.threshold_hint)}  # fmt: skip
 
 
+class CfrRecipe(Recipe):
+    """Stages 1–3 of ``cfg.system``: a step is one stage epoch (:func:`epoch`, one Adam step per
+    shot), the banks and θ at the end of stage 1 (at step 1 for the bank-only systems), the
+    threshold hint at the last step. In a Ray run the report adds the stage, θ and the
+    validation AUPRO@30 % and I-AUROC; in process (``shots`` given) ``on_step`` sees each step's
+    loss and stage."""
+
+    def __init__(
+        self,
+        cfg: CfrConfig,
+        shots: Shots | None = None,
+        *,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.shots, self.on_step = shots, on_step
+        self.samples_per_step = 1
+
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.shots is None:
+            self.shots = shot_features(cfg, device=self.device)
+        else:  # in process: the model trains where the given shots are (a job's GPU)
+            self.device = self.shots.f2[0].device
+        self.model = new_model(cfg, self.shots)
+        self.optimizer = new_optimizer(cfg, self.model)
+        self.trains_maps = cfg.system in MAPPING_SYSTEMS
+        if self.world_size > 1 and self.trains_maps:
+            self.forward = _Dispatch(self.model)  # DDP-wrapped by the trainer
+        self.val = class_test_features(cfg, cfg.class_name, "val") if self.session else None
+        self.stage, self.record, self.placed = 0.0, None, False
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg, model, shots = self.cfg, self.model, self.shots
+        if not self.placed:  # an in-process run places the model on the CPU: back to the shots
+            model.to(self.device)
+            self.placed = True
+        if self.trains_maps:
+            stats = epoch(cfg, model, self.optimizer, shots, step, self.rank, self.forward)
+        else:
+            stats = {"loss": 0.0, "stage": 2.0}
+        if step == cfg.map_epochs or not self.trains_maps:
+            finish_banks(cfg, model, shots)
+        if step == cfg.steps:
+            set_threshold_hint(cfg, model, shots)
+        if self.on_step is not None:
+            self.on_step(step, stats)
+        self.stage = stats["stage"]  # reported as the window's last, not its mean
+        return {"loss": stats["loss"]}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        if not self.session:
+            return metrics
+        model = self.model
+        self.record = run_record(self.cfg, model, step)
+        return {**metrics, "stage": self.stage, "theta": float(model.theta_q),
+                **validation_metrics(model, self.cfg, self.val,
+                                     self.record["banks_built"])}  # fmt: skip
+
+    def extra(self) -> dict:
+        return {"run": self.record}
+
+
+def fit(
+    cfg: CfrConfig,
+    shots: Shots | None = None,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> CfrModel:
+    """Stages 1–3 of ``cfg.system`` in this process (a row of the experiments), on the device
+    of ``shots`` (default: the k shots' features on the CPU)."""
+    shots = shots or shot_features(cfg)
+    return train(CfrRecipe(cfg, shots, on_step=on_step), session=False).model
+
+
 def train_loop(cfg: CfrConfig) -> None:
     """Stages 1–3 of one (class, k) run under Ray Train; the stage loss and the validation
-    AUPRO@30 % and I-AUROC (``val_aupro30``, the Tune objective) every ``log_every`` epochs, a checkpoint (mappings, retriever, banks, θ) every ``checkpoint_every`` and at the
-    end. With several workers DDP averages the stage-1 gradients (every worker sees the same
-    k shots, so the run equals a one-worker run) and each worker draws its own retriever queries.
+    AUPRO@30 % and I-AUROC (``val_aupro30``, the Tune objective) every ``log_every`` epochs, a
+    checkpoint (mappings, retriever, banks, θ) every ``checkpoint_every`` and at the end. With
+    several workers DDP averages the stage-1 gradients (every worker sees the same k shots, so
+    the run equals a one-worker run) and each worker draws its own retriever queries.
     """
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    shots = shot_features(cfg, device=ctx.device)
-    model = new_model(cfg, shots)
-    opt = new_optimizer(cfg, model)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    forward = None
-    if ctx.world_size > 1 and cfg.system in MAPPING_SYSTEMS:
-        forward = session.prepare_model(_Dispatch(model))
-    window: list[dict[str, float]] = []
-    val = class_test_features(cfg, cfg.class_name, "val")
-
-    def on_step(step: int, stats: dict[str, float]) -> None:
-        window.append(stats)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            record = run_record(cfg, model, step)
-            metrics = {"loss": float(np.mean([w["loss"] for w in window])),
-                       "stage": window[-1]["stage"], "theta": float(model.theta_q),
-                       **validation_metrics(model, cfg, val, record["banks_built"])}  # fmt: skip
-            session.report(metrics, step=step, model=model, optimizer=opt,
-                           extra={"run": record}, checkpoint=is_ckpt,
-                           samples=len(window))  # fmt: skip
-            window.clear()
-
-    fit(cfg, shots, model=model, opt=opt, start=start, rank=ctx.rank, forward=forward,
-        on_step=on_step, before_step=lambda s: session.maybe_inject_fault(s, restored))  # fmt: skip
+    train(CfrRecipe(cfg))
 
 
-__all__ = ["RETRIEVER_SYSTEMS", "fit", "shot_features", "train_loop"]
+__all__ = ["RETRIEVER_SYSTEMS", "CfrRecipe", "fit", "shot_features", "train_loop"]
