@@ -18,6 +18,12 @@ picks its accelerator once per process), and compares:
    small model on the GPU against the CPU, a hooked masking forward pass, Δ rows (keystone SFT's
    parametrisation) created from the model on the device, and the capability evaluator.
 
+4. every method (``gpu_check_methods.py``): its ``smoke`` preset trained through the platform's
+   trainer on the GPU against the CPU (every report's metrics agree), and one step of its
+   ``paper`` preset at full size with the peak GPU memory (``--methods a,b`` picks methods,
+   ``--methods none`` skips them).
+
+With a GPU it writes everything it measured to ``gpu-results/gpu_check.json`` (``--json``).
 On a machine without a GPU it runs the CPU side only and says so (exit 0), which is how CI
 keeps the script working.
 """
@@ -33,6 +39,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # gpu_check_methods beside this file
 
 
 def _tiny_model(seed: int = 0, vocab: int = 256):
@@ -190,7 +198,7 @@ def check_keystone(device: str) -> dict:
     }
 
 
-def run(device: str, workdir: Path) -> dict:
+def run(device: str, workdir: Path, methods: str = "all") -> dict:
     from nshot.nn.lm import resolve_device
 
     os.environ["DS_ACCELERATOR"] = "cuda" if device == "cuda" else "cpu"
@@ -200,6 +208,15 @@ def run(device: str, workdir: Path) -> dict:
         result["deepspeed_bf16"] = check_deepspeed(device, "bf16", workdir)
     result["zerounlearn"] = check_zerounlearn(device)
     result["keystone"] = check_keystone(device)
+    if methods != "none":
+        sys.path.insert(0, str(Path(__file__).parent))
+        import gpu_check_methods
+
+        from nshot.train.tinylm import ensure_tiny_lm
+
+        ensure_tiny_lm("smoke")  # the LLM methods' smoke preset reads it
+        names = None if methods == "all" else methods.split(",")
+        result["methods"] = gpu_check_methods.run(device, names)
     return result
 
 
@@ -254,17 +271,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--side", choices=["cpu", "cuda"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--methods", default="all", help="all (default), none, or a comma-separated list"
+    )
+    p.add_argument(
+        "--json",
+        default="gpu-results/gpu_check.json",
+        help="where a GPU run writes what it measured (default gpu-results/gpu_check.json)",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="nshot-gpu-check-") as tmp:
         workdir = Path(tmp)
         if args.side is not None:  # one side, in a fresh process
-            Path(args.out).write_text(json.dumps(run(args.side, workdir)))
+            Path(args.out).write_text(json.dumps(run(args.side, workdir, args.methods)))
             return 0
         cpu_json = workdir / "cpu.json"
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
-        subprocess.run(
-            [sys.executable, __file__, "--side", "cpu", "--out", str(cpu_json)], check=True, env=env
-        )
+        side = [sys.executable, __file__, "--methods", args.methods, "--side"]
+        subprocess.run([*side, "cpu", "--out", str(cpu_json)], check=True, env=env)
         cpu = json.loads(cpu_json.read_text())
         print(
             f"CPU side: ZeRO-3 fp32 losses {[round(x, 4) for x in cpu['deepspeed_fp32']['losses']]}"
@@ -273,15 +297,29 @@ def main() -> int:
             print("no CUDA device visible: ran the CPU side only")
             return 0
         gpu_json = workdir / "gpu.json"
-        subprocess.run(
-            [sys.executable, __file__, "--side", "cuda", "--out", str(gpu_json)], check=True
-        )
+        subprocess.run([*side, "cuda", "--out", str(gpu_json)], check=True)
         gpu = json.loads(gpu_json.read_text())
         print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+        rows = compare(gpu, cpu)
+        if "methods" in gpu:
+            import gpu_check_methods
+
+            rows += gpu_check_methods.compare(gpu["methods"], cpu["methods"])
         ok = True
-        for name, passed, detail in compare(gpu, cpu):
+        for name, passed, detail in rows:
             ok &= bool(passed)
             print(f"{'PASS' if passed else 'FAIL'}  {name}: {detail}")
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "checks": [{"check": n, "passed": bool(p), "detail": d} for n, p, d in rows],
+            "gpu_side": gpu,
+            "cpu_side": cpu,
+        }
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {out}")
         return 0 if ok else 1
 
 

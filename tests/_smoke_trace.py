@@ -34,21 +34,16 @@ def _steady(metrics: dict) -> dict:
 
 @contextlib.contextmanager
 def capture():
-    """Yield a list that receives ``{metric: value}`` for every report made inside the block."""
-    from nshot.train import session
+    """Yield a list that receives ``{metric: value}`` for every report made inside the block
+    (timings and throughput left out)."""
+    from nshot.train.session import recorded_reports
 
     seen: list[dict] = []
-    original = session._report
-
-    def recorder(info, metrics, checkpoint=None):
-        seen.append(_steady({k: v for k, v in metrics.items() if isinstance(v, int | float)}))
-        return original(info, metrics, checkpoint=checkpoint)
-
-    session._report = recorder
-    try:
-        yield seen
-    finally:
-        session._report = original
+    with recorded_reports() as reports:
+        try:
+            yield seen
+        finally:
+            seen.extend(_steady(r) for r in reports)
 
 
 def recorded() -> dict:

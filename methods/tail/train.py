@@ -100,7 +100,7 @@ class TailRecipe(Recipe):
         loss = F.cross_entropy(logits.reshape(-1, K), target.reshape(-1))
         with torch.no_grad():
             acc = float((logits.argmax(-1) == target).float().mean())
-        return loss, {"loss": float(loss), "episode_acc": acc}
+        return loss, {"loss": float(loss.detach()), "episode_acc": acc}
 
     def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         metrics = {

@@ -16,10 +16,12 @@ A train loop uses four calls and stays the same in Ray Train's local mode
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -346,7 +348,25 @@ def _tune_payload(info: RunInfo, metrics: dict[str, float]) -> dict[str, Any]:
     return info._tracker.update(metrics)
 
 
+_RECORDERS: list[list[dict[str, float]]] = []
+
+
+@contextlib.contextmanager
+def recorded_reports() -> Iterator[list[dict[str, float]]]:
+    """Yield a list that receives the numeric metrics of every report a train loop makes in
+    this process inside the block (Ray Train's local mode, ``--workers 0``, runs the loop
+    in-process): what ``examples/gpu_check.py`` and the tests compare between runs."""
+    seen: list[dict[str, float]] = []
+    _RECORDERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.remove(seen)
+
+
 def _report(info: RunInfo, metrics: dict[str, Any], checkpoint: Any = None) -> None:
+    for seen in _RECORDERS:
+        seen.append({k: float(v) for k, v in metrics.items() if isinstance(v, int | float)})
     if info.in_tune:
         import ray.tune
 
