@@ -144,6 +144,15 @@ def threads_for(cpus: float) -> int:
     return max(1, int(cpus))
 
 
+def _threaded(fn: Callable[..., Any], threads: int, *args: Any, **kwargs: Any) -> Any:
+    """A job as a Ray task: torch runs ``threads`` threads (one per CPU the task holds), so a
+    job's own code never sets them."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return fn(*args, **kwargs)
+
+
 def grid(*axes: Iterable[Hashable]) -> list[Key]:
     """Every combination of the axes, in order: ``grid(systems, seeds[, settings])``."""
     return [tuple(k) for k in itertools.product(*axes)]
@@ -177,15 +186,16 @@ def run_jobs(
     from nshot.train.runner import ensure_ray
 
     ensure_ray()
-    remotes: dict[Callable[..., Any], Any] = {}
+    remote = ray.remote(_threaded)
     refs: dict[Any, Key] = {}
     for job in jobs:
-        remote = remotes.setdefault(job.fn, ray.remote(job.fn))
         cpus, gpus = resources(job)
         options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         if job.memory is not None:
             options["memory"] = job.memory
-        refs[remote.options(**options).remote(*job.args, **job.kwargs)] = job.key
+        options["name"] = job.fn.__qualname__
+        ref = remote.options(**options).remote(job.fn, threads_for(cpus), *job.args, **job.kwargs)
+        refs[ref] = job.key
     done: dict[Key, Any] = {}
     pending = list(refs)
     bar = _Progress(description, len(jobs)) if progress else None
@@ -252,13 +262,13 @@ def submit(job: Job, *, max_retries: int = 1) -> Any:
 
     ensure_ray()
     cpus, gpus = resources(job)
-    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus}
+    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "name": job.fn.__qualname__}
     if job.memory is not None:
         options["memory"] = job.memory
     return (
-        ray.remote(job.fn)
+        ray.remote(_threaded)
         .options(max_retries=max_retries, **options)
-        .remote(*job.args, **job.kwargs)
+        .remote(job.fn, threads_for(cpus), *job.args, **job.kwargs)
     )
 
 
