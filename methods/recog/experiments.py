@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from nshot.experiment import Job, aggregate, run_jobs, share
 from nshot.method import ResultsTable
@@ -50,7 +49,6 @@ METRICS = {
 
 
 def _job(cfg_dict: dict[str, Any], track_name: str, system: str, seed: int, track) -> dict:
-    torch.set_num_threads(1)
     t0 = time.time()
     steps_key = "steps" if track_name == "moleculeace" else "synthetic_steps"
     cfg = RecogConfig.validated({**cfg_dict, "seed": seed, "system": system if system in
@@ -95,7 +93,8 @@ def run_experiments(cfg: RecogConfig, workdir: Path) -> ResultsTable:
             for seed in _seeds(cfg, name):
                 ref = refs[(name, system == "recog_shuffled_context")]
                 jobs.append(Job((name, system, seed), _job,
-                                (cfg.model_dump(), name, system, seed, ref)))  # fmt: skip
+                                (cfg.model_dump(), name, system, seed, ref),
+                                trains=system in TRAINED))  # fmt: skip
     done = run_jobs(jobs, description="recog")
     tables = {}
     for name in cfg.exp_tracks:

@@ -64,7 +64,12 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
     runs = str(workdir / "runs")
     jobs = [
-        Job((v, s), train_variant, (cfg.replace(seed=s, **variants[v]), runs, f"{v}-seed{s}"))
+        Job(
+            (v, s),
+            train_variant,
+            (cfg.replace(seed=s, **variants[v]), runs, f"{v}-seed{s}"),
+            trains=True,
+        )
         for v, s in grid(variants, seeds)
     ]
     ckpts = run_jobs(jobs, description=f"tail {cfg.preset}: training {len(jobs)} variants")
