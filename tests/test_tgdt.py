@@ -96,6 +96,23 @@ def test_model_checks_padding_causality_and_tbm_negatives():
     assert u["rollout_finite"] == 1.0
 
 
+def test_the_step_builds_its_batches_and_losses_on_the_recipes_device():
+    """tgdt trains on GPU workers: on the meta device (no data), the sampler's batches and
+    every loss term of each system follow the device the recipe gives them (TBM's negatives are
+    drawn by the CPU generator from the step's similarities, which needs data: TBM is off)."""
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.train import LossModule, Sampler, build_model
+
+    base = TGDTConfig.from_preset("smoke")
+    data = load_data(base)
+    for system in ("tgdt_no_tbm", "naive_text_dt", "agnostic_dt", "oracle_dt", "prompt_dt"):
+        cfg = base.replace(system=system)
+        model = build_model(cfg, data).to("meta")
+        dt, align = Sampler(cfg, data, "meta").step_batch(np.random.default_rng(0), cfg.tbc)
+        terms = LossModule(model, cfg)(dt, align, torch.Generator().manual_seed(0))
+        assert {v.device.type for v in terms.values()} == {"meta"}, system
+
+
 def test_every_system_builds_trains_a_step_and_keeps_its_heads():
     from nshot.methods.tgdt.data import load_data
     from nshot.methods.tgdt.train import fit

@@ -21,9 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nshot.errors import ConfigError
 from nshot.nn.lm import model_device
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import TGDTConfig
 from .data import OfflineData, load_data
@@ -232,79 +231,85 @@ def lr_at(cfg: TGDTConfig, step: int) -> float:
     return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
 
 
+class TGDTRecipe(Recipe):
+    """One AdamW step per batch on L_DT (+ L_TBC, L_TBM for the systems with alignment heads),
+    at the step's warm-up learning rate, gradients clipped to ``grad_clip``; the batches are
+    built on the recipe's device. In process (``data`` given) ``on_step`` sees each step's
+    terms; a ``model`` given (with its ``optimizer``, or a fresh one) trains where it is."""
+
+    def __init__(
+        self,
+        cfg: TGDTConfig,
+        data: OfflineData | None = None,
+        *,
+        model: TGDTModel | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.data, self.on_step = data, on_step
+        self.given = (model, optimizer)
+        self.samples_per_step = cfg.tasks_per_step * cfg.seqs_per_task
+        self.clip_grad_norm = cfg.grad_clip
+        self.placed = False
+
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.data is None:
+            self.data = load_data(cfg)
+        model, opt = self.given
+        if model is not None and not self.session:  # in process: where the given model is
+            self.device = model_device(model)
+        self.model = model if model is not None else build_model(cfg, self.data)
+        self.optimizer = opt if opt is not None else new_optimizer(cfg, self.model)
+        self.forward = LossModule(self.model, cfg)  # DDP-wrapped by the trainer
+        self.sampler = Sampler(cfg, self.data, self.device)
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, step, self.rank, 3])
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        dt, align = self.sampler.step_batch(rng, align=cfg.tbc or cfg.tbm)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        terms = self.forward(dt, align, gen)
+        return terms["loss"], {k: float(v.detach()) for k, v in terms.items()}
+
+    def step(self, step: int) -> dict[str, float]:
+        if not self.placed:  # an in-process run places the model on the CPU: back to its device
+            self.model.to(self.device)
+            self.placed = True
+        stats = super().step(step)
+        if self.on_step is not None:
+            self.on_step(step, stats)
+        return stats
+
+    def extra(self) -> dict:
+        return {"system": self.cfg.system}
+
+
 def fit(
     cfg: TGDTConfig,
     data: OfflineData | None = None,
     *,
     model: TGDTModel | None = None,
     opt: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    forward: torch.nn.Module | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
-    before_step: Callable[[int], None] | None = None,
 ) -> TGDTModel:
-    """Train ``cfg.system`` from step ``start`` to ``cfg.steps``, in process."""
-    data = data or load_data(cfg)
-    model = model or build_model(cfg, data)
-    opt = opt or new_optimizer(cfg, model)
-    sampler = Sampler(cfg, data, model_device(model))
-    loss_fn = forward or LossModule(model, cfg)
-    model.train()
-    for step in range(start + 1, cfg.steps + 1):
-        if before_step is not None:
-            before_step(step)
-        rng = np.random.default_rng([cfg.seed, step, rank, 3])
-        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
-        dt, align = sampler.step_batch(rng, align=cfg.tbc or cfg.tbm)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
-        terms = loss_fn(dt, align, gen)
-        opt.zero_grad(set_to_none=True)
-        terms["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        if on_step is not None:
-            on_step(step, {k: float(v.detach()) for k, v in terms.items()})
-    model.eval()
-    return model
+    """Train ``cfg.system`` for ``cfg.steps`` steps in this process (a row of the experiments),
+    a fresh model or ``model`` (with ``opt``) on its device; the model comes back in eval
+    mode."""
+    recipe = TGDTRecipe(cfg, data, model=model, optimizer=opt, on_step=on_step)
+    return train(recipe, session=False).model.eval()
 
 
 def train_loop(cfg: TGDTConfig) -> None:
     """One system under Ray Train: L_DT, L_TBC, L_TBM and the TBC in-batch retrieval accuracy
     every ``log_every`` steps; a checkpoint (weights with the state statistics and the target
     return, optimiser) every ``checkpoint_every`` and at the end. With several workers DDP
-    averages the gradients and each worker draws its own batches."""
-    ctx = session.context()
-    if ctx.device.type != "cpu":  # until examples/gpu_paper_check.py's train part has run
-        raise ConfigError(
-            f"tgdt trains on CPU workers (this worker has {ctx.device}): its step has not yet "
-            "run on a GPU; run it with --gpus-per-worker 0"
-        )
-    torch.set_num_threads(cfg.torch_threads)
-    data = load_data(cfg)
-    model = build_model(cfg, data)
-    opt = new_optimizer(cfg, model)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    forward = LossModule(model, cfg)
-    if ctx.world_size > 1:
-        forward = session.prepare_model(forward)
-    window: list[dict[str, float]] = []
-    n_seq = cfg.tasks_per_step * cfg.seqs_per_task
-
-    def on_step(step: int, stats: dict[str, float]) -> None:
-        window.append(stats)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-            session.report(metrics, step=step, model=model, optimizer=opt,
-                           extra={"system": cfg.system}, checkpoint=is_ckpt,
-                           samples=len(window) * n_seq)  # fmt: skip
-            window.clear()
-
-    fit(cfg, data, model=model, opt=opt, start=start, rank=ctx.rank, forward=forward,
-        on_step=on_step, before_step=lambda s: session.maybe_inject_fault(s, restored))  # fmt: skip
+    averages the gradients and each worker draws its own batches; on a GPU worker the model
+    and its batches are on the GPU."""
+    train(TGDTRecipe(cfg))
 
 
-__all__ = ["Sampler", "build_model", "dt_loss", "fit", "train_loop"]
+__all__ = ["Sampler", "TGDTRecipe", "build_model", "dt_loss", "fit", "train_loop"]
