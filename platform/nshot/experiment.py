@@ -116,6 +116,13 @@ def planning() -> Iterator[list[dict[str, Any]]]:
         _PLAN.reset(token)
 
 
+def is_planning() -> bool:
+    """Whether the comparison is being planned (``nshot reproduce --dry-run``): a comparison
+    skips what needs its data then (a check that a user's dataset folder exists, a download),
+    since only its grid of jobs is asked for."""
+    return _PLAN.get() is not None
+
+
 def resources(job: Job) -> tuple[float, float]:
     """``(cpus, gpus)`` the job runs with: the scale's for a training job under a scale."""
     scale = _SCALE.get()

@@ -388,6 +388,7 @@ def plan(method_name: str, cfg: MethodConfig, scale: str | None = None) -> dict[
         tempfile.TemporaryDirectory(prefix=f"nshot-plan-{method_name}-") as workdir,
         scaled(job_scale),
         planning() as jobs,
+        contextlib.redirect_stdout(sys.stderr),  # stdout carries the plan alone
     ):
         try:
             method.experiments(cfg, Path(workdir))
