@@ -142,7 +142,6 @@ def setting_episodes(
     """Every system's accuracy on each of one setting's episodes (the same episodes, in the
     same order, for every system: differences are paired); ``None`` for a system that cannot
     answer the setting."""
-    torch.set_num_threads(1)
     modality = get_modality(setting.modality)
     accs: dict[str, list[np.ndarray] | None] = {s: [] for s in systems}
     done = 0
@@ -192,8 +191,13 @@ def evaluate_systems(
         jobs = [Job((s.metric,), run_setting, (s, systems), kwargs) for s in settings]
         done = run_jobs(jobs, description="evaluating settings", progress=progress)
         per_setting = {s.metric: done[(s.metric,)] for s in settings}
-    else:
-        per_setting = {s.metric: run_setting(s, systems, **kwargs) for s in settings}
+    else:  # one thread, as each job's one CPU gives it: the same figures on both paths
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            per_setting = {s.metric: run_setting(s, systems, **kwargs) for s in settings}
+        finally:
+            torch.set_num_threads(threads)
     for metric, res in per_setting.items():
         for name, val in res.items():
             results[name][metric] = val
