@@ -269,6 +269,26 @@ def test_predictor_rejects_bad_requests(tiny_run):
     assert zero_shot.n_context == 0 and len(zero_shot.y_hat) == 1
 
 
+def test_every_stage_ends_with_a_report_and_a_checkpoint():
+    """The run reports every ``log_every`` steps and checkpoints every ``checkpoint_every``, and
+    both at the end of every stage (a stage's loss window closes with it); a fresh run from
+    ``init_checkpoint`` neither reports nor checkpoints over the pretraining it skips."""
+    from nshot.methods.iclft.train import ICLFTRecipe
+
+    cfg = _tiny(steps=50, log_every=20, checkpoint_every=30, variants=["zs/v", "zs/all"])
+    for init, first in ((None, 1), ("/x", 51)):
+        recipe = ICLFTRecipe(cfg.replace(init_checkpoint=init))
+        recipe.bounds = recipe.cfg.stage_bounds()
+        last, every, ckpt = recipe.schedule()  # as the trainer reads them
+        assert last == 150
+        steps = range(1, last + 1)
+        ckpts = [s for s in steps if s % ckpt == 0 or s == last]
+        reports = [s for s in steps if s % every == 0 or s in ckpts]
+        assert ckpts == [s for s in (30, 50, 60, 90, 100, 120, 150) if s >= first]
+        want = (20, 30, 40, 50, 60, 80, 90, 100, 120, 140, 150)
+        assert reports == [s for s in want if s >= first]
+
+
 def test_resume_continues_from_its_checkpoint(tiny_run):
     """A run killed mid fine-tuning resumes from its step-80 checkpoint (weights and momentum)
     and ends with exactly the weights of the uninterrupted run."""
