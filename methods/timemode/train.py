@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from nshot.nn.lm import model_device
-from nshot.train import session
 from nshot.train.checkpoint import load_checkpoint
+from nshot.train.trainer import Recipe, train
 
 from .config import TimeModeConfig
 from .data import Corpus, Target, load_corpus, load_target
@@ -129,43 +129,6 @@ def init_weights(cfg: TimeModeConfig) -> dict | None:
     return ckpt.weights()
 
 
-def fit(
-    cfg: TimeModeConfig,
-    data: StageData | None = None,
-    *,
-    init: dict | None = None,
-    state: TimeModeState | None = None,
-    opt: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    forward: torch.nn.Module | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
-    before_step: Callable[[int], None] | None = None,
-) -> TimeModeState:
-    """The stage of ``cfg`` from step ``start`` to ``cfg.steps``, in process."""
-    data = data or stage_data(cfg)
-    state = state or new_state(cfg, data, init if init is not None else init_weights(cfg))
-    opt = opt or new_optimizer(cfg, state)
-    diffusion = Diffusion(cfg.diffusion_steps, prediction=cfg.prediction)
-    params = [p for g in opt.param_groups for p in g["params"]]
-    device = model_device(state.net)  # batches are drawn on the CPU and sent there
-    state.net.train()
-    for step in range(start + 1, cfg.steps + 1):
-        if before_step is not None:
-            before_step(step)
-        b = tuple(v.to(device) for v in batch(cfg, data, step, rank))
-        terms = loss_terms(cfg, state.net, diffusion, b, forward)
-        opt.zero_grad(set_to_none=True)
-        terms["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        state.update_ema(ema_decay(cfg, step))
-        if on_step is not None:
-            on_step(step, {k: float(v.detach()) for k, v in terms.items()})
-    state.net.eval()
-    return state
-
-
 def ema_decay(cfg: TimeModeConfig, step: int) -> float:
     """The EMA decay after optimiser step ``step`` (1-based): 0 (a copy of the weights) up to
     ``ema_start``, then ``min(ema, 1 − (1 + n)^−ema_warmup)`` with n = step − ema_start − 1,
@@ -202,38 +165,90 @@ def run_record(cfg: TimeModeConfig, data: StageData) -> dict:
             "routing": cfg.routing, "corpus": cfg.corpus, "target": cfg.target}  # fmt: skip
 
 
+class TimeModeRecipe(Recipe):
+    """The stage of ``cfg``: one AdamW step per batch on the denoising loss with the routing
+    regularisers, gradients clipped to ``grad_clip``, then the EMA update; the batches are
+    drawn on the CPU and sent to the recipe's device. In process (``data`` given) ``on_step``
+    sees each step's terms; a ``state`` given (with its ``optimizer``, or a fresh one) trains
+    where it is."""
+
+    def __init__(
+        self,
+        cfg: TimeModeConfig,
+        data: StageData | None = None,
+        *,
+        init: dict | None = None,
+        state: TimeModeState | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.data, self.init, self.on_step = data, init, on_step
+        self.given = (state, optimizer)
+        self.samples_per_step = cfg.batch if cfg.stage == "pretrain" else cfg.target_batch
+        self.clip_grad_norm = cfg.grad_clip
+        self.placed = False
+
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.data is None:
+            self.data = stage_data(cfg)
+        state, opt = self.given
+        if state is None:
+            init = self.init if self.init is not None else init_weights(cfg)
+            state = new_state(cfg, self.data, init)
+            state.to(self.device)  # denoiser, EMA, bank and scaler, before the optimiser
+        elif not self.session:  # in process: where the given state is
+            self.device = model_device(state.net)
+        self.model = state
+        self.optimizer = opt if opt is not None else new_optimizer(cfg, state)
+        self.forward = _Forward(state.net) if self.world_size > 1 else state.net
+        self.diffusion = Diffusion(cfg.diffusion_steps, prediction=cfg.prediction)
+        self.record = run_record(cfg, self.data)
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        b = tuple(v.to(self.device) for v in batch(self.cfg, self.data, step, self.rank))
+        terms = loss_terms(self.cfg, self.model.net, self.diffusion, b, self.forward)
+        return terms["loss"], {k: float(v.detach()) for k, v in terms.items()}
+
+    def step(self, step: int) -> dict[str, float]:
+        if not self.placed:  # an in-process run places the model on the CPU: back to its device
+            self.model.to(self.device)
+            self.placed = True
+        stats = super().step(step)
+        self.model.update_ema(ema_decay(self.cfg, step))
+        if self.on_step is not None:
+            self.on_step(step, stats)
+        return stats
+
+    def extra(self) -> dict:
+        return {"run": self.record}
+
+
+def fit(
+    cfg: TimeModeConfig,
+    data: StageData | None = None,
+    *,
+    init: dict | None = None,
+    state: TimeModeState | None = None,
+    opt: torch.optim.Optimizer | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> TimeModeState:
+    """The stage of ``cfg`` in this process (a row of the experiments): a fresh state from
+    ``init`` (the pre-trained weights; default: ``cfg.init_from``'s when fine-tuning), or
+    ``state`` (with ``opt``) on its device; the denoiser comes back in eval mode."""
+    recipe = TimeModeRecipe(cfg, data, init=init, state=state, optimizer=opt, on_step=on_step)
+    state = train(recipe, session=False).model
+    state.net.eval()
+    return state
+
+
 def train_loop(cfg: TimeModeConfig) -> None:
     """One stage under Ray Train: the three loss terms and the routing entropy every
     ``log_every`` steps, a checkpoint (denoiser, EMA, optimiser, exemplar bank, scaler) every
     ``checkpoint_every`` and at the end. With several workers DDP averages the gradients and
     each worker draws its own batches."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    data = stage_data(cfg)
-    state = new_state(cfg, data, init_weights(cfg))
-    state.to(ctx.device)  # the worker's GPU when it has one: denoiser, EMA, bank, scaler
-    opt = new_optimizer(cfg, state)
-    restored = session.restore(state, opt)
-    start = restored.step if restored else 0
-    forward = None
-    if ctx.world_size > 1:
-        forward = session.prepare_model(_Forward(state.net))
-    window: list[dict[str, float]] = []
-    record = run_record(cfg, data)
-
-    def on_step(step: int, stats: dict[str, float]) -> None:
-        window.append(stats)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-            session.report(metrics, step=step, model=state, optimizer=opt,
-                           extra={"run": record}, checkpoint=is_ckpt,
-                           samples=len(window) * (cfg.batch if cfg.stage == "pretrain"
-                                                  else cfg.target_batch))  # fmt: skip
-            window.clear()
-
-    fit(cfg, data, state=state, opt=opt, start=start, rank=ctx.rank, forward=forward,
-        on_step=on_step, before_step=lambda s: session.maybe_inject_fault(s, restored))  # fmt: skip
+    train(TimeModeRecipe(cfg))
 
 
-__all__ = ["fit", "stage_data", "train_loop"]
+__all__ = ["TimeModeRecipe", "fit", "stage_data", "train_loop"]
