@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from nshot.nn.lm import model_device
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import BsrConfig
 from .data import (
@@ -227,43 +227,90 @@ def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimiz
     return model, opt
 
 
-def pretrain_step(cfg: BsrConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                  clips: Clips, train_idx: np.ndarray, step: int, rank: int = 0,
-                  forward: torch.nn.Module | None = None) -> tuple[float, int]:  # fmt: skip
-    """One optimiser step on the batch of ``(seed, step, rank)``; (loss, batch size)."""
+def batch_loss(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, train_idx: np.ndarray,
+               step: int, rank: int = 0,
+               forward: torch.nn.Module | None = None) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """The masked loss of the batch of ``(seed, step, rank)`` (clips and tube masks drawn on
+    the CPU, sent to the model's device), through ``forward`` (DDP) when given; (loss, batch
+    size)."""
     rng = np.random.default_rng([cfg.seed, step, rank])
     batch = rng.choice(train_idx, size=min(cfg.batch, len(train_idx)), replace=False)
     gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
     mask = tube_mask(cfg, len(batch), gen)
-    for g in opt.param_groups:
-        g["lr"] = lr_at(cfg, step)
     dev = model_device(model)
     videos, mask = clips.videos(batch).to(dev), mask.to(dev)
     loss = masked_loss(cfg, forward if forward is not None else model, videos, mask)
-    if forward is not None:  # every parameter takes part in DDP's reduction
+    if forward is not None and forward is not model:  # every parameter in DDP's reduction
         loss = loss + 0.0 * sum(p.sum() for p in model.parameters())
+    return loss, len(batch)
+
+
+def set_lr(cfg: BsrConfig, opt: torch.optim.Optimizer, step: int) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr_at(cfg, step)
+
+
+def pretrain_step(cfg: BsrConfig, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                  clips: Clips, train_idx: np.ndarray, step: int, rank: int = 0,
+                  forward: torch.nn.Module | None = None) -> tuple[float, int]:  # fmt: skip
+    """One optimiser step on the batch of ``(seed, step, rank)`` outside the trainer (the step
+    :class:`BsrRecipe` takes; ``examples/gpu_paper_check.py`` times it); (loss, batch size)."""
+    set_lr(cfg, opt, step)
+    loss, n = batch_loss(cfg, model, clips, train_idx, step, rank, forward)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-    return float(loss.detach()), len(batch)
+    return float(loss.detach()), n
+
+
+class BsrRecipe(Recipe):
+    """Masked pretraining: one AdamW step per batch at the step's learning rate (:func:`lr_at`).
+    In a Ray run the report adds the learning rate and ``val_mae_mse``; in process
+    (:func:`pretrain`) it keeps the loss curve of the ``log_every`` windows."""
+
+    def __init__(self, cfg: BsrConfig, ds: Dataset | None = None) -> None:
+        super().__init__(cfg)
+        self.ds = ds
+        self.curve: list[tuple[int, float]] = []
+
+    def build(self) -> None:
+        cfg = self.cfg
+        ds = self.ds if self.ds is not None else load_dataset(cfg)
+        self.clips, self.stats, self.subjects = source_clips(cfg, ds)
+        self.train_idx, self.val_idx = split_clips(cfg, len(self.clips.powers))
+        self.model, self.optimizer = new_pretrainer(cfg)
+        self.samples_per_step = min(cfg.batch, len(self.train_idx))
+
+    def schedule(self) -> tuple[int, int, int]:
+        steps, log_every, checkpoint_every = super().schedule()
+        # in process nothing is checkpointed: the curve's windows end every log_every steps
+        return steps, log_every, checkpoint_every if self.session else steps
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        set_lr(self.cfg, self.optimizer, step)
+        loss, _ = batch_loss(self.cfg, self.model, self.clips, self.train_idx, step, self.rank,
+                             self.forward)  # fmt: skip
+        return loss, {"loss": float(loss.detach())}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        if not self.session:
+            self.curve.append((step, metrics["loss"]))
+            return metrics
+        return {**metrics, "lr": lr_at(self.cfg, step),
+                "val_mae_mse": held_out_mse(self.cfg, self.model, self.clips,
+                                            self.val_idx)}  # fmt: skip
+
+    def extra(self) -> dict:
+        return {"renderer": renderer_record(self.cfg, self.stats, self.subjects)}
 
 
 def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module, dict]:
     """Stage 1 in one process (the reproduction's task): the pretrainer and its record
     (held-out ``mae_mse``, the loss curve)."""
-    ds = ds if ds is not None else load_dataset(cfg)
-    clips, stats, subjects = source_clips(cfg, ds)
-    train_idx, val_idx = split_clips(cfg, len(clips.powers))
-    model, opt = new_pretrainer(cfg)
-    model.train()
-    curve, window = [], []
-    for step in range(1, cfg.steps + 1):
-        window.append(pretrain_step(cfg, model, opt, clips, train_idx, step)[0])
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            curve.append((step, float(np.mean(window))))
-            window.clear()
-    record = {"mae_mse": held_out_mse(cfg, model, clips, val_idx), "curve": curve,
-              "renderer": renderer_record(cfg, stats, subjects),
+    r = train(BsrRecipe(cfg, ds), session=False)
+    model, clips, train_idx, val_idx = r.model, r.clips, r.train_idx, r.val_idx
+    record = {"mae_mse": held_out_mse(cfg, model, clips, val_idx), "curve": r.curve,
+              "renderer": renderer_record(cfg, r.stats, r.subjects),
               "mae_mse_position_mean": held_out_mse(
                   cfg, PositionMean.fit(cfg, clips, train_idx), clips, val_idx)}  # fmt: skip
     return model.eval(), record
@@ -273,30 +320,4 @@ def train_loop(cfg: BsrConfig) -> None:
     """Masked pretraining under Ray Train: every worker draws its own batches (DDP averages the
     gradients); the loss every ``log_every`` steps with ``val_mae_mse``, a checkpoint every
     ``checkpoint_every`` steps and at the end."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    ds = load_dataset(cfg)
-    clips, stats, subjects = source_clips(cfg, ds)
-    train_idx, val_idx = split_clips(cfg, len(clips.powers))
-    model, opt = new_pretrainer(cfg)
-    model.to(ctx.device)  # the worker's GPU when it has one (in place: opt keeps its params)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    fwd = session.prepare_model(model) if ctx.world_size > 1 else None
-    extra = {"renderer": renderer_record(cfg, stats, subjects)}
-    model.train()
-    window: list[float] = []
-    for step in range(start + 1, cfg.steps + 1):
-        session.maybe_inject_fault(step, restored)
-        loss, n = pretrain_step(cfg, model, opt, clips, train_idx, step, ctx.rank, fwd)
-        window.append(loss)
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {
-                "loss": float(np.mean(window)),
-                "lr": lr_at(cfg, step),
-                "val_mae_mse": held_out_mse(cfg, model, clips, val_idx),
-            }
-            session.report(metrics, step=step, model=model, optimizer=opt, extra=extra,
-                           checkpoint=is_ckpt, samples=len(window) * n)  # fmt: skip
-            window.clear()
+    train(BsrRecipe(cfg))
