@@ -234,7 +234,7 @@ class SCGFM(nn.Module):
     def bases(self) -> torch.Tensor:
         """B (K, M, M), float64: symmetric, zero diagonal, entries in [0, 1]."""
         s = torch.sigmoid(self.theta.double())
-        eye = torch.eye(self.basis_size, dtype=torch.float64)
+        eye = torch.eye(self.basis_size, dtype=torch.float64, device=self.theta.device)
         return (s + s.transpose(1, 2)) / 2 * (1 - eye)
 
     def weights(self, delta: torch.Tensor, tau: float) -> torch.Tensor:

@@ -17,13 +17,11 @@ source graphs, the procedure the untrained bases get too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import ScgfmConfig
 from .data import Graph, load_split
@@ -45,9 +43,16 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
-def _allreduce(t: torch.Tensor) -> torch.Tensor:
+def _allreduce(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """Sum ``t`` over the workers in place (through ``device``, the model's, when ``t`` lives
+    elsewhere: a GPU worker group reduces GPU tensors)."""
     if _dist()[1] > 1:
-        torch.distributed.all_reduce(t)
+        if device is None or t.device == device:
+            torch.distributed.all_reduce(t)
+        else:
+            on = t.to(device)
+            torch.distributed.all_reduce(on)
+            t.copy_(on)
     return t
 
 
@@ -62,13 +67,13 @@ def diversity_loss(B: torch.Tensor, margin: float) -> torch.Tensor:
 def sigma_on(model: SCGFM, graphs: list[Graph], solver: GWSolver) -> float:
     """σ_δ measured on ``graphs`` (split across ranks, pooled)."""
     rank, world = _dist()
-    B = model.bases().detach().numpy()
+    B = model.bases().detach().cpu().numpy()
     acc = torch.zeros(2, dtype=torch.float64)
     for g in graphs[rank::world]:
         d = np.array([solver.solve(g, b)[0] for b in B])
         c = d - d.mean()
         acc += torch.tensor([(c**2).sum(), len(c)], dtype=torch.float64)
-    _allreduce(acc)
+    _allreduce(acc, model.theta.device)
     return float(max(np.sqrt(acc[0] / max(acc[1], 1)), 1e-12))
 
 
@@ -84,26 +89,28 @@ def batch_loss(
     solver: GWSolver,
     cfg: ScgfmConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Sums over ``graphs`` of GW(A, B̃(G)) and of the statistics MSE, and their δ (n, K)."""
+    """Sums over ``graphs`` of GW(A, B̃(G)) and of the statistics MSE, and their δ (n, K). The
+    plans are solved on the CPU; the differentiable terms follow the model's device."""
     B = model.bases()
-    Bn = B.detach().numpy()
+    dev = B.device
+    Bn = B.detach().cpu().numpy()
     K = len(Bn)
-    l_gw = torch.zeros((), dtype=torch.float64)
-    l_rec = torch.zeros((), dtype=torch.float64)
+    l_gw = torch.zeros((), dtype=torch.float64, device=dev)
+    l_rec = torch.zeros((), dtype=torch.float64, device=dev)
     deltas = np.zeros((len(graphs), K))
-    target = (torch.from_numpy(stats) - model.stats_mean) / model.stats_std
+    target = (torch.from_numpy(stats).to(dev) - model.stats_mean) / model.stats_std
     for i, g in enumerate(graphs):
-        A = torch.from_numpy(g.adjacency())
+        A = torch.from_numpy(g.adjacency()).to(dev)
         parts = []
         for k in range(K):
             _, T = solver.solve(g, Bn[k])
-            parts.append(gw_value(A, B[k], torch.from_numpy(T)))
+            parts.append(gw_value(A, B[k], torch.from_numpy(T).to(dev)))
         delta = torch.stack(parts)
-        deltas[i] = delta.detach().numpy()
+        deltas[i] = delta.detach().cpu().numpy()
         w = model.weights(delta, cfg.tau)
         proxy = (w[:, None, None] * B).sum(0)
-        _, Tp = solver.solve(g, proxy.detach().numpy())
-        l_gw = l_gw + gw_value(A, proxy, torch.from_numpy(Tp))
+        _, Tp = solver.solve(g, proxy.detach().cpu().numpy())
+        l_gw = l_gw + gw_value(A, proxy, torch.from_numpy(Tp).to(dev))
         l_rec = l_rec + ((model.decode(w) - target[i]) ** 2).mean()
     return l_gw, l_rec, deltas
 
@@ -111,7 +118,13 @@ def batch_loss(
 def init_model(cfg: ScgfmConfig, seed: int, source: list[Graph], stats: np.ndarray) -> SCGFM:
     """Untrained Θ and f (seeded), with the statistics scale and σ_δ of the source graphs: what
     the ``random_bases`` row uses and what pre-training starts from."""
-    model = build_model(cfg, seed)
+    return init_scales(build_model(cfg, seed), cfg, seed, source, stats)
+
+
+def init_scales(
+    model: SCGFM, cfg: ScgfmConfig, seed: int, source: list[Graph], stats: np.ndarray
+) -> SCGFM:
+    """Set ``model``'s statistics scale and σ_δ from the source graphs (in place)."""
     model.stats_mean.copy_(torch.from_numpy(stats.mean(0)))
     model.stats_std.copy_(torch.from_numpy(np.maximum(stats.std(0), 1e-6)))
     model.sigma_delta.fill_(sigma_on(model, sigma_graphs(source, seed), GWSolver.from_config(cfg)))
@@ -130,38 +143,58 @@ def make_optimizer(model: SCGFM, cfg: ScgfmConfig) -> torch.optim.Optimizer:
     )  # fmt: skip
 
 
-def pretrain(
-    cfg: ScgfmConfig,
-    seed: int,
-    *,
-    model: SCGFM | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    start_epoch: int = 0,
-    on_epoch: Callable[[int, dict[str, float], SCGFM, torch.optim.Optimizer], None] | None = None,
-    before_epoch: Callable[[int], None] | None = None,
-    data: tuple[list[Graph], np.ndarray] | None = None,
-) -> tuple[SCGFM, list[dict[str, float]]]:
-    """Pre-train for ``cfg.steps`` epochs (from ``start_epoch`` when resumed) and fix σ_δ."""
-    rank, world = _dist()
-    solver = GWSolver.from_config(cfg)
-    source, stats = data if data is not None else source_data(cfg)
-    if model is None:
-        model = init_model(cfg, seed, source, stats)
-    opt = optimizer or make_optimizer(model, cfg)
-    history: list[dict[str, float]] = []
-    n = len(source)
-    for epoch in range(start_epoch + 1, cfg.steps + 1):
-        if before_epoch is not None:
-            before_epoch(epoch)
+class PretrainRecipe(Recipe):
+    """Pre-training of Θ and f, one epoch per step: Adam on each batch of the epoch's seeded
+    order (every worker solves its slice of the batch; the workers sum their gradients), then
+    σ_δ re-estimated from the epoch's δ, and at the last epoch fixed on the σ graphs. Each
+    report is the epoch's record (L_gw, L_rec, L_div, the minimum basis distance, σ_δ); the
+    checkpoint keeps the records of every epoch."""
+
+    def __init__(
+        self,
+        cfg: ScgfmConfig,
+        seed: int | None = None,
+        data: tuple[list[Graph], np.ndarray] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.seed = cfg.seed if seed is None else seed
+        self.data = data
+
+    def build(self) -> None:
+        cfg = self.cfg
+        self.solver = GWSolver.from_config(cfg)
+        self.source, self.stats = self.data if self.data is not None else source_data(cfg)
+        self.model = build_model(cfg, self.seed)
+        self.optimizer = make_optimizer(self.model, cfg)
+        # the model is used through its bases and decoder, never called: no DDP wrapper; the
+        # workers sum their gradients in step()
+        self.forward = self.batch_loss
+        self.samples_per_step = len(self.source) // self.world_size
+        self.history: list[dict[str, float]] = []
+        self.scaled = False
+
+    def batch_loss(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        return batch_loss(self.model, [self.source[i] for i in idx], self.stats[idx],
+                          self.solver, self.cfg)  # fmt: skip
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        self.history = list(restored.extra.get("history", []))
+        self.scaled = True  # the checkpoint holds the scales
+
+    def step(self, epoch: int) -> dict[str, float]:
+        cfg, model, opt = self.cfg, self.model, self.optimizer
+        rank, world, device = self.rank, self.world_size, model.theta.device
+        if not self.scaled:  # a fresh start: the scales of the untrained bases
+            init_scales(model, cfg, self.seed, self.source, self.stats)
+            self.scaled = True
         t0 = time.time()
-        order = np.random.default_rng([seed, epoch]).permutation(n)
+        n = len(self.source)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n)
         sums = torch.zeros(5, dtype=torch.float64)  # l_gw, l_rec, graphs, Σc², count
         for s in range(0, n, cfg.batch):
             idx = order[s : s + cfg.batch]
             mine = idx[rank::world]
-            l_gw, l_rec, deltas = batch_loss(
-                model, [source[i] for i in mine], stats[mine], solver, cfg
-            )
+            l_gw, l_rec, deltas = self.forward(mine)
             l_div = diversity_loss(model.bases(), cfg.margin)
             loss = (l_gw + cfg.alpha * l_rec) / len(idx) + cfg.beta * l_div / world
             opt.zero_grad(set_to_none=True)
@@ -175,7 +208,7 @@ def pretrain(
                 [float(l_gw.detach()), float(l_rec.detach()), len(mine), (c**2).sum(), c.size],
                 dtype=torch.float64,
             )
-        _allreduce(sums)
+        _allreduce(sums, device)
         model.sigma_delta.fill_(float(max(np.sqrt(sums[3] / max(sums[4], 1)), 1e-12)))
         with torch.no_grad():
             B = model.bases()
@@ -187,12 +220,26 @@ def pretrain(
                "min_basis_dist": mbd, "sigma_delta": float(model.sigma_delta),
                "epoch_s": time.time() - t0}  # fmt: skip
         if epoch == cfg.steps:  # the final σ_δ: fixed source graphs, as for untrained bases
-            model.sigma_delta.fill_(sigma_on(model, sigma_graphs(source, seed), solver))
+            model.sigma_delta.fill_(sigma_on(model, sigma_graphs(self.source, self.seed),
+                                             self.solver))  # fmt: skip
             rec["sigma_delta"] = float(model.sigma_delta)
-        history.append(rec)
-        if on_epoch is not None:
-            on_epoch(epoch, rec, model, opt)
-    return model, history
+        self.history.append(rec)
+        return {}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return dict(self.history[-1])  # the reported epoch's record, not a mean over epochs
+
+    def extra(self) -> dict:
+        return checkpoint_extra(self.model, self.cfg, self.history)
+
+
+def pretrain(
+    cfg: ScgfmConfig, seed: int, *, data: tuple[list[Graph], np.ndarray] | None = None
+) -> tuple[SCGFM, list[dict[str, float]]]:
+    """Pre-train for ``cfg.steps`` epochs in this process and fix σ_δ: the model and every
+    epoch's record."""
+    recipe = train(PretrainRecipe(cfg, seed, data), session=False)
+    return recipe.model, recipe.history
 
 
 def checkpoint_extra(model: SCGFM, cfg: ScgfmConfig, history: list[dict[str, float]]) -> dict:
@@ -209,30 +256,4 @@ def train_loop(cfg: ScgfmConfig) -> None:
     graphs; reports L_gw, L_rec, L_div and the minimum basis distance per epoch; checkpoints Θ,
     f, σ_δ and the solver every ``checkpoint_every`` epochs and at the end; resumes from the
     last checkpoint."""
-    torch.set_num_threads(cfg.torch_threads)
-    ctx = session.context()
-    data = source_data(cfg)
-    model = build_model(cfg, cfg.seed)
-    opt = make_optimizer(model, cfg)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    history: list[dict[str, Any]] = list(restored.extra.get("history", [])) if restored else []
-    if restored is None:
-        model = init_model(cfg, cfg.seed, *data)
-        opt = make_optimizer(model, cfg)
-
-    def on_epoch(epoch: int, rec: dict[str, float], m: SCGFM, o: torch.optim.Optimizer) -> None:
-        history.append(rec)
-        ckpt = epoch % cfg.checkpoint_every == 0 or epoch == cfg.steps
-        if epoch % cfg.log_every and not ckpt:
-            return
-        session.report(
-            {k: v for k, v in rec.items()}, step=epoch, model=m, optimizer=o,
-            extra=checkpoint_extra(m, cfg, history), checkpoint=ckpt,
-            samples=len(data[0]) // ctx.world_size,
-        )  # fmt: skip
-
-    pretrain(
-        cfg, cfg.seed, model=model, optimizer=opt, start_epoch=start, on_epoch=on_epoch,
-        before_epoch=lambda e: session.maybe_inject_fault(e, restored), data=data,
-    )  # fmt: skip
+    train(PretrainRecipe(cfg))
