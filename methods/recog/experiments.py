@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, aggregate, run_jobs, share
+from nshot.experiment import Job, aggregate, is_planning, run_jobs, share
 from nshot.method import ResultsTable
 
 from .config import RecogConfig
@@ -80,7 +80,9 @@ def run_experiments(cfg: RecogConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     tracks, refs = {}, {}
-    for name in cfg.exp_tracks:
+    if is_planning():  # the grid needs no track: its features are built only for a run
+        refs = {(name, shuffled): None for name in cfg.exp_tracks for shuffled in (False, True)}
+    for name in cfg.exp_tracks if not is_planning() else ():
         tracks[name] = track_for(cfg, name)
         shuffled = track_for(cfg.replace(system="recog_shuffled_context"), name)
         refs[(name, False)] = share(tracks[name])

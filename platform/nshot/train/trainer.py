@@ -199,7 +199,10 @@ class Window:
 
 
 def _local_context() -> WorkerContext:
-    return WorkerContext(0, 1, True, torch.device("cpu"))
+    """The device of a run outside Ray Train (a job of a method's comparison): the GPU the
+    process sees (a Ray task that holds one sees only it), else the CPU."""
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return WorkerContext(0, 1, True, dev)
 
 
 def _prepare(recipe: Recipe, ctx: WorkerContext, session: bool) -> None:
@@ -238,7 +241,8 @@ def train(recipe: Recipe, *, session: bool = True) -> Recipe:
 
     ``session=True`` (inside ``Method.train_loop``, on every Ray Train worker): the worker's
     device and rank, resume, faults, reports and checkpoints. ``session=False``: the same steps
-    in this process on the CPU, nothing reported (a method's experiments)."""
+    in this process on its device (the GPU a job holds, else the CPU), nothing reported (a
+    method's experiments)."""
     ctx = _session.context() if session else _local_context()
     _prepare(recipe, ctx, session)
     restored = None
