@@ -1,8 +1,9 @@
 """Training and initialisation of FRONT's ancestry and descendant ViTs.
 
-One loop trains both: AdamW with a cosine schedule over the whole run, a seeded shuffle, and
-the test accuracy after every epoch (``acc_init`` before the first). On several Ray Train
-workers each rank takes its slice of every global batch and DDP averages the gradients.
+One recipe of :mod:`nshot.train.trainer` trains both (:class:`ClassifierRecipe`, one epoch per
+step): AdamW with a cosine schedule over the whole run, a seeded shuffle, and the test accuracy
+after every epoch (``acc_init`` before the first). On several Ray Train workers each rank takes
+its slice of every global batch and DDP averages the gradients.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import torch.nn.functional as F
 
 from nshot.errors import NshotError
 from nshot.nn.vit import ViT, vit_flops_per_image
-from nshot.train import session
 from nshot.train.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from nshot.train.trainer import Recipe
+from nshot.train.trainer import train as train_recipe
 
 from .config import VERSION, FrontConfig
 from .data import Split, load_split
@@ -50,9 +52,11 @@ def descendant_vit(cfg: FrontConfig) -> ViT:
 def accuracy(model: torch.nn.Module, split: Split, batch: int = 512) -> float:
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device  # the split follows the model
     hits = 0
     for i in range(0, len(split.y), batch):
-        hits += int((model(split.x[i : i + batch]).argmax(-1) == split.y[i : i + batch]).sum())
+        pred = model(split.x[i : i + batch].to(dev)).argmax(-1)
+        hits += int((pred == split.y[i : i + batch].to(dev)).sum())
     model.train(was)
     return hits / max(len(split.y), 1)
 
@@ -75,6 +79,107 @@ class History:
         }
 
 
+class ClassifierRecipe(Recipe):
+    """A ViT trained on a split, one epoch per step: AdamW with a linear warm-up, then a cosine
+    to zero over the run's batches, a shuffle seeded by ``seed`` (each worker takes its slice of
+    every global batch; a resumed run draws the skipped epochs' orders first), ``penalty`` an
+    extra loss term (the refinement's spectral regulariser), and the test accuracy after every
+    epoch (``acc_init`` before this run's first). Reports every epoch.
+
+    The optimiser is :attr:`opt`; a recipe whose checkpoints carry it (the descendant) also
+    sets it as :attr:`optimizer`."""
+
+    def __init__(
+        self,
+        cfg: FrontConfig | None,
+        model: torch.nn.Module | None = None,
+        train: Split | None = None,
+        test: Split | None = None,
+        *,
+        epochs: int,
+        lr: float,
+        weight_decay: float,
+        batch: int,
+        seed: int,
+        warmup_epochs: int = 0,
+        penalty: Callable[[], torch.Tensor] | None = None,
+        on_epoch: Callable[[int, History], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.model, self.train_split, self.test_split = model, train, test
+        self.epochs, self.lr, self.weight_decay, self.batch = epochs, lr, weight_decay, batch
+        self.seed, self.warmup_epochs = seed, warmup_epochs
+        self.penalty, self.on_epoch = penalty, on_epoch
+        self.hist: History | None = None
+
+    def setup(self) -> None:
+        """Build :attr:`model` and the splits when the caller did not give them."""
+
+    def build(self) -> None:
+        self.setup()
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay
+        )
+        n = len(self.train_split.y)
+        self.steps_per_epoch = max(1, math.ceil(n / self.batch))
+        self.total = self.epochs * self.steps_per_epoch
+        self.warm = min(self.warmup_epochs * self.steps_per_epoch, self.total // 2)
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.samples_per_step = n // self.world_size
+
+    def schedule(self) -> tuple[int, int, int]:
+        return self.epochs, 1, self.epochs
+
+    def lr_factor(self, s: int) -> float:
+        """Linear warm-up, then cosine to zero (``s``: the batch step of the whole run)."""
+        warm, total = self.warm, self.total
+        if s < warm:
+            return (s + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
+
+    def begin(self, start: int) -> None:
+        """This run's first epoch: the schedule continues from ``start`` epochs (the restored
+        optimiser's groups hold a decayed lr, so the base lr is set again)."""
+        for g in self.opt.param_groups:
+            g["initial_lr"] = self.lr
+        offset = start * self.steps_per_epoch
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: self.lr_factor(s + offset)
+        )
+        self.hist = History(acc_init=accuracy(self.model, self.test_split))
+        if isinstance(self.model, ViT):
+            self.hist.flops_per_epoch = vit_flops_per_image(self.model) * len(self.train_split.y)
+        self.t0 = time.time()
+        self.model.train()
+        for _ in range(start):
+            torch.randperm(len(self.train_split.y), generator=self.gen)
+
+    def step(self, step: int) -> dict[str, float]:
+        if self.hist is None:
+            self.begin(step - 1)
+        hist, train, batch = self.hist, self.train_split, self.batch
+        order = torch.randperm(len(train.y), generator=self.gen)
+        losses = []
+        for s in range(self.steps_per_epoch):
+            idx = order[s * batch : (s + 1) * batch]
+            idx = idx[self.rank :: self.world_size] if self.world_size > 1 else idx
+            x, y = train.x[idx].to(self.device), train.y[idx].to(self.device)
+            loss = F.cross_entropy(self.forward(x), y)
+            if self.penalty is not None:
+                loss = loss + self.penalty()
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            self.sched.step()
+            losses.append(float(loss.detach()))
+        hist.loss.append(sum(losses) / len(losses))
+        hist.acc.append(accuracy(self.model, self.test_split))
+        hist.seconds = time.time() - self.t0
+        if self.on_epoch is not None:
+            self.on_epoch(step, hist)
+        return {"acc": hist.acc[-1], "loss": hist.loss[-1], "acc_init": hist.acc_init}
+
+
 def train_classifier(
     model: torch.nn.Module,
     train: Split,
@@ -86,67 +191,17 @@ def train_classifier(
     batch: int,
     seed: int,
     warmup_epochs: int = 0,
-    forward: torch.nn.Module | None = None,
     penalty: Callable[[], torch.Tensor] | None = None,
-    rank: int = 0,
-    world: int = 1,
     on_epoch: Callable[[int, History], None] | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    start_epoch: int = 0,
-    before_epoch: Callable[[int], None] | None = None,
 ) -> History:
-    """Train ``model`` for ``epochs`` on ``train``; ``forward`` is the module that runs the
-    batches (a DDP wrapper of ``model``), ``penalty`` an extra loss term (the refinement's
-    spectral regulariser). A resumed run passes its restored ``optimizer`` and the epochs
-    already done as ``start_epoch``: the schedule and the shuffle continue where they were.
-    ``before_epoch(epoch)`` runs before each epoch (the train loop's fault injection)."""
-    fwd = forward if forward is not None else model
-    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    n = len(train.y)
-    steps_per_epoch = max(1, math.ceil(n / batch))
-    total = epochs * steps_per_epoch
-    warm = min(warmup_epochs * steps_per_epoch, total // 2)
-
-    def schedule(s: int) -> float:  # linear warm-up, then cosine to zero
-        if s < warm:
-            return (s + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
-
-    for g in opt.param_groups:  # the schedule's base lr (a restored group holds a decayed lr)
-        g["initial_lr"] = lr
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: schedule(s + start_epoch * steps_per_epoch)
-    )
-    gen = torch.Generator().manual_seed(seed)
-    hist = History(acc_init=accuracy(model, test))
-    if isinstance(model, ViT):
-        hist.flops_per_epoch = vit_flops_per_image(model) * n
-    t0 = time.time()
-    model.train()
-    for _ in range(start_epoch):
-        torch.randperm(n, generator=gen)
-    for epoch in range(start_epoch + 1, epochs + 1):
-        if before_epoch is not None:
-            before_epoch(epoch)
-        order = torch.randperm(n, generator=gen)
-        losses = []
-        for s in range(steps_per_epoch):
-            idx = order[s * batch : (s + 1) * batch]
-            idx = idx[rank::world] if world > 1 else idx
-            loss = F.cross_entropy(fwd(train.x[idx]), train.y[idx])
-            if penalty is not None:
-                loss = loss + penalty()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-        hist.loss.append(sum(losses) / len(losses))
-        hist.acc.append(accuracy(model, test))
-        if on_epoch is not None:
-            on_epoch(epoch, hist)
-    hist.seconds = time.time() - t0
-    return hist
+    """Train ``model`` for ``epochs`` on ``train`` in this process (:class:`ClassifierRecipe`,
+    the recipe a worker runs)."""
+    recipe = ClassifierRecipe(
+        None, model, train, test, epochs=epochs, lr=lr, weight_decay=weight_decay, batch=batch,
+        seed=seed, warmup_epochs=warmup_epochs, penalty=penalty, on_epoch=on_epoch,
+    )  # fmt: skip
+    train_recipe(recipe, session=False)
+    return recipe.hist
 
 
 def init_from_learngene(target: ViT, gene: Any, cfg: FrontConfig, *, seed: int = 0) -> dict:
@@ -187,21 +242,20 @@ def initialise(target: ViT, ancestry: ViT, cfg: FrontConfig, *, seed: int = 0) -
     return {**report, "init": cfg.init}
 
 
-def train_ancestry(
-    cfg: FrontConfig,
-    seed: int,
-    on_epoch: Callable[[int, History], None] | None = None,
-    before_epoch: Callable[[int], None] | None = None,
-) -> tuple[ViT, History]:
-    """The source ViT trained on ``ancestry_train`` (ten digits, 8×8)."""
+def _ancestry_parts(cfg: FrontConfig, seed: int) -> tuple[ViT, Split, Split]:
     torch.manual_seed(seed)
     model = ancestry_vit(cfg)
-    train = load_split("ancestry_train", seed)
-    test = load_split("test", seed)
+    return model, load_split("ancestry_train", seed), load_split("test", seed)
+
+
+def train_ancestry(
+    cfg: FrontConfig, seed: int, on_epoch: Callable[[int, History], None] | None = None
+) -> tuple[ViT, History]:
+    """The source ViT trained on ``ancestry_train`` (ten digits, 8×8)."""
+    model, train, test = _ancestry_parts(cfg, seed)
     hist = train_classifier(
         model, train, test, epochs=cfg.anc_epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
         batch=cfg.batch, seed=seed, warmup_epochs=cfg.anc_warmup, on_epoch=on_epoch,
-        before_epoch=before_epoch,
     )  # fmt: skip
     return model, hist
 
@@ -246,23 +300,59 @@ def ancestry_key(cfg: FrontConfig) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def fit_ancestry(
-    cfg: FrontConfig,
-    seed: int,
-    log: bool = False,
-    before_epoch: Callable[[int], None] | None = None,
-) -> tuple[ViT, dict[str, Any]]:
-    """Train the ancestry (and refine it when ``cfg.refine``); returns it and its record."""
+class AncestryRecipe(ClassifierRecipe):
+    """``stage=ancestry``: the source ViT trained on ``ancestry_train`` (one epoch per step),
+    refined after the last epoch when ``cfg.refine``. It reports and checkpoints once, at the
+    end (the trained or refined ancestry, no optimiser state), so a resumed run starts over."""
 
-    def show(epoch: int, h: History) -> None:
-        if log:
-            print(f"[nshot front] ancestry epoch {epoch} acc={h.acc[-1]:.3f}", flush=True)
+    def __init__(self, cfg: FrontConfig, seed: int | None = None, *, log: bool = False) -> None:
+        super().__init__(
+            cfg, epochs=cfg.anc_epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            batch=cfg.batch, seed=cfg.seed if seed is None else seed,
+            warmup_epochs=cfg.anc_warmup, on_epoch=self._show if log else None,
+        )  # fmt: skip
+        self.final: ViT | None = None
+        self.record: dict[str, Any] = {}
 
-    model, hist = train_ancestry(cfg, seed, on_epoch=show, before_epoch=before_epoch)
-    record: dict[str, Any] = {"history": hist.to_dict()}
-    if cfg.refine:
-        model, record["refine"] = refine_ancestry(cfg, model, seed)
-    return model, record
+    @staticmethod
+    def _show(epoch: int, h: History) -> None:
+        print(f"[nshot front] ancestry epoch {epoch} acc={h.acc[-1]:.3f}", flush=True)
+
+    def setup(self) -> None:
+        if self.world_size > 1:
+            raise NshotError("stage=ancestry trains on one worker (--workers 0 or 1)")
+        self.model, self.train_split, self.test_split = _ancestry_parts(self.cfg, self.seed)
+
+    def schedule(self) -> tuple[int, int, int]:
+        return self.epochs, self.epochs, self.epochs  # one report and checkpoint, at the end
+
+    def restores_weights(self) -> bool:
+        return False
+
+    def step(self, step: int) -> dict[str, float]:
+        stats = super().step(step)
+        if step == self.epochs:
+            self.final, self.record = self.model, {"history": self.hist.to_dict()}
+            if self.cfg.refine:
+                self.final, self.record["refine"] = refine_ancestry(self.cfg, self.model,
+                                                                    self.seed)  # fmt: skip
+        return stats
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return ancestry_checkpoint_fields(self.cfg, self.final, self.record)[0]
+
+    def state(self) -> torch.nn.Module:
+        return self.final
+
+    def extra(self) -> dict[str, Any]:
+        return ancestry_checkpoint_fields(self.cfg, self.final, self.record)[1]
+
+
+def fit_ancestry(cfg: FrontConfig, seed: int, log: bool = False) -> tuple[ViT, dict[str, Any]]:
+    """Train the ancestry (and refine it when ``cfg.refine``) in this process; returns it and
+    its record."""
+    recipe = train_recipe(AncestryRecipe(cfg, seed, log=log), session=False)
+    return recipe.final, recipe.record
 
 
 def cached_ancestry(cfg: FrontConfig) -> LoadedCheckpoint:
@@ -330,66 +420,71 @@ def load_ancestry(cfg: FrontConfig) -> tuple[ViT, dict[str, Any]]:
     }
 
 
-def train_loop(cfg: FrontConfig) -> None:
-    """``stage=ancestry``: train (and optionally refine) the source ViT. ``descendant``:
-    initialise a ViT from the ancestry by ``cfg.init`` and train it, every worker on its
-    slice of each global batch (DDP averages the gradients). Reports the test accuracy
-    after every epoch. A step is an epoch: the descendant checkpoints every
-    ``checkpoint_every`` epochs and at the end, and resumes from its last checkpoint; the
-    ancestry (seconds to minutes) checkpoints once, at the end, so a resumed ancestry run starts
-    over. Both honour the config's ``fail_at_step`` before each epoch."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    if cfg.stage == "ancestry":
-        if ctx.world_size > 1:
-            raise NshotError("stage=ancestry trains on one worker (--workers 0 or 1)")
-        model, record = fit_ancestry(
-            cfg, cfg.seed, log=True, before_epoch=lambda e: session.maybe_inject_fault(e, None)
-        )
-        metrics, extra = ancestry_checkpoint_fields(cfg, model, record)
-        session.report(metrics, step=cfg.anc_epochs, model=model, extra=extra,
-                       checkpoint=True)  # fmt: skip
-        return
-    torch.manual_seed(cfg.seed + 1)
-    model = descendant_vit(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    restored = session.restore(model, opt)
-    start = restored.step if restored else 0
-    if restored is None:
-        source, source_info = descendant_source(cfg)
-        if cfg.learngene_path is None:
-            report = initialise(model, source, cfg, seed=cfg.seed)
-        else:
-            report = init_from_learngene(model, source, cfg, seed=cfg.seed)
-        init_info = {
-            **source_info,
-            "transferred": len(report.get("transferred", [])),
-            "skipped": [str(x) for x in report.get("skipped", [])],
-        }
-    else:  # resumed: the weights and the record of where they came from are in the checkpoint
-        init_info = {k: v for k, v in restored.extra.items()
-                     if k in ("transferred", "skipped", "ancestry_id", "ancestry_acc",
-                              "ancestry_shape", "learngene")}  # fmt: skip
-    train = load_split("descendant_train", cfg.seed, task=cfg.task, img_size=cfg.img_size)
-    test = load_split("test", cfg.seed, task=cfg.task, img_size=cfg.img_size)
-    ddp = session.prepare_model(model)
-    extra = {
-        "stage": "descendant", "shape": model.shape(), "init": cfg.init,
-        "keep_ratio": cfg.keep_ratio, "fill": cfg.fill, "depth_fix": cfg.depth_fix,
-        "use_ratio": cfg.use_ratio, "task": cfg.task, **init_info,
-    }  # fmt: skip
+class DescendantRecipe(ClassifierRecipe):
+    """``stage=descendant``: a ViT initialised from the ancestry (or a learngene) by
+    ``cfg.init`` and trained one epoch per step, every worker on its slice of each global batch
+    (DDP averages the gradients); checkpoints (with AdamW's state) every ``checkpoint_every``
+    epochs and at the end.
 
-    def on_epoch(epoch: int, h: History) -> None:
-        session.report(
-            {"acc": h.acc[-1], "loss": h.loss[-1], "acc_init": h.acc_init},
-            step=epoch, model=model, optimizer=opt, extra=extra,
-            checkpoint=epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs,
-            samples=len(train.y) // ctx.world_size,
+    The initialisation runs at the start of a fresh run's first epoch, in place (every worker
+    computes the same weights from the same source); a resumed run takes the weights and the
+    record of where they came from from its checkpoint and never reads the source."""
+
+    def __init__(self, cfg: FrontConfig) -> None:
+        super().__init__(
+            cfg, epochs=cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay, batch=cfg.batch,
+            seed=cfg.seed, warmup_epochs=cfg.warmup,
         )  # fmt: skip
+        self.init_info: dict[str, Any] = {}
 
-    train_classifier(
-        model, train, test, epochs=cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
-        batch=cfg.batch, seed=cfg.seed, warmup_epochs=cfg.warmup, forward=ddp,
-        rank=ctx.rank, world=ctx.world_size, on_epoch=on_epoch, optimizer=opt,
-        start_epoch=start, before_epoch=lambda e: session.maybe_inject_fault(e, restored),
-    )  # fmt: skip
+    def setup(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed + 1)
+        self.model = descendant_vit(cfg)
+        self.train_split = load_split("descendant_train", cfg.seed, task=cfg.task,
+                                      img_size=cfg.img_size)  # fmt: skip
+        self.test_split = load_split("test", cfg.seed, task=cfg.task, img_size=cfg.img_size)
+
+    def build(self) -> None:
+        super().build()
+        self.optimizer = self.opt
+
+    def schedule(self) -> tuple[int, int, int]:
+        return self.epochs, 1, int(self.cfg.checkpoint_every)
+
+    def begin(self, start: int) -> None:
+        cfg = self.cfg
+        if self.restored is None:
+            source, source_info = descendant_source(cfg)
+            if cfg.learngene_path is None:
+                report = initialise(self.model, source, cfg, seed=cfg.seed)
+            else:
+                report = init_from_learngene(self.model, source, cfg, seed=cfg.seed)
+            self.init_info = {
+                **source_info,
+                "transferred": len(report.get("transferred", [])),
+                "skipped": [str(x) for x in report.get("skipped", [])],
+            }
+        else:
+            self.init_info = {k: v for k, v in self.restored.extra.items()
+                              if k in ("transferred", "skipped", "ancestry_id", "ancestry_acc",
+                                       "ancestry_shape", "learngene")}  # fmt: skip
+        super().begin(start)
+
+    def extra(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "stage": "descendant", "shape": self.model.shape(), "init": cfg.init,
+            "keep_ratio": cfg.keep_ratio, "fill": cfg.fill, "depth_fix": cfg.depth_fix,
+            "use_ratio": cfg.use_ratio, "task": cfg.task, **self.init_info,
+        }  # fmt: skip
+
+
+def train_loop(cfg: FrontConfig) -> None:
+    """``stage=ancestry``: train (and optionally refine) the source ViT
+    (:class:`AncestryRecipe`). ``descendant``: initialise a ViT from the ancestry by
+    ``cfg.init`` and train it (:class:`DescendantRecipe`, the test accuracy reported after every
+    epoch). A step is an epoch: ``fail_at_step`` and ``checkpoint_every`` count epochs."""
+    train_recipe(
+        AncestryRecipe(cfg, log=True) if cfg.stage == "ancestry" else DescendantRecipe(cfg)
+    )
