@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nshot.experiment import Job, aggregate, run_jobs, share
 from nshot.method import ResultsTable
 
@@ -58,9 +56,13 @@ def _metrics(per: dict[tuple[int, str], dict]) -> dict[str, float | None]:
     return out
 
 
+#: the systems that train (or fine-tune) a network in their job
+NETWORKS = frozenset({"bsr", "bsr_linear_probe", "videomae_scratch", "bsr_scrambled_positions",
+                      "topomap_cnn"})  # fmt: skip
+
+
 def _run_subject(cfg_dict: dict, system: str, seed: int, subject: str,
                  encoder: dict | None = None) -> dict:  # fmt: skip
-    torch.set_num_threads(1)
     cfg = BsrConfig.validated(cfg_dict)
     ds = load_dataset(cfg)
     eeg, labels = ds.subject(subject)
@@ -76,7 +78,6 @@ def _run_subject(cfg_dict: dict, system: str, seed: int, subject: str,
 
 
 def _run_eegnet(cfg_dict: dict, seed: int, subjects: list[str]) -> dict[str, dict]:
-    torch.set_num_threads(1)
     cfg = BsrConfig.validated(cfg_dict)
     ds = load_dataset(cfg)
     source = eegnet_source(cfg, ds, seed)
@@ -89,7 +90,6 @@ def _run_eegnet(cfg_dict: dict, seed: int, subjects: list[str]) -> dict[str, dic
 
 
 def _run_pretrain(cfg_dict: dict) -> dict:
-    torch.set_num_threads(1)
     cfg = BsrConfig.validated(cfg_dict)
     t0 = time.time()
     model, record = pretrain(cfg)
@@ -100,7 +100,6 @@ def _run_pretrain(cfg_dict: dict) -> dict:
 
 
 def _run_references(cfg_dict: dict) -> dict:
-    torch.set_num_threads(1)
     cfg = BsrConfig.validated(cfg_dict)
     clips, _, _ = source_clips(cfg, load_dataset(cfg))
     return ridge_references(cfg, clips, *split_clips(cfg, len(clips.powers)))
@@ -115,12 +114,14 @@ def run_experiments(cfg: BsrConfig, workdir: Path) -> ResultsTable:
     systems = list(cfg.systems)
     need_pretrain = any(s in PRETRAINED for s in systems)
     # the long tasks first (pretraining, EEGNet's source training), the short ones fill in
-    phase1 = [Job(("pretrain",), _run_pretrain, (base,))] if need_pretrain else []
+    phase1 = [Job(("pretrain",), _run_pretrain, (base,), trains=True)] if need_pretrain else []
     if cfg.mae_references:
         phase1.append(Job(("mae_references",), _run_references, (base,)))
     if "eegnet" in systems:
-        phase1 += [Job(("eegnet", seed), _run_eegnet, (base, seed, subjects)) for seed in seeds]
-    phase1 += [Job((system, seed, subj), _run_subject, (base, system, seed, subj))
+        phase1 += [Job(("eegnet", seed), _run_eegnet, (base, seed, subjects), trains=True)
+                   for seed in seeds]  # fmt: skip
+    phase1 += [Job((system, seed, subj), _run_subject, (base, system, seed, subj),
+                   trains=system in NETWORKS)
                for system in systems if system not in PRETRAINED and system != "eegnet"
                for seed in seeds for subj in subjects]  # fmt: skip
     done1 = run_jobs(phase1, description=f"bsr {cfg.preset}: pretraining and baselines")
@@ -132,7 +133,8 @@ def run_experiments(cfg: BsrConfig, workdir: Path) -> ResultsTable:
                              "seconds": pre["seconds"],
                              "mae_mse_position_mean": pre["mae_mse_position_mean"]}  # fmt: skip
         enc = share(pre["encoder"])
-        phase2 = [Job((system, seed, subj), _run_subject, (base, system, seed, subj, enc))
+        phase2 = [Job((system, seed, subj), _run_subject, (base, system, seed, subj, enc),
+                      trains=True)
                   for system in systems if system in PRETRAINED
                   for seed in seeds for subj in subjects]  # fmt: skip
         done2 = run_jobs(phase2, description=f"bsr {cfg.preset}: fine-tuning the pretrained")

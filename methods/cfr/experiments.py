@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, check_gpus, run_jobs
+from nshot.experiment import Job, aggregate, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
 
 from .config import CfrConfig
@@ -42,10 +42,9 @@ TYPES = ("geometric", "colour", "both")
 
 
 def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any]:
-    torch.set_num_threads(1)
     t0 = time.time()
     base = CfrConfig.validated({**cfg_dict, "class_name": cls, "shot": k, "seed": seed})
-    use_gpu = base.job_gpus > 0 and torch.cuda.is_available()
+    use_gpu = torch.cuda.is_available()  # a Ray task sees a GPU only when it holds one
     shots = shot_features(base, device="cuda" if use_gpu else "cpu")
     feats = class_test_features(base, cls)
     losses: dict[str, list[float]] = {}
@@ -95,7 +94,9 @@ def _mean(vals: list[float]) -> float:
 
 def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
-    if cfg.features == "paper" or cfg.generator == "mvtec3d":  # fail here, not in a Ray task
+    planned = is_planning()  # a dry run lists the grid without the user's data
+    if not planned and (cfg.features == "paper" or cfg.generator == "mvtec3d"):
+        # fail here, not in a Ray task
         from .mvtec3d import list_items
         from .paper_features import check_paper
 
@@ -108,7 +109,8 @@ def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     shots = sorted(set(cfg.shots), reverse=True)  # the larger k first (the longer jobs)
     check_gpus(cfg.job_gpus)
-    jobs = [Job((cls, k, seed), _job, (cfg.model_dump(), cls, k, seed), num_gpus=cfg.job_gpus)
+    jobs = [Job((cls, k, seed), _job, (cfg.model_dump(), cls, k, seed), num_gpus=cfg.job_gpus,
+                trains=True)
             for k in shots for cls in cfg.classes for seed in seeds]  # fmt: skip
     done = run_jobs(jobs, description=f"cfr {cfg.preset}")
     main_k = 4 if 4 in shots else max(shots)

@@ -67,7 +67,6 @@ def rows_order(cfg: TGDTConfig) -> list[str]:
 
 
 def _job(cfg_dict: dict, row: str, overrides: dict, seed: int) -> dict[str, Any]:
-    torch.set_num_threads(1)
     t0, c0 = time.time(), time.process_time()
     cfg = TGDTConfig.validated({**cfg_dict, **overrides, "seed": seed})
     data = load_data(cfg)
@@ -87,7 +86,7 @@ def run_experiments(cfg: TGDTConfig, workdir: Path) -> ResultsTable:
     base = cfg.model_dump()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     data = load_data(cfg)  # build the cached table once, before the tasks read it
-    jobs = [Job((row, seed), _job, (base, row, fields, seed))
+    jobs = [Job((row, seed), _job, (base, row, fields, seed), trains=True)
             for row, fields in trained_rows(cfg).items() for seed in seeds]  # fmt: skip
     done = run_jobs(jobs, description=f"tgdt {cfg.preset}")
     per: dict[tuple[str, int], dict[str, float | None]] = {}

@@ -101,7 +101,6 @@ def _tensors(w: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _pretrain_job(cfg_dict: dict, system: str, corpus: str) -> dict[str, Any]:
-    torch.set_num_threads(1)
     t0, c0 = time.time(), time.process_time()
     cfg = TimeModeConfig.validated({**cfg_dict, "system": system, "corpus": corpus,
                                     "stage": "pretrain"})  # fmt: skip
@@ -155,8 +154,8 @@ def _tuned(cfg: TimeModeConfig, stage: str, target: str, n_shot: int, seed: int,
 
 
 def _timed(fn):
-    """Run ``fn`` on one torch thread; its result with wall and CPU seconds."""
-    torch.set_num_threads(1)
+    """Run ``fn`` (on the job's torch threads, one per CPU it holds); its result with wall and
+    CPU seconds."""
     t0, c0 = time.time(), time.process_time()
     out = fn()
     out["seconds"] = time.time() - t0
@@ -242,7 +241,6 @@ def roughness_report(
     minute) and the classical baselines' samples, each with its disc and fid_feat. Each of
     ``samplers`` (:data:`~.model.SAMPLERS` other than the default ``ddpm``) adds a row
     ``from_scratch[<sampler>]``: the same trained model sampled by that reverse chain."""
-    torch.set_num_threads(1)
     base = _target_cfg(cfg.model_dump(), system="timemode", stage="pretrain")
     fake, scores = _tuned(base, "scratch", base.target, base.n_shot, seed, None, "timemode")
     state = scores.pop("_state")
@@ -319,15 +317,18 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
         load_target(cfg.replace(target="damped"))
     # phase 1: everything that needs no pre-trained weights, longest first
     jobs = [(_estimate(cfg, "pretrain", system),
-             Job(("pretrain", row), _pretrain_job, (base, system, corpus)))
+             Job(("pretrain", row), _pretrain_job, (base, system, corpus), trains=True))
             for row, system, corpus in pre]  # fmt: skip
-    jobs += [(_estimate(cfg, "scratch") + 1, Job(("from_scratch", seed), _scratch_job, (base, seed)))
+    jobs += [(_estimate(cfg, "scratch") + 1,
+              Job(("from_scratch", seed), _scratch_job, (base, seed), trains=True))
              for seed in seeds]  # fmt: skip
     jobs += [(_estimate(cfg, "scratch"),
-              Job(("from_scratch", seed, metric), _scratch_job, (base, seed, (metric, tgt, k))))
+              Job(("from_scratch", seed, metric), _scratch_job, (base, seed, (metric, tgt, k)),
+                  trains=True))
              for seed in regime_seeds for metric, tgt, k in regimes]  # fmt: skip
-    jobs += [(0.0, Job(("baselines", seed), _baselines_job, (base, seed))) for seed in seeds]
-    jobs.append((0.0, Job(("evaluator",), _evaluator_job, (base,))))
+    jobs += [(0.0, Job(("baselines", seed), _baselines_job, (base, seed), trains=True))
+             for seed in seeds]  # fmt: skip
+    jobs.append((0.0, Job(("evaluator",), _evaluator_job, (base,), trains=True)))
     jobs.sort(key=lambda j: -j[0])
     done = run_jobs([j for _, j in jobs],
                     description=f"timemode {cfg.preset}: pre-training, from scratch, baselines")  # fmt: skip
@@ -335,10 +336,11 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
     row_seeds = {row: seeds[: cfg.ablation_seeds] if row in REPORTED_ROWS else seeds
                  for row, _, _ in pre}  # fmt: skip
     jobs2 = [Job(("finetune", row, seed), _finetune_job,
-                 (base, system, seed, done[("pretrain", row)]["weights"]))
+                 (base, system, seed, done[("pretrain", row)]["weights"]), trains=True)
              for row, system, _ in pre for seed in row_seeds[row]]  # fmt: skip
     jobs2 += [Job(("finetune", row, seed, metric), _finetune_job,
-                  (base, system, seed, done[("pretrain", row)]["weights"], (metric, tgt, k)))
+                  (base, system, seed, done[("pretrain", row)]["weights"], (metric, tgt, k)),
+                  trains=True)
               for row, system, _ in pre if row in REGIME_ROWS
               for seed in regime_seeds for metric, tgt, k in regimes]  # fmt: skip
     done2 = run_jobs(jobs2, description=f"timemode {cfg.preset}: fine-tuning")
