@@ -2,10 +2,11 @@
 ``backbone='clip'`` (:mod:`.clip_backbone`), with the toy's episode loop
 (:func:`.train.run_episode`) and table (:func:`.experiments.summarise`).
 
-* ``train_loop``: the CLIP is pre-trained already, so nothing is pre-trained: the run reports
-  one checkpoint with ATHA's and CoOp + LoRA's 1-shot accuracy on ``eval_episodes`` episodes
-  per domain (the Tune objective ``acc_1shot_avg``). It holds no weights (every episode, and
-  every request to the predictor, adapts a fresh copy of the CLIP): it records the CLIP
+* ``train_loop`` (:class:`PaperRecipe`): the CLIP is pre-trained already, so nothing is
+  pre-trained: the run reports one checkpoint with ATHA's and CoOp + LoRA's 1-shot accuracy
+  on ``eval_episodes`` episodes per domain (the Tune objective ``acc_1shot_avg``). It holds no
+  weights (every episode, and every request to the predictor, adapts a fresh copy of the
+  CLIP): it records the CLIP
   (``clip_path``, tokenizer, architecture in its config; a parameter fingerprint in
   ``extra.clip``), which :mod:`.serve` reads back from that path.
 * ``evaluate``: the same on the checkpoint's CLIP.
@@ -28,7 +29,7 @@ import torch
 from nshot.errors import CheckpointError
 from nshot.experiment import Job, check_gpus, run_jobs
 from nshot.method import ResultsTable
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .clip_backbone import (
     FolderPool,
@@ -92,24 +93,48 @@ def paper_accuracy(
     return out
 
 
+class PaperRecipe(Recipe):
+    """The real CLIP's run as :mod:`nshot.train.trainer` runs it: nothing is trained; the last
+    step measures ATHA's and CoOp + LoRA's 1-shot accuracy, and the run reports it once, with a
+    checkpoint that holds no weights (the CLIP it records is read back from ``clip_path``). A
+    resumed run that reached ``steps`` does nothing."""
+
+    def build(self) -> None:
+        self.metrics: dict[str, float] = {}
+        self.clip_extra: dict[str, Any] = {}
+
+    def schedule(self) -> tuple[int, int, int]:
+        steps = int(self.cfg.steps)
+        return steps, steps, steps
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        if step < cfg.steps:
+            return {}
+        from nshot.nn.hfclip import clip_record
+
+        t0 = time.time()
+        bb = load_hf_backbone(cfg, self.device)
+        clip = clip_record(cfg, bb.pre)  # the CLIP the predictor must find at clip_path
+        self.metrics = paper_accuracy(bb, cfg, ["atha", "coop_lora"])
+        self.clip_extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "clip": clip,
+                           "domains": paper_domains(cfg)}  # fmt: skip
+        print(f"[nshot atha] paper backbone: {time.time() - t0:.0f}s", flush=True)
+        return {}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def extra(self) -> dict[str, Any]:
+        return self.clip_extra
+
+
 def train_loop(cfg: AthaConfig) -> None:
     """One report: the real CLIP's ATHA and CoOp + LoRA 1-shot accuracy (no pre-training)."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    restored = session.restore()
-    if restored is not None and restored.step >= cfg.steps:
-        return
-    from nshot.nn.hfclip import clip_record
-
-    t0 = time.time()
-    bb = load_hf_backbone(cfg, ctx.device)
-    clip = clip_record(cfg, bb.pre)  # the CLIP the predictor must find at clip_path
-    metrics = paper_accuracy(bb, cfg, ["atha", "coop_lora"])
-    extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "clip": clip,
-             "domains": paper_domains(cfg)}  # fmt: skip
-    session.report(metrics, step=cfg.steps, model={}, extra=extra, checkpoint=True,
-                   samples=cfg.eval_episodes)  # fmt: skip
-    print(f"[nshot atha] paper backbone: {time.time() - t0:.0f}s", flush=True)
+    train(PaperRecipe(cfg))
 
 
 def evaluate(checkpoint: Any, cfg: AthaConfig) -> dict[str, float]:

@@ -1,10 +1,11 @@
 """ATHA's two kinds of training.
 
 * :func:`train_loop` (``nshot train atha``): the contrastive pre-training of the tiny CLIP that
-  every episode starts from, run by :func:`nshot.train.clip.pretrain` in this worker (on a
-  worker group its loop all-gathers the image features and averages the gradients over the
-  workers). It runs in chunks of ``checkpoint_every`` steps; after each chunk rank 0 reports an
-  nshot checkpoint (the tiny CLIP's weights, its config in ``extra``). The pre-training's own
+  every episode starts from (:class:`PretrainRecipe` on :mod:`nshot.train.trainer`), run by
+  :func:`nshot.train.clip.pretrain` in this worker (on a worker group its loop all-gathers the
+  image features and averages the gradients over the workers). It runs in chunks of
+  ``checkpoint_every`` steps; after each chunk rank 0 reports an nshot checkpoint (the tiny
+  CLIP's weights, its config in ``extra``). The pre-training's own
   resume state (weights, optimizer, losses) lives in a work folder beside the run, so a resumed
   run continues from it and ends with the weights of an uninterrupted run.
 * :func:`run_episode`: one episode (paper §4.1): a fresh :class:`~.model.EpisodeModel`, trained
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from nshot.errors import ConfigError
 from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .config import AthaConfig
 from .data import DOMAINS, Episode, domain_pool, sample_episode
@@ -80,62 +82,96 @@ def _work_dir(cfg: AthaConfig) -> Path:
         return cache_dir() / "atha-pretrain" / f"{ctx.get_experiment_name()}-{digest}"
 
 
+class PretrainRecipe(Recipe):
+    """The tiny CLIP's pre-training as :mod:`nshot.train.trainer` runs it. A chunk of
+    ``checkpoint_every`` steps is one call of :func:`nshot.train.clip.pretrain` (its own loop,
+    resumable from the work folder), made at the chunk's first step; each step's stats are the
+    loss that loop recorded for it, and the chunk ends with a report and a checkpoint (the
+    tiny CLIP's weights on rank 0, its config in ``extra``; the final metrics at the end, the
+    episode accuracy at each checkpoint of a Tune trial)."""
+
+    samples_per_step = 1
+
+    def build(self) -> None:
+        cfg = self.cfg
+        check_backbone(cfg)
+        from nshot.train.clip import clip_config
+
+        self.work = _work_dir(cfg)
+        self.clip_extra = {
+            "clip_config": clip_config(cfg.clip_preset, cfg.text).to_dict(),
+            "clip_preset": cfg.clip_preset,
+            "text": cfg.text,
+        }
+        self.began = False
+        self.chunk = (0, 0)  # the chunk's steps: (first - 1, last)
+        self.losses: list[float] = []
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def schedule(self) -> tuple[int, int, int]:
+        every = int(self.cfg.checkpoint_every)
+        return int(self.cfg.steps), every, every
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        if not self.began:
+            self.began = True
+            if self.restored is None and self.rank == 0:
+                shutil.rmtree(self.work, ignore_errors=True)  # a fresh run starts from scratch
+            if self.world_size > 1:  # no rank reads the work folder before it is cleared
+                import torch.distributed as dist
+
+                dist.barrier()
+        if step > self.chunk[1]:
+            from nshot.train.clip import pretrain
+
+            first = step - 1
+            end = min(cfg.steps, (first // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+            self.t0 = time.time()
+            result = pretrain(
+                cfg.clip_preset,
+                out=self.work,
+                text=cfg.text,
+                seed=cfg.seed,
+                steps=cfg.steps,
+                stop_at=end,
+                threads=cfg.torch_threads,
+            )
+            self.chunk, self.losses = (first, end), list(result.losses)
+        return {"loss": self.losses[step - 1]}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        from safetensors.torch import load_file
+
+        cfg = self.cfg
+        first, end = self.chunk
+        losses = self.losses[first:end]
+        metrics = {"loss": float(np.mean(losses)) if losses else float("nan")}
+        self.weights = {}
+        if self.rank == 0:
+            folder = (
+                self.work if end == cfg.steps else self.work / "checkpoints" / f"step-{end:06d}"
+            )
+            self.weights = load_file(str(folder / "model.safetensors"))
+            clip_cfg = self.clip_extra["clip_config"]
+            if end == cfg.steps:
+                metrics.update(_final_metrics(clip_cfg, self.weights, cfg))
+            elif session.run_info().tune is not None:  # a Tune trial: the objective each time
+                metrics.update(_episode_metrics(clip_cfg, self.weights, cfg))
+        print(f"[nshot atha] pre-training steps {first}-{end}: {time.time() - self.t0:.0f}s",
+              flush=True)  # fmt: skip
+        return metrics
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.weights
+
+    def extra(self) -> dict[str, Any]:
+        return self.clip_extra
+
+
 def train_loop(cfg: AthaConfig) -> None:
     """Pre-train the tiny CLIP (``clip_preset``, ``text``) for ``steps`` steps, resumable."""
-    from safetensors.torch import load_file
-
-    from nshot.train.clip import clip_config, pretrain
-
-    check_backbone(cfg)
-    ctx = session.context()
-    restored = session.restore()
-    work = _work_dir(cfg)
-    if restored is None and ctx.rank == 0:
-        shutil.rmtree(work, ignore_errors=True)  # a fresh run starts from scratch
-    if ctx.world_size > 1:  # no rank reads the work folder before it is cleared
-        import torch.distributed as dist
-
-        dist.barrier()
-    start = restored.step if restored else 0
-    extra = {
-        "clip_config": clip_config(cfg.clip_preset, cfg.text).to_dict(),
-        "clip_preset": cfg.clip_preset,
-        "text": cfg.text,
-    }
-    step = start
-    while step < cfg.steps:
-        end = min(cfg.steps, (step // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
-        session.maybe_inject_fault(step + 1, restored)
-        t0 = time.time()
-        result = pretrain(
-            cfg.clip_preset,
-            out=work,
-            text=cfg.text,
-            seed=cfg.seed,
-            steps=cfg.steps,
-            stop_at=end,
-            threads=cfg.torch_threads,
-        )
-        losses = result.losses[step:end]
-        metrics = {"loss": float(np.mean(losses)) if losses else float("nan")}
-        state: dict[str, torch.Tensor] = {}
-        if ctx.rank == 0:
-            folder = work if end == cfg.steps else work / "checkpoints" / f"step-{end:06d}"
-            state = load_file(str(folder / "model.safetensors"))
-            if end == cfg.steps:
-                metrics.update(_final_metrics(extra["clip_config"], state, cfg))
-            elif session.run_info().tune is not None:  # a Tune trial: the objective each time
-                metrics.update(_episode_metrics(extra["clip_config"], state, cfg))
-        session.report(
-            metrics,
-            step=end,
-            model=state,
-            extra=extra,
-            checkpoint=True,
-            samples=end - step,
-        )
-        print(f"[nshot atha] pre-training steps {step}-{end}: {time.time() - t0:.0f}s", flush=True)
-        step = end
+    train(PretrainRecipe(cfg))
 
 
 def _final_metrics(
