@@ -158,7 +158,6 @@ STALE = {
     "auxbo": "no run record",
     "bsr": "code changed since",
     "cfr": "dirty tree",
-    "dirclip": "code changed since",
     "front": "no run record",
     "modhnn": "no run record",
     "recog": "code changed since",
