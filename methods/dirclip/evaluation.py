@@ -77,7 +77,8 @@ def logit_metrics(lc: torch.Tensor, la: torch.Tensor, y: torch.Tensor) -> dict[s
 def validation(model, splits: Splits, cfg: DirclipConfig, step: int) -> dict[str, float]:
     """Clean and PGD-``val_pgd_steps`` accuracy on the held-out training images, and their
     harmonic mean ``val_h`` (the selection criterion)."""
-    x, y = torch.from_numpy(splits.x_val), torch.from_numpy(splits.y_val)
+    dev = next(model.parameters()).device  # the held-out images follow the model
+    x, y = torch.from_numpy(splits.x_val).to(dev), torch.from_numpy(splits.y_val).to(dev)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     was = model.training
     model.eval()

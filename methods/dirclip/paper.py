@@ -12,10 +12,11 @@ safetensors file plus its tokenizer), and training images from an ImageFolder.
 * The model (:class:`HFDirClip`) has the toy's interface: g is the whole image tower and its
   projection (trainable), g₀ a frozen copy of both, the text tower and the logit scale frozen,
   the text features of ``template`` for the training classes a buffer, logits ``100 · cos``.
-* Training reuses :func:`.train.fit_model` and :func:`.train.step_loss` (the loss, the attack
-  and the schedule are the toy's code); validation and evaluation run in chunks of
-  ``CHUNK`` images on the worker's device and give the toy's metrics except the toy's shifted
-  domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``), which have no counterpart.
+* Training reuses the toy's recipe (:class:`.train.DirclipRecipe`: the loss, the attack, the
+  schedule and the checkpoints are the toy's code; :func:`.train.fit_model` in-process);
+  validation and evaluation run in chunks of ``CHUNK`` images on the worker's device and give
+  the toy's metrics except the toy's shifted domains (``clean_rolled``, ``pgd_rolled``,
+  ``clean_mnist8``), which have no counterpart.
 * A checkpoint holds g's current and selected (``best.*``) weights and the optimiser, and
   records the CLIP it was tuned from (``clip_path``, tokenizer, architecture and a fingerprint
   of its parameters); :func:`load_paper_model` rebuilds the rest from that path, for
@@ -38,14 +39,14 @@ from torch import nn
 
 from nshot.errors import CheckpointError, ConfigError
 from nshot.method import ResultsTable
-from nshot.train import session
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.trainer import train
 
 from .attacks import apgd_ce
 from .config import DirclipConfig
 from .evaluation import _acc, attack_pgd, harmonic, logit_metrics
 from .model import SCALE
-from .train import _best_record, batch_rows, fit_model, make_optimizer, trainable_state
+from .train import DirclipRecipe, fit_model, trainable_state
 
 CHUNK = 128  # images per forward / attack in validation and evaluation
 METRICS = {"clean": True, "pgd": True, "apgd": True, "h": True, "ece_clean": False,
@@ -294,68 +295,37 @@ def _record(cfg: DirclipConfig, model: HFDirClip, clip: dict[str, Any]) -> dict[
             "template": model.template}  # fmt: skip
 
 
+class PaperRecipe(DirclipRecipe):
+    """The toy's recipe (:class:`.train.DirclipRecipe`) on the real CLIP: each worker attacks
+    and trains on its shard of the global batch on its device (DDP averages g's gradients);
+    validation by :func:`paper_validation`; checkpoints hold g only (current and ``best.*``),
+    and record the CLIP it was tuned from."""
+
+    clean_rows = CHUNK
+
+    def __init__(self, cfg: DirclipConfig) -> None:
+        super().__init__(cfg, validate=paper_validation)
+
+    def make(self) -> None:
+        from nshot.nn.hfclip import clip_record
+
+        cfg = self.cfg
+        pre = load_backbone(cfg)
+        self.clip = clip_record(cfg, pre)  # of the CLIP as read, before any weight is tuned
+        self.splits = folder_splits(cfg, pre.image_size)
+        torch.manual_seed(cfg.seed)
+        self.net = HFDirClip(pre, self.splits.class_names, cfg.template)
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        return trainable_state(self.net)
+
+    def model_record(self) -> dict[str, Any]:
+        return _record(self.cfg, self.net, self.clip)
+
+
 def train_loop(cfg: DirclipConfig) -> None:
-    """The toy's training loop on the real CLIP: each worker attacks and trains on its shard of
-    the global batch on its device (DDP averages g's gradients); checkpoints hold g only."""
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    if cfg.batch_size % ctx.world_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {ctx.world_size}")
-    from nshot.nn.hfclip import clip_record
-
-    pre = load_backbone(cfg)
-    clip = clip_record(cfg, pre)  # of the CLIP as read, before any weight is tuned or restored
-    splits = folder_splits(cfg, pre.image_size)
-    torch.manual_seed(cfg.seed)
-    model = HFDirClip(pre, splits.class_names, cfg.template).to(ctx.device)
-    opt = make_optimizer(model, cfg)
-    restored = session.restore()
-    start, best = 0, None
-    if restored is not None:
-        state = dict(restored.checkpoint.weights())
-        best_state = {k.removeprefix("best."): v.to(ctx.device)
-                      for k, v in state.items() if k.startswith("best.")}  # fmt: skip
-        current = {k: v for k, v in state.items() if not k.startswith("best.")}
-        model.load_state_dict({**model.state_dict(), **current})
-        opt_state = restored.checkpoint.optimizer_state()
-        if opt_state is not None:
-            opt.load_state_dict(opt_state)
-        start = restored.step
-        best = {**restored.extra.get("selected", {}), "state": best_state}
-    ddp = session.prepare_model(model)
-    record = {"model": _record(cfg, model, clip), "loss": cfg.loss, "lambda": cfg.lam}
-    window: list[dict[str, float]] = []
-
-    def on_step(step: int, stats: dict[str, float], best: dict) -> None:
-        window.append({k: stats[k] for k in ("loss", "ce", "lam_kl", "adv_acc")})
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-            rows = batch_rows(len(splits.y_train), cfg.batch_size, step, cfg.seed)[:CHUNK]
-            with torch.no_grad():
-                xb = torch.from_numpy(splits.x_train[rows]).to(ctx.device)
-                yb = torch.from_numpy(splits.y_train[rows])
-                metrics["clean_acc"] = float((_logits(model, xb).argmax(-1) == yb).float().mean())
-            for k in ("val_clean", "val_pgd", "val_h"):
-                if k in best:
-                    metrics[k] = float(stats.get(k, best[k]))
-            state: dict[str, torch.Tensor] = {}
-            if is_ckpt:
-                state = {**trainable_state(model),
-                         **{f"best.{k}": v for k, v in best["state"].items()}}  # fmt: skip
-            session.report(
-                metrics, step=step, model=state, optimizer=opt if is_ckpt else None,
-                extra={**record, "selected": _best_record(best)}, checkpoint=is_ckpt,
-                samples=len(window) * cfg.batch_size // ctx.world_size,
-            )  # fmt: skip
-            window.clear()
-
-    fit_model(
-        cfg, splits, model, opt=opt, start=start, rank=ctx.rank, world=ctx.world_size,
-        forward=ddp if ctx.world_size > 1 else None, best=best, on_step=on_step,
-        before_step=lambda s: session.maybe_inject_fault(s, restored),
-        validate=paper_validation,
-    )  # fmt: skip
+    """The toy's training loop on the real CLIP (:class:`PaperRecipe`)."""
+    train(PaperRecipe(cfg))
 
 
 def load_paper_model(checkpoint: LoadedCheckpoint) -> tuple[HFDirClip, DirclipConfig, dict]:

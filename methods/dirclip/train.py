@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from nshot.errors import ConfigError
-from nshot.train import session
+from nshot.train.trainer import Recipe, train
 
 from .attacks import ce_loss, pgd
 from .config import DirclipConfig
@@ -137,68 +138,189 @@ def trainable_state(model: DirClip) -> dict[str, torch.Tensor]:
             if k.startswith(prefixes)}  # fmt: skip
 
 
+class DirclipRecipe(Recipe):
+    """UCAT's fine-tuning (one row, ``cfg.loss``) as :mod:`nshot.train.trainer` runs it: per
+    step the lr of :func:`lr_at`, this rank's shard of the global batch (the next step's images
+    read in a thread while this one computes), the attack and :func:`step_loss`, one optimiser
+    step; ``validate(model, splits, cfg, step)`` every ``val_every`` steps and at the end (and
+    at step 0 of a fresh run: the starting point is a candidate too), the best tower so far
+    kept. Reports the window's means of the loss terms, the clean accuracy on the step's batch
+    and the validation scores; a checkpoint holds the current and the selected (``best.*``)
+    weights of g and the optimiser.
+
+    The network is :attr:`net`, not :attr:`model`: a row of the experiments trains the model
+    it is given on that model's device (a real CLIP's reproduction: its GPU), so the trainer
+    must not move it; on a worker, :meth:`build` puts it on the worker's device. Batches follow
+    the network's device.
+
+    Given ``splits`` and ``model``, a row trained in-process (:func:`fit_model`,
+    ``on_step(step, stats, best)`` after every step); a subclass builds another backbone
+    (:meth:`make`, :mod:`.paper`)."""
+
+    #: images of the step's batch that the report's ``clean_acc`` scores (``None``: all)
+    clean_rows: int | None = None
+
+    def __init__(
+        self,
+        cfg: DirclipConfig,
+        splits: Any = None,
+        model: DirClip | None = None,
+        *,
+        validate: Callable[..., dict[str, float]] = validation,
+        on_step: Callable[[int, dict[str, float], dict], None] | None = None,
+    ) -> None:
+        super().__init__(cfg)
+        self.splits, self.net = splits, model
+        self.validate, self.on_step = validate, on_step
+
+    # -- what a backbone supplies --------------------------------------------------------------
+    def make(self) -> None:
+        """Build :attr:`splits` and :attr:`net` from the config (the tiny CLIP's toy)."""
+        cfg = self.cfg
+        if cfg.backbone != "tinyclip":
+            raise ConfigError(
+                "backbone 'clip' trains through the method (nshot.methods.dirclip.paper.train_loop)"
+            )
+        self.splits = load_splits(cfg)
+        torch.manual_seed(cfg.seed)
+        self.net = build_model(cfg)
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        """The current weights a checkpoint holds (the toy: the whole model)."""
+        return self.net.state_dict()
+
+    def model_record(self) -> dict[str, Any]:
+        return model_record(self.net)
+
+    # -- the recipe ---------------------------------------------------------------------------
+    def build(self) -> None:
+        cfg = self.cfg
+        if cfg.batch_size % self.world_size:
+            raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {self.world_size}")
+        if self.net is None:
+            self.make()
+            self.net.to(self.device)
+        self.forward = self.net
+        self.optimizer = make_optimizer(self.net, cfg)
+        self.best: dict[str, Any] = {"step": 0, "val_h": -1.0, "state": None}
+        self.y_all = torch.from_numpy(self.splits.y_train)
+        self.per = cfg.batch_size // self.world_size
+        self.samples_per_step = self.per
+        self.reader: ThreadPoolExecutor | None = None
+        self.ahead: Future | None = None
+        self.window: list[dict[str, float]] = []
+        self.last: dict[str, float] = {}
+        self.ckpt_state: dict[str, torch.Tensor] = {}
+        self.record = (
+            {"model": self.model_record(), "loss": cfg.loss, "lambda": cfg.lam}
+            if self.session
+            else {}
+        )
+
+    def on_restore(self, restored) -> None:  # noqa: ANN001
+        dev = next(self.net.parameters()).device
+        state = dict(restored.checkpoint.weights())
+        best_state = {k.removeprefix("best."): v.to(dev)
+                      for k, v in state.items() if k.startswith("best.")}  # fmt: skip
+        current = {k: v for k, v in state.items() if not k.startswith("best.")}
+        self.net.load_state_dict({**self.net.state_dict(), **current})
+        opt_state = restored.checkpoint.optimizer_state()
+        if opt_state is not None:
+            self.optimizer.load_state_dict(opt_state)
+        self.best = {**restored.extra.get("selected", {}), "state": best_state}
+
+    def _batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's rows of ``step`` and their images."""
+        rows = batch_rows(len(self.y_all), self.cfg.batch_size, step, self.cfg.seed)
+        rows = rows[self.rank * self.per : (self.rank + 1) * self.per]
+        return rows, self.splits.x_train[rows]
+
+    def _read_ahead(self, step: int) -> Future | None:
+        return self.reader.submit(self._batch, step) if step <= self.cfg.steps else None
+
+    def begin(self, start: int) -> None:
+        """This run's first step: the starting point scored (a fresh run), the reader started."""
+        if start == 0 and self.best["state"] is None:  # the starting point is a candidate too
+            v = self.validate(self.net, self.splits, self.cfg, 0)
+            self.best.update(step=0, state=trainable_state(self.net), **v)
+        self.net.train()
+        self.reader = ThreadPoolExecutor(max_workers=1)
+        self.ahead = self._read_ahead(start + 1)
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg, best = self.cfg, self.best
+        if self.reader is None:
+            self.begin(step - 1)
+        device = next(self.net.parameters()).device
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, self.rank, 5])
+                                                .integers(2**62)))  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        (rows, images), self.ahead = self.ahead.result(), self._read_ahead(step + 1)
+        if self.ahead is None:  # the last step: nothing more to read
+            self.reader.shutdown()
+        x = torch.as_tensor(images).to(device)
+        loss, stats = step_loss(self.net, self.forward, cfg, x, self.y_all[rows].to(device), gen)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if step % cfg.val_every == 0 or step == cfg.steps:
+            v = self.validate(self.net, self.splits, cfg, step)
+            stats.update(v)
+            if v["val_h"] > best["val_h"]:
+                best.update(step=step, state=trainable_state(self.net), **v)
+        if self.on_step is not None:
+            self.on_step(step, stats, best)
+        self.last = stats
+        terms = {k: stats[k] for k in ("loss", "ce", "lam_kl", "adv_acc")}
+        self.window.append(terms)
+        return terms
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        cfg, best, window = self.cfg, self.best, self.window
+        self.window = []
+        if not self.session:  # a row in-process: its caller's on_step sees every step
+            return metrics
+        # np.mean over the window, as the reports always were
+        metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+        rows = batch_rows(len(self.y_all), cfg.batch_size, step, cfg.seed)[: self.clean_rows]
+        with torch.no_grad():
+            xb = torch.from_numpy(self.splits.x_train[rows]).to(next(self.net.parameters()).device)
+            yb = torch.from_numpy(self.splits.y_train[rows])
+            pred = self.net.logits(xb).argmax(-1).cpu()
+            metrics["clean_acc"] = float((pred == yb).float().mean())
+        for k in ("val_clean", "val_pgd", "val_h"):
+            if k in best:
+                metrics[k] = float(self.last.get(k, best[k]))
+        self.ckpt_state = {}
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            self.ckpt_state = {**self.current_state(),
+                               **{f"best.{k}": v for k, v in best["state"].items()}}  # fmt: skip
+        return metrics
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.ckpt_state
+
+    def extra(self) -> dict[str, Any]:
+        return {**self.record, "selected": _best_record(self.best)}
+
+
 def fit_model(
     cfg: DirclipConfig,
     splits: Splits,
     model: DirClip,
     *,
-    opt: torch.optim.Optimizer | None = None,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    forward: torch.nn.Module | None = None,
-    best: dict | None = None,
     on_step: Callable[[int, dict[str, float], dict], None] | None = None,
-    before_step: Callable[[int], None] | None = None,
     validate: Callable[..., dict[str, float]] = validation,
 ) -> tuple[DirClip, dict]:
-    """Train ``cfg.steps`` steps from ``start``; returns the model holding the validation-
-    selected weights and the selection record ``{"step", "val_h", "state"}``. ``splits``'
-    training images are any array indexable by a row array (the paper backbone's are read
-    from files per batch, the next one in a thread while a step computes); batches go to the
-    model's device; ``validate(model, splits, cfg, step)`` scores the held-out images."""
-    opt = opt or make_optimizer(model, cfg)
-    fwd = forward if forward is not None else model
-    best = best if best is not None else {"step": 0, "val_h": -1.0, "state": None}
-    y_all = torch.from_numpy(splits.y_train)
-    device = next(model.parameters()).device
-    per = cfg.batch_size // world
-    if start == 0 and best["state"] is None:  # the starting point is a candidate too
-        v = validate(model, splits, cfg, 0)
-        best.update(step=0, state=trainable_state(model), **v)
-    model.train()
-
-    def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's rows of ``step`` and their images."""
-        rows = batch_rows(len(y_all), cfg.batch_size, step, cfg.seed)[rank * per : (rank + 1) * per]
-        return rows, splits.x_train[rows]
-
-    def read_ahead(step: int) -> Future | None:
-        return reader.submit(batch, step) if step <= cfg.steps else None
-
-    # the next step's images are read (from files, on the paper path) while this step computes
-    with ThreadPoolExecutor(max_workers=1) as reader:
-        ahead = read_ahead(start + 1)
-        for step in range(start + 1, cfg.steps + 1):
-            if before_step is not None:
-                before_step(step)
-            gen = torch.Generator().manual_seed(int(np.random.default_rng([cfg.seed, step, rank, 5])
-                                                    .integers(2**62)))  # fmt: skip
-            for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, step)
-            (rows, images), ahead = ahead.result(), read_ahead(step + 1)
-            x = torch.as_tensor(images).to(device)
-            loss, stats = step_loss(model, fwd, cfg, x, y_all[rows].to(device), gen)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step % cfg.val_every == 0 or step == cfg.steps:
-                v = validate(model, splits, cfg, step)
-                stats.update(v)
-                if v["val_h"] > best["val_h"]:
-                    best.update(step=step, state=trainable_state(model), **v)
-            if on_step is not None:
-                on_step(step, stats, best)
+    """Train ``cfg.steps`` steps in this process (:class:`DirclipRecipe`, the recipe a worker
+    runs) on the model's device; returns the model holding the validation-selected weights and
+    the selection record ``{"step", "val_h", "state"}``. ``splits``' training images are any
+    array indexable by a row array (the paper backbone's are read from files per batch);
+    ``validate(model, splits, cfg, step)`` scores the held-out images."""
+    recipe = DirclipRecipe(cfg, splits, model, validate=validate, on_step=on_step)
+    train(recipe, session=False)
+    best = recipe.best
     model.load_state_dict({**model.state_dict(), **best["state"]})
     return model.eval(), best
 
@@ -212,59 +334,4 @@ def train_loop(cfg: DirclipConfig) -> None:
     batch (DDP averages g's gradients); CE, λ·KL and the clean and adversarial batch accuracy
     every ``log_every`` steps, validation every ``val_every``, a checkpoint (current and
     selected weights, optimiser) every ``checkpoint_every`` and at the end."""
-    if cfg.backbone != "tinyclip":
-        raise ConfigError(
-            "backbone 'clip' trains through the method (nshot.methods.dirclip.paper.train_loop)"
-        )
-    ctx = session.context()
-    torch.set_num_threads(cfg.torch_threads)
-    if cfg.batch_size % ctx.world_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by {ctx.world_size}")
-    splits = load_splits(cfg)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
-    opt = make_optimizer(model, cfg)
-    restored = session.restore()
-    start, best = 0, None
-    if restored is not None:
-        state = dict(restored.checkpoint.weights())
-        best_state = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
-        model.load_state_dict({k: v for k, v in state.items() if not k.startswith("best.")})
-        opt_state = restored.checkpoint.optimizer_state()
-        if opt_state is not None:
-            opt.load_state_dict(opt_state)
-        start = restored.step
-        best = {**restored.extra.get("selected", {}), "state": best_state}
-    ddp = session.prepare_model(model)
-    record = {"model": model_record(model), "loss": cfg.loss, "lambda": cfg.lam}
-    window: list[dict[str, float]] = []
-
-    def on_step(step: int, stats: dict[str, float], best: dict) -> None:
-        window.append({k: stats[k] for k in ("loss", "ce", "lam_kl", "adv_acc")})
-        is_ckpt = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        if step % cfg.log_every == 0 or is_ckpt:
-            metrics = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-            with torch.no_grad():
-                rows = batch_rows(len(splits.y_train), cfg.batch_size, step, cfg.seed)
-                xb = torch.from_numpy(splits.x_train[rows])
-                yb = torch.from_numpy(splits.y_train[rows])
-                metrics["clean_acc"] = float((model.logits(xb).argmax(-1) == yb).float().mean())
-            for k in ("val_clean", "val_pgd", "val_h"):
-                if k in best:
-                    metrics[k] = float(stats.get(k, best[k]))
-            state: dict[str, torch.Tensor] = {}
-            if is_ckpt:
-                best_state = {f"best.{k}": v for k, v in best["state"].items()}
-                state = {**model.state_dict(), **best_state}
-            session.report(
-                metrics, step=step, model=state, optimizer=opt if is_ckpt else None,
-                extra={**record, "selected": _best_record(best)}, checkpoint=is_ckpt,
-                samples=len(window) * cfg.batch_size // ctx.world_size,
-            )  # fmt: skip
-            window.clear()
-
-    fit_model(
-        cfg, splits, model, opt=opt, start=start, rank=ctx.rank, world=ctx.world_size,
-        forward=ddp if ctx.world_size > 1 else None, best=best, on_step=on_step,
-        before_step=lambda s: session.maybe_inject_fault(s, restored),
-    )  # fmt: skip
+    train(DirclipRecipe(cfg))
