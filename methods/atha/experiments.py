@@ -60,7 +60,6 @@ def episodes_job(
     shots: int,
     episodes: list[int],
 ) -> list[dict[str, Any]]:
-    torch.set_num_threads(1)
     cfg = AthaConfig.validated(cfg_dict)
     bb = _backbone(clip_dir)
     return run_block(bb, cfg, system, domain, shots, episodes)
@@ -167,6 +166,7 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
                             (system, seed, d, shots, start),
                             episodes_job,
                             (cfgs[seed].model_dump(), str(clip_dirs[seed]), system, d, shots, eps),
+                            trains=system != "zero_shot",
                         )
                     )
     done = run_jobs(jobs, description=f"atha {cfg.preset}")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from nshot.errors import CheckpointError
-from nshot.experiment import Job, check_gpus, run_jobs
+from nshot.experiment import Job, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
 from nshot.train.trainer import Recipe, train
 
@@ -184,9 +184,12 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     check_gpus(cfg.job_gpus)
-    bb = load_hf_backbone(cfg, _device())
-    domains = paper_domains(cfg)
-    pools = {d: folder_pool(cfg, d, bb.image_size) for d in domains}  # checks every domain
+    if is_planning():  # a dry run lists the grid from the config: no weights, no images read
+        domains = list(cfg.data_domains) or ["<each domain folder of data_path>"]
+    else:
+        bb = load_hf_backbone(cfg, _device())
+        domains = paper_domains(cfg)
+        pools = {d: folder_pool(cfg, d, bb.image_size) for d in domains}  # checks every domain
     shots_runs = [(1, cfg.episodes_1shot, list(cfg.systems))]
     if cfg.episodes_5shot:
         shots_runs.append((5, cfg.episodes_5shot, list(cfg.systems_5shot)))
@@ -194,7 +197,7 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         Job((d, shots, start), episodes_job,
             (cfg.model_dump(), d, shots,
              list(range(start, min(n_ep, start + cfg.episodes_per_job))), systems),
-            num_gpus=cfg.job_gpus)
+            num_gpus=cfg.job_gpus, trains=True)
         for shots, n_ep, systems in shots_runs for d in domains
         for start in range(0, n_ep, cfg.episodes_per_job)
     ]  # fmt: skip

@@ -80,13 +80,11 @@ def _train_model(
 ) -> dict[str, Any]:
     """One TNP meta-trained on ``family``'s history tasks (those of ``cfg.seed``), with
     ``train_seed`` (default ``cfg.seed``) for its initialisation, batches and held-back tasks."""
-    import torch
 
     from .data import load_family
     from .model import family_stats
     from .train import meta_train
 
-    torch.set_num_threads(1)
     cfg = AuxBOConfig.validated(cfg_dict)
     train, _, _ = load_family(cfg, family)
     stats = family_stats(train)
@@ -161,11 +159,9 @@ def _proposer(system: str, ctx: dict[str, Any]):
 
 
 def _bo_chunk(system: str, ctx: dict[str, Any], tasks: list[Any], offset: int) -> list[np.ndarray]:
-    import torch
 
     from . import bo
 
-    torch.set_num_threads(1)
     cfg: AuxBOConfig = ctx["cfg"]
     out = []
     for i, task in enumerate(tasks):
@@ -176,37 +172,39 @@ def _bo_chunk(system: str, ctx: dict[str, Any], tasks: list[Any], offset: int) -
 
 
 def gp_nll(tasks: list[Any], n_ctx: int, m_targets: int, stats: dict[str, Any], seed: int) -> float:
-    """Per-task GP (SingleTaskGP, fitted on n_ctx z-scored points) NLL on held-out targets."""
+    """Per-task GP (SingleTaskGP, fitted on n_ctx z-scored points) NLL on held-out targets,
+    fitted on one torch thread (faster for GPs; the caller's threads are restored)."""
     import torch
     from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
     from gpytorch.mlls import ExactMarginalLogLikelihood
 
     from .model import gaussian_nll
+    from .surrogate import single_thread
 
-    torch.set_num_threads(1)
-    vals = []
-    for i, t in enumerate(tasks):
-        rng = np.random.default_rng([seed, i])
-        perm = rng.permutation(len(t.f))
-        tgt, ctx = perm[:m_targets], perm[m_targets : m_targets + n_ctx]
-        z = (np.asarray(t.f, np.float64) - stats["f_mean"]) / stats["f_std"]
-        Xc = torch.as_tensor(t.X[ctx], dtype=torch.float64)
-        yc = torch.as_tensor(z[ctx], dtype=torch.float64).unsqueeze(-1)
-        gp = SingleTaskGP(Xc, yc)
-        try:
-            fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
-        except Exception:  # noqa: BLE001 - a failed fit keeps the prior hyperparameters
-            pass
-        with torch.no_grad():
-            post = gp.posterior(
-                torch.as_tensor(t.X[tgt], dtype=torch.float64), observation_noise=True
-            )
-            mu = post.mean.squeeze(-1)
-            sd = post.variance.clamp_min(1e-12).sqrt().squeeze(-1)
-        y = torch.as_tensor(z[tgt], dtype=torch.float64)
-        vals.append(float(gaussian_nll(mu, sd, y).mean()))
-    return float(np.mean(vals))
+    with single_thread():
+        vals = []
+        for i, t in enumerate(tasks):
+            rng = np.random.default_rng([seed, i])
+            perm = rng.permutation(len(t.f))
+            tgt, ctx = perm[:m_targets], perm[m_targets : m_targets + n_ctx]
+            z = (np.asarray(t.f, np.float64) - stats["f_mean"]) / stats["f_std"]
+            Xc = torch.as_tensor(t.X[ctx], dtype=torch.float64)
+            yc = torch.as_tensor(z[ctx], dtype=torch.float64).unsqueeze(-1)
+            gp = SingleTaskGP(Xc, yc)
+            try:
+                fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+            except Exception:  # noqa: BLE001 - a failed fit keeps the prior hyperparameters
+                pass
+            with torch.no_grad():
+                post = gp.posterior(
+                    torch.as_tensor(t.X[tgt], dtype=torch.float64), observation_noise=True
+                )
+                mu = post.mean.squeeze(-1)
+                sd = post.variance.clamp_min(1e-12).sqrt().squeeze(-1)
+            y = torch.as_tensor(z[tgt], dtype=torch.float64)
+            vals.append(float(gaussian_nll(mu, sd, y).mean()))
+        return float(np.mean(vals))
 
 
 def task_optimum(task: Any) -> np.ndarray:
@@ -294,9 +292,12 @@ def _meta_train_all(
     if cfg.h_set_control:
         kinds["h_set"] = (True, True)
     cfg_dict = cfg.model_dump()
-    jobs = [Job((k, 0), _train_model, (cfg_dict, family, *v)) for k, v in kinds.items()]
+    jobs = [
+        Job((k, 0), _train_model, (cfg_dict, family, *v), trains=True) for k, v in kinds.items()
+    ]
     for s in range(1, _train_seeds(cfg, family)):
-        jobs += [Job((k, s), _train_model, (cfg_dict, family, *kinds[k], cfg.seed + s))
+        jobs += [Job((k, s), _train_model, (cfg_dict, family, *kinds[k], cfg.seed + s),
+                     trains=True)
                  for k in ("full", "f_only")]  # fmt: skip
     done = run_jobs(jobs, description=f"auxbo {family}: meta-training")
     trained = {k: tr for (k, s), tr in done.items() if s == 0}

@@ -72,7 +72,6 @@ def unit_guards(cfg: DirclipConfig, model, fresh) -> dict[str, float]:
 
 
 def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bool) -> dict:
-    torch.set_num_threads(1)
     t0 = time.time()
     over = SYSTEMS.get(system) or {}
     if sweep:
@@ -126,12 +125,12 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     jobs = []
     for system in [s for s in SYSTEMS if s != "clip"] + ["clip"]:  # trained first
         for i, seed in enumerate(seeds):
-            jobs.append(Job((system, seed), _job,
-                            (cfg.model_dump(), system, seed, i, False)))  # fmt: skip
+            jobs.append(Job((system, seed), _job, (cfg.model_dump(), system, seed, i, False),
+                            trains=SYSTEMS[system] is not None))  # fmt: skip
     for tau in sweep:
         for i, seed in enumerate(sweep_seeds):
             key = f"{field}={tau:g}"
-            jobs.append(Job((key, seed), _job, (cfg.model_dump(), key, seed, i, True)))
+            jobs.append(Job((key, seed), _job, (cfg.model_dump(), key, seed, i, True), trains=True))
     done = run_jobs(jobs, description="dirclip")
     per = {(s, seed): done[(s, seed)]["metrics"] for s in SYSTEMS for seed in seeds}
     rows, stds, samples = aggregate(per)

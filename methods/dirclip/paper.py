@@ -371,43 +371,71 @@ def evaluate(checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, floa
 # the reproduction at the paper's scale (one process, the rows in turn on one device)
 
 
+def paper_job(cfg_dict: dict[str, Any], system: str, seed: int) -> dict[str, Any]:
+    """One (row, seed) of the paper comparison as a Ray task: the CLIP at ``clip_path`` and
+    the image folders loaded here, on this task's device (its GPU when it holds one), the row
+    trained (the untrained ``clip`` row only evaluated) and evaluated."""
+    from .experiments import SYSTEMS
+
+    t0 = time.time()
+    cfg = DirclipConfig.validated(cfg_dict)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    pre = load_backbone(cfg)
+    splits = folder_splits(cfg, pre.image_size)
+    over = SYSTEMS[system]
+    run = cfg.replace(**(over or {}), seed=seed)
+    torch.manual_seed(seed)
+    model = HFDirClip(pre, splits.class_names, cfg.template).to(device)
+    step = None
+    if over is not None:
+        model, best = fit_model(run, splits, model, validate=paper_validation)
+        step = best.get("step")
+    metrics = paper_evaluate(model, splits, run, seed)
+    print(f"[nshot dirclip paper] {system} seed {seed}: {metrics}", flush=True)
+    return {
+        "metrics": metrics,
+        "step": step,
+        "seconds": round(time.time() - t0, 1),
+        "n_train": len(splits.y_train),
+        "n_classes": len(splits.class_names),
+        "n_test": len(splits.y_test),
+    }
+
+
 def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     """Every row of the toy's table (``clip`` untrained, the trained losses, the λ = 0 control)
-    for ``seeds`` seeds, one after another on this process's device."""
-    from nshot.experiment import aggregate
+    for ``seeds`` seeds, one Ray task per (row, seed) (:func:`paper_job`; each training task
+    asks for a GPU under ``nshot reproduce --scale``); the weights and folders are checked here
+    first, so a missing path fails before any task starts."""
+    from nshot.experiment import Job, aggregate, is_planning, run_jobs
 
     from .experiments import SYSTEMS
 
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    pre = load_backbone(cfg)
-    splits = folder_splits(cfg, pre.image_size)
-    base_state = {k: v.clone() for k, v in pre.model.state_dict().items()}
+    if not is_planning():  # a dry run lists the grid without the user's weights and images
+        check_paper(cfg)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    per: dict[tuple[str, int], dict[str, float]] = {}
+    jobs = [
+        Job((system, seed), paper_job, (cfg.model_dump(), system, seed), trains=over is not None)
+        for system, over in SYSTEMS.items()
+        for seed in seeds
+    ]
+    done = run_jobs(jobs, description=f"dirclip {cfg.preset}")
+    per = {key: res["metrics"] for key, res in done.items()}
     selected: dict[str, list[Any]] = {}
-    seconds: dict[str, float] = {}
-    for system, over in SYSTEMS.items():
-        for seed in seeds:
-            t1 = time.time()
-            run = cfg.replace(**(over or {}), seed=seed)
-            pre.model.load_state_dict(base_state)
-            torch.manual_seed(seed)
-            model = HFDirClip(pre, splits.class_names, cfg.template).to(device)
-            if over is not None:
-                model, best = fit_model(run, splits, model, validate=paper_validation)
-                selected.setdefault(system, []).append(best.get("step"))
-            per[(system, seed)] = paper_evaluate(model, splits, run, seed)
-            seconds[f"{system}/{seed}"] = round(time.time() - t1, 1)
-            print(f"[nshot dirclip paper] {system} seed {seed}: {per[(system, seed)]}", flush=True)
+    for (system, _), res in done.items():
+        if SYSTEMS[system] is not None:
+            selected.setdefault(system, []).append(res["step"])
+    seconds = {f"{system}/{seed}": res["seconds"] for (system, seed), res in done.items()}
+    first = next(iter(done.values()))
     rows, stds, samples = aggregate(per)
     return ResultsTable(
         method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
         stds=stds, samples=samples, runtime_s=time.time() - t0,
-        notes=[f"CLIP {cfg.clip_arch} from {cfg.clip_path}; {len(splits.y_train)} training "
-               f"images of {len(splits.class_names)} classes ({cfg.val_images} held out), "
-               f"{len(splits.y_test)} evaluation images; {cfg.steps} steps of "
+        notes=[f"CLIP {cfg.clip_arch} from {cfg.clip_path}; {first['n_train']} training "
+               f"images of {first['n_classes']} classes ({cfg.val_images} held out), "
+               f"{first['n_test']} evaluation images; {cfg.steps} steps of "
                f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, ε = {cfg.eps:g}."],
         extra={"selected_step": selected, "job_seconds": seconds},
     )  # fmt: skip

@@ -66,7 +66,6 @@ def settings(cfg: FrontConfig) -> dict[str, dict[str, Any]]:
 def _ancestry_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     from .train import fit_ancestry, refine_ancestry
 
-    torch.set_num_threads(1)
     cfg = FrontConfig.validated({**cfg_dict, "refine": False})
     model, record = fit_ancestry(cfg, seed)
     refined, refine = refine_ancestry(cfg, model, seed)
@@ -90,7 +89,6 @@ def _descendant_job(cfg_dict: dict[str, Any], seed: int, source: dict[str, Any])
     from .data import load_split
     from .train import descendant_vit, initialise, train_classifier
 
-    torch.set_num_threads(1)
     cfg = FrontConfig.validated(cfg_dict)
     source_model = ViT(**source["shape"])
     source_model.load_state_dict(next(v for k, v in source.items() if k != "shape"))
@@ -189,7 +187,7 @@ def _descendant_jobs(cfg: FrontConfig, seeds: list[int], sources: dict) -> list[
     for sname, system, s in grid(sets, SYSTEMS, seeds):
         d = FrontConfig.validated({**base, **sets[sname], **SYSTEMS[system]}).model_dump()
         src = sources[(s, SOURCES.get(system, "state"))]
-        jobs.append(Job((sname, system, s), _descendant_job, (d, s, src), num_cpus=1))
+        jobs.append(Job((sname, system, s), _descendant_job, (d, s, src), num_cpus=1, trains=True))
     return jobs
 
 
@@ -201,7 +199,9 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    anc_jobs = [Job((s,), _ancestry_job, (cfg.model_dump(), s), num_cpus=1) for s in seeds]
+    anc_jobs = [
+        Job((s,), _ancestry_job, (cfg.model_dump(), s), num_cpus=1, trains=True) for s in seeds
+    ]
     anc = {k[0]: a for k, a in run_jobs(anc_jobs, description="front: ancestries").items()}
     sources = {  # each seed's three ancestries, stored once for all its descendants
         (s, src): share({"shape": a["shape"], src: a[src]})

@@ -40,9 +40,6 @@ def _state(net) -> dict[str, np.ndarray]:
 
 def pretrain_task(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     """Pretrain one seed's model; evaluate it. Returns its weights (NumPy) and metrics."""
-    import torch
-
-    torch.set_num_threads(1)
     cfg = ICLFTConfig.validated(cfg_dict)
     t0 = time.time()
     net = new_model(cfg, seed)
@@ -63,7 +60,6 @@ def finetune_task(
     """Fine-tune a copy of ``pre`` with ``variant``; evaluate it."""
     import torch
 
-    torch.set_num_threads(1)
     cfg = ICLFTConfig.validated(cfg_dict)
     t0 = time.time()
     net = LinearAttention(cfg.d, cfg.init_std)
@@ -87,7 +83,10 @@ def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     _log(f"{len(seeds)} seeds × (pretraining + {len(cfg.variants)} fine-tunings) as Ray tasks")
     pre = run_jobs(
-        [Job(("pretrained", s), pretrain_task, (cfg_dict, s), num_cpus=1) for s in seeds],
+        [
+            Job(("pretrained", s), pretrain_task, (cfg_dict, s), num_cpus=1, trains=True)
+            for s in seeds
+        ],
         description=f"iclft {cfg.preset}: pretraining",
     )
     ft = run_jobs(
@@ -97,6 +96,7 @@ def run_experiments(cfg: ICLFTConfig, workdir: Path) -> ResultsTable:
                 finetune_task,
                 (cfg_dict, s, v, pre[("pretrained", s)]),
                 num_cpus=1,
+                trains=True,
             )
             for v, s in grid(cfg.variants, seeds)
         ],

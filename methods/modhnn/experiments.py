@@ -52,7 +52,6 @@ def run_row(
     from .systems import get_system
     from .train import meta_train
 
-    torch.set_num_threads(1)
     cfg = ModHNNConfig.validated(cfg_dict)
     if variant == "reset_latents":
         cfg = cfg.replace(reset_latents=True)
@@ -150,7 +149,7 @@ def run_experiments(cfg: ModHNNConfig, workdir: Path) -> ResultsTable:
         f"{len(jobs)} Ray tasks: {', '.join(sorted({j[0] + ('/' + j[3] if j[3] else '') for j in jobs}))}"
     )
     results = run_jobs(
-        [Job(job, run_row, (cfg_dict, *job), num_cpus=1) for job in jobs],
+        [Job(job, run_row, (cfg_dict, *job), num_cpus=1, trains=True) for job in jobs],
         description=f"modhnn {cfg.preset}",
     )
 

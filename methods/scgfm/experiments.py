@@ -209,7 +209,6 @@ def _model_from(cfg: ScgfmConfig, seed: int, state: dict[str, torch.Tensor] | No
 def _pretrain_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
     from .train import pretrain
 
-    torch.set_num_threads(1)
     t0 = time.process_time()
     cfg = ScgfmConfig.validated(cfg_dict)
     model, hist = pretrain(cfg, seed)
@@ -223,7 +222,6 @@ def _bases_job(
     """Every row of one set of bases (``pretrained``: a pre-training job's result; None: the
     untrained bases of the seed): accuracies (with and without H), the minimum basis
     distance, stability ρ, permutation errors, and (trained bases) the rewired control."""
-    torch.set_num_threads(1)
     t0 = time.process_time()
     state = None if pretrained is None else pretrained["state"]
     cfg = ScgfmConfig.validated(cfg_dict)
@@ -361,7 +359,6 @@ def gw_dictionary_embed(cfg: ScgfmConfig, seed: int, sets: dict) -> dict[str, np
 
 
 def _baseline_job(cfg_dict: dict[str, Any], seed: int, system: str) -> dict[str, float | None]:
-    torch.set_num_threads(1)
     t0 = time.process_time()
     cfg = ScgfmConfig.validated(cfg_dict)
     data, _ = datasets(cfg)
@@ -473,7 +470,6 @@ def envelope_check(cfg: ScgfmConfig, seed: int = 0) -> dict[str, float]:
 
 
 def _unit_job(cfg_dict: dict[str, Any]) -> dict[str, float]:
-    torch.set_num_threads(1)
     return unit_measurements(ScgfmConfig.validated(cfg_dict))
 
 
@@ -485,7 +481,6 @@ def _sweep_job(cfg_dict: dict[str, Any], seed: int, lr: float | None) -> dict[st
     untrained) and their accuracies on the target families and held-out source graphs."""
     from .train import pretrain
 
-    torch.set_num_threads(1)
     t0 = time.process_time()
     cfg = ScgfmConfig.validated({**cfg_dict, "lr_theta": lr or cfg_dict["lr_theta"]})
     hist: list[dict[str, float]] = []
@@ -531,7 +526,9 @@ def run_pretraining_sweep(cfg: ScgfmConfig, workdir: Path) -> ResultsTable:
     datasets(cfg.model_copy(update={"mol_per_class": 0}))  # build the cached tables once
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     lrs: list[float | None] = [*cfg.sweep_lr_theta, None]
-    jobs = [Job((lr, s), _sweep_job, (base, s, lr)) for lr in lrs for s in seeds]
+    jobs = [
+        Job((lr, s), _sweep_job, (base, s, lr), trains=lr is not None) for lr in lrs for s in seeds
+    ]
     out = run_jobs(jobs, description="scgfm: pre-training sweep")
     results: dict[tuple, dict[str, float | None]] = {}
     for lr in lrs:
@@ -594,12 +591,12 @@ def run_experiments(cfg: ScgfmConfig, workdir: Path) -> ResultsTable:
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     # pre-training first; each seed's embeddings start as soon as its bases are trained (Ray
     # resolves the reference), the untrained bases and the baselines fill the other CPUs
-    pre = {s: submit(Job(("pretrain", s), _pretrain_job, (base, s))) for s in seeds}
+    pre = {s: submit(Job(("pretrain", s), _pretrain_job, (base, s), trains=True)) for s in seeds}
     if cfg.beta0_run:
         pre_beta0 = submit(
-            Job(("pretrain_beta0",), _pretrain_job, ({**base, "beta": 0.0}, seeds[0]))
+            Job(("pretrain_beta0",), _pretrain_job, ({**base, "beta": 0.0}, seeds[0]), trains=True)
         )
-    jobs = [Job(("gin", s), _baseline_job, (base, s, "gin")) for s in seeds]
+    jobs = [Job(("gin", s), _baseline_job, (base, s, "gin"), trains=True) for s in seeds]
     jobs += [Job(("trained", s), _bases_job, (base, s, pre[s])) for s in seeds]
     jobs += [Job(("random", s), _bases_job, (base, s, None)) for s in seeds]
     jobs.append(Job(("unit",), _unit_job, (base,)))

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, aggregate, grid, run_jobs
+from nshot.experiment import Job, aggregate, grid, is_planning, run_jobs
 from nshot.method import ResultsTable
 
 from .config import URSConfig
@@ -87,14 +87,12 @@ def _log(msg: str) -> None:
 def evaluate_system(system: Any, cfg: URSConfig, variants: list[str]) -> dict:
     """``{(variant, n): [per-instance {cost, feasible, violations, time_s}]}`` for a trained
     network or a heuristic's name; every solution goes through the independent checker."""
-    import torch
 
     from .checker import check
     from .data import load_test_set
     from .heuristics import nearest_neighbour, random_policy, savings
     from .model import solve
 
-    torch.set_num_threads(1)
     out: dict = {}
     for v in variants:
         for n in cfg.eval_sizes:
@@ -158,11 +156,9 @@ def reference_results(cfg: URSConfig, variant: str, n: int) -> list[dict]:
 
 
 def _train_system(cfg_dict: dict, storage: str, name: str) -> str:
-    import torch
 
     from nshot.train import Scaling, fit
 
-    torch.set_num_threads(1)
     cfg = URSConfig.validated(cfg_dict)
     t0 = time.time()
     res = fit("urs", cfg, scaling=Scaling(workers=0), storage=storage, name=name, overwrite=True)
@@ -262,7 +258,7 @@ def _first_jobs(cfg: URSConfig, storage: str, gpus: float, chunks: list) -> list
     jobs = [
         Job(("train", s, seed), _train_system,
             (URSConfig.validated({**cfg_dict, **SYSTEM_OVERRIDES[s], "seed": seed}).model_dump(),
-             storage, _run_name(cfg, s, seed)), num_cpus=1, num_gpus=gpus)
+             storage, _run_name(cfg, s, seed)), num_cpus=1, num_gpus=gpus, trains=True)
         for s, seed in grid(cfg.systems, training_seeds(cfg))
     ]  # fmt: skip
     variants = test_sets(cfg)
@@ -314,10 +310,13 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     from .baselines import pyvrp_version
 
     t_start = time.time()
-    ensure_ray()
     cfg_dict = cfg.model_dump()
     variants = test_sets(cfg)
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    if is_planning():  # a dry run: the scale says what a training job gets
+        gpus = 0
+    else:
+        ensure_ray()
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
     chunks = [variants[i::2] for i in range(2)] if len(variants) > 1 else [variants]
     seeds = training_seeds(cfg)
     first = run_jobs(_first_jobs(cfg, str(workdir / "runs"), gpus, chunks),

@@ -36,7 +36,6 @@ def _train_job(cfg_dict: dict[str, Any], seed: int, k: int, head_init: str) -> d
     from .data import grid, splits
     from .train import build, evaluate_model, train_model
 
-    torch.set_num_threads(1)
     cfg = WeightspaceConfig.validated({**cfg_dict, "seed": seed, "k": k, "head_init": head_init})
     torch.manual_seed(seed)
     model = build(cfg)
@@ -50,7 +49,6 @@ def _oracle_job(cfg_dict: dict[str, Any], seed: int, k: int) -> dict[str, Any]:
     from .data import splits
     from .train import fit_oracle
 
-    torch.set_num_threads(1)
     cfg = WeightspaceConfig.validated({**cfg_dict, "seed": seed})
     _, test = splits(cfg)
     sub = test.subset(slice(0, cfg.oracle_targets))
@@ -120,9 +118,9 @@ def run_experiments(cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
     nets = [(k, "random") for k in cfg.k_sweep]
     if cfg.zero_init_control and 4 in cfg.k_sweep:
         nets.append((4, "zero"))
-    jobs = [Job((_system(k, h), s), _train_job, (base, s, k, h), num_cpus=1)
+    jobs = [Job((_system(k, h), s), _train_job, (base, s, k, h), num_cpus=1, trains=True)
             for k, h in nets for s in seeds]  # fmt: skip
-    jobs += [Job((f"oracle_k{k}", s), _oracle_job, (base, s, k), num_cpus=1)
+    jobs += [Job((f"oracle_k{k}", s), _oracle_job, (base, s, k), num_cpus=1, trains=True)
              for k in cfg.oracle_ks for s in seeds]  # fmt: skip
     print(f"[nshot weightspace] {len(nets) * len(seeds)} meta-networks ({cfg.steps} steps "
           f"each) and {len(cfg.oracle_ks) * len(seeds)} oracle fits as Ray tasks", flush=True)  # fmt: skip
