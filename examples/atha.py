@@ -24,13 +24,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     ap.add_argument("--set", action="append", default=[], help="key=value config override")
     args = ap.parse_args()
 
     atha = get("atha")
     cfg = atha.config(args.preset, **parse_overrides(args.set))
-    run = fit("atha", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    run = fit("atha", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-atha-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(run.checkpoint, method="atha")
     print(f"tiny CLIP {cfg.clip_preset}/{cfg.text}: {ckpt.metrics}")

@@ -25,7 +25,13 @@ def main() -> None:
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--class-name", default=None, help="default: the preset's class")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     cfr = get("cfr")
@@ -33,7 +39,7 @@ def main() -> None:
     if args.class_name is not None:
         classes = list(dict.fromkeys([*cfg.classes, args.class_name]))
         cfg = cfg.replace(class_name=args.class_name, classes=classes)
-    res = fit("cfr", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    res = fit("cfr", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-cfr-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="cfr")
     metrics = cfr.evaluate(ckpt, cfg)

@@ -28,7 +28,13 @@ from nshot.train.checkpoint import is_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--classes", nargs="+", default=["bump", "ring"])
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     cfr = get("cfr")
@@ -36,7 +42,7 @@ def main() -> None:
     runs = []
     for name in args.classes:
         cfg = base.replace(class_name=name)
-        res = fit("cfr", cfg, scaling=Scaling(workers=0), storage=args.output,
+        res = fit("cfr", cfg, scaling=Scaling(workers=0), storage=args.storage,
                   name=f"example-cfr-{name}", overwrite=True)  # fmt: skip
         runs.append(str(res.checkpoint))
     out = Path(runs[0]).parent.parent / f"example-cfr-bundle-{'-'.join(args.classes)}"

@@ -24,12 +24,18 @@ def main() -> None:
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--loss", default="ucat", help="ucat, tecoa, fare, forward_kl, prob_kl")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     dirclip = get("dirclip")
     cfg = dirclip.config(args.preset, loss=args.loss)
-    run = fit("dirclip", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    run = fit("dirclip", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-dirclip-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(run.checkpoint, method="dirclip")
     print(f"trained {cfg.loss} (λ = {cfg.lam:.3g}); selected step {ckpt.extra['selected']}")

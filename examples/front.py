@@ -29,12 +29,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     front = get("front")
     anc_cfg = front.config(args.preset, stage="ancestry")
-    ancestry = fit("front", anc_cfg, scaling=Scaling(workers=0), storage=args.output,
+    ancestry = fit("front", anc_cfg, scaling=Scaling(workers=0), storage=args.storage,
                    name=f"example-front-ancestry-{args.preset}", overwrite=True)  # fmt: skip
     print("ancestry:", front.evaluate(load_checkpoint(ancestry.checkpoint, method="front"),
                                       anc_cfg))  # fmt: skip
@@ -53,7 +59,7 @@ def main() -> None:
           f"({len(report['transferred'])} parameters transferred)")  # fmt: skip
 
     cfg = front.config(args.preset, learngene_path=str(gene), **shape)
-    desc = fit("front", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    desc = fit("front", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
                name=f"example-front-descendant-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(desc.checkpoint, method="front")
     print("trained descendant:", front.evaluate(ckpt, cfg))

@@ -23,7 +23,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
     ap.add_argument("--steps", type=int, default=600, help="iterations per stage")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     iclft = get("iclft")
@@ -31,7 +37,7 @@ def main() -> None:
         "smoke", steps=args.steps, batch=512, variants=["zs/v", "zs/all"],
         eval_batch=5000, eval_n=[0, 1, 5, 20], log_every=200, checkpoint_every=args.steps,
     )  # fmt: skip
-    result = fit("iclft", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    result = fit("iclft", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
                  name="example-iclft", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(result.checkpoint, method="iclft")
 

@@ -23,7 +23,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     method = get("modhnn")
@@ -32,7 +38,7 @@ def main() -> None:
         "modhnn",
         cfg,
         scaling=Scaling(workers=args.workers),
-        storage=args.output,
+        storage=args.storage,
         name=f"example-modhnn-{args.preset}",
         overwrite=True,
     )

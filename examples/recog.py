@@ -24,12 +24,18 @@ def main() -> None:
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--system", default="recog", help="recog, context_graph, protonet, ...")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     recog = get("recog")
     cfg = recog.config(args.preset, system=args.system)
-    run = fit("recog", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    run = fit("recog", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-recog-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(run.checkpoint, method="recog")
     print(f"trained {cfg.system} on the {cfg.track} track: {ckpt.metrics}")

@@ -23,12 +23,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     scgfm = get("scgfm")
     cfg = scgfm.config(args.preset)
-    run = fit("scgfm", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    run = fit("scgfm", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-scgfm-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(run.checkpoint, method="scgfm")
     for rec in ckpt.extra["history"]:

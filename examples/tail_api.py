@@ -27,7 +27,7 @@ def main() -> None:
         "tail",
         args.preset,
         workers=args.workers,
-        storage=args.output,
+        storage=args.storage,
         name=f"example-tail-{args.preset}",
         overwrite=True,
     )

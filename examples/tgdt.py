@@ -26,13 +26,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     ap.add_argument("--set", action="append", default=[], help="override a field: KEY=VALUE")
     args = ap.parse_args()
 
     tg = get("tgdt")
     cfg = tg.config(args.preset, **parse_overrides(args.set))
-    res = fit("tgdt", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    res = fit("tgdt", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-tgdt-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="tgdt")
     metrics = tg.evaluate(ckpt, cfg)

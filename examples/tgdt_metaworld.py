@@ -30,7 +30,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few tasks and 60 steps")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     ap.add_argument("--set", action="append", default=[], help="override a field: KEY=VALUE")
     args = ap.parse_args()
 
@@ -38,7 +44,7 @@ def main() -> None:
     cfg = tg.config("small-metaworld", **{**(QUICK if args.quick else {}),
                                           **parse_overrides(args.set)})  # fmt: skip
     data = load_data(cfg)  # collected once (about a minute for the preset), then cached
-    res = fit("tgdt", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    res = fit("tgdt", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name="example-tgdt-metaworld", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="tgdt")
     metrics = tg.evaluate(ckpt, cfg)

@@ -25,16 +25,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     tm = get("timemode")
     cfg = tm.config(args.preset)
     scaling = Scaling(workers=args.workers)
-    pre = fit("timemode", cfg, scaling=scaling, storage=args.output,
+    pre = fit("timemode", cfg, scaling=scaling, storage=args.storage,
               name=f"example-timemode-{args.preset}-pretrain", overwrite=True)  # fmt: skip
     ft_cfg = cfg.replace(stage="finetune", init_from=str(pre.checkpoint))
-    ft = fit("timemode", ft_cfg, scaling=scaling, storage=args.output,
+    ft = fit("timemode", ft_cfg, scaling=scaling, storage=args.storage,
              name=f"example-timemode-{args.preset}-finetune", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(ft.checkpoint, method="timemode")
     metrics = tm.evaluate(ckpt, ft_cfg)

@@ -27,7 +27,13 @@ from nshot.train import Scaling, fit, load_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     ap.add_argument("--variant", default="OVRPBLTW", help="an unseen variant to solve")
     ap.add_argument("--n", type=int, default=50, help="customers")
     args = ap.parse_args()
@@ -35,7 +41,7 @@ def main() -> None:
     method = get("urs")
     cfg = method.config(args.preset)
     print(f"training on {cfg.seen_variants} at N={cfg.train_sizes} for {cfg.steps} steps")
-    result = fit("urs", cfg, scaling=Scaling(workers=0), storage=args.output,
+    result = fit("urs", cfg, scaling=Scaling(workers=0), storage=args.storage,
                  name=f"example-urs-{args.preset}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(result.checkpoint, method="urs")
     predictor = method.predictor(ckpt)

@@ -23,12 +23,18 @@ def main() -> None:
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--k", type=int, default=4, help="OCE copies")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="run storage (default: the nshot cache)")
+    ap.add_argument(
+        "--storage",
+        "--output",
+        dest="storage",
+        default=None,
+        help="run storage (default: the nshot cache; --output is the older spelling)",
+    )
     args = ap.parse_args()
 
     ws = get("weightspace")
     cfg = ws.config(args.preset, k=args.k)
-    res = fit("weightspace", cfg, scaling=Scaling(workers=args.workers), storage=args.output,
+    res = fit("weightspace", cfg, scaling=Scaling(workers=args.workers), storage=args.storage,
               name=f"example-weightspace-{args.preset}-k{args.k}", overwrite=True)  # fmt: skip
     ckpt = load_checkpoint(res.checkpoint, method="weightspace")
     print("test metrics:", ws.evaluate(ckpt, cfg))

@@ -30,7 +30,7 @@ def main() -> None:
         "zerounlearn",
         cfg,
         scaling=Scaling(workers=0),
-        storage=args.output,
+        storage=args.storage,
         name=f"example-zerounlearn-{args.preset}",
         overwrite=True,
     )
