@@ -264,3 +264,15 @@ def _holders() -> str:
     tasks = [t.name for t in running]
     pgs = [f"{g.placement_group_id[:8]}({g.state})" for g in groups]
     return f"actors {actors}, running tasks {tasks}, placement groups {pgs}"
+
+
+@pytest.fixture
+def ray_refused(monkeypatch):
+    """``ray.init`` raises :class:`_ray_stub.RayStarted` (and Ray counts as not started, so that
+    nothing skips the call): a test sees how far a command gets before it would start Ray."""
+    import ray
+    from _ray_stub import refuse
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from _ray_stub import RayStarted
 
 from nshot.cli import main
 
@@ -277,23 +278,6 @@ def test_a_bad_option_prints_the_subcommands_usage_and_a_close_one(
     err = capsys.readouterr().err
     assert err.startswith(usage) and hint in err, err
     assert err.strip().splitlines()[-1].startswith(("nshot: error:", f"{usage[7:]}: error:"))
-
-
-class RayStarted(Exception):
-    """Raised by the stand-in for ``ray.init``: the command got past its checks."""
-
-
-@pytest.fixture
-def ray_refused(monkeypatch):
-    """``ray.init`` raises (and Ray counts as not started, so that nothing skips the call)."""
-    import ray
-
-    def refuse(*_a, **_kw):
-        raise RayStarted
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.mark.usefixtures("ray_refused")

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _ray_stub import RayStarted
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -27,23 +28,6 @@ RECOG_LINE = (
     "nshot: error: method 'recog' needs the 'chem' extra: pip install 'nshot[chem]' "
     "(missing: rdkit)"
 )
-
-
-class RayStarted(Exception):
-    """Raised by the stand-in for ``ray.init``: the command got past its checks."""
-
-
-@pytest.fixture
-def ray_refused(monkeypatch):
-    """``ray.init`` raises (and Ray counts as not started, so that nothing skips the call)."""
-    import ray
-
-    def refuse(*_a, **_kw):
-        raise RayStarted
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture
