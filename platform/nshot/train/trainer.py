@@ -236,13 +236,19 @@ def steps(recipe: Recipe, start: int) -> Iterator[int]:
     return iter(range(start + 1, recipe.schedule()[0] + 1))
 
 
-def train(recipe: Recipe, *, session: bool = True) -> Recipe:
+def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> Recipe:
     """Run ``recipe`` to the config's ``steps`` and return it (its model trained).
 
     ``session=True`` (inside ``Method.train_loop``, on every Ray Train worker): the worker's
     device and rank, resume, faults, reports and checkpoints. ``session=False``: the same steps
     in this process on its device (the GPU a job holds, else the CPU), nothing reported (a
-    method's experiments)."""
+    method's experiments).
+
+    ``start`` (with ``session=False``): the number of steps already done, for a loop that keeps
+    its own resume state outside a Ray run (a cached pre-training, read back in ``build``); the
+    steps after it run. Inside a session the run's newest checkpoint says where to start."""
+    if start is not None and session:
+        raise ValueError("train(start=...) is for session=False; a Ray run resumes itself")
     ctx = _session.context() if session else _local_context()
     _prepare(recipe, ctx, session)
     restored = None
@@ -252,7 +258,7 @@ def train(recipe: Recipe, *, session: bool = True) -> Recipe:
         if restored is not None:
             recipe.restored = restored
             recipe.on_restore(restored)
-    start = restored.step if restored else 0
+    start = restored.step if restored else (start or 0)
     window = Window()
     last, every, ckpt_every = recipe.schedule()
     if recipe.model is not None:
