@@ -400,6 +400,9 @@ class Episode:
     smiles_s: list[str] = field(default_factory=list)
     smiles_q: list[str] = field(default_factory=list)
     cliff_q: np.ndarray | None = None  # [Q] bool
+    # [A] the property embeddings the model reads (None: ``aux``); with fresh distractor
+    # identities the distractors take those of informative properties the episode left out
+    aux_ids: np.ndarray | None = None
 
 
 def rank_aux(assay: np.ndarray, observed: np.ndarray, n_aux: int, rng) -> np.ndarray:
@@ -423,6 +426,19 @@ def choose_aux(
     chosen = cand[rank_aux(assay, observed, n_aux, rng)]
     dis = np.array(track.distractors[:n_distractors], dtype=int)
     return np.concatenate([chosen, dis]).astype(int)
+
+
+def fresh_identities(track: Track, target: int, aux: np.ndarray, rng) -> np.ndarray:
+    """The embeddings ids of an episode's auxiliaries with fresh distractor identities: each
+    distractor takes the id of an informative property (not the target) that the episode did
+    not choose, drawn anew per episode, so a gate cannot learn which ids are distractors."""
+    dis = np.array([track.kinds[a] == "distractor" for a in aux])
+    used = set(aux[~dis].tolist()) | {target}
+    free = np.array([p for p in track.aux if p not in used], dtype=int)
+    ids = aux.copy()
+    if dis.any():
+        ids[dis] = rng.choice(free, size=int(dis.sum()), replace=len(free) < dis.sum())
+    return ids
 
 
 def make_episode(
@@ -461,6 +477,7 @@ def sample_episode(
     n_aux: int,
     n_distractors: int,
     stratified: bool = False,
+    fresh_distractors: bool = False,
 ) -> Episode:
     """k positives + k negatives as support; ``n_query`` of the other labelled molecules as
     queries (``stratified``: the same active fraction as the target's remaining molecules)."""
@@ -480,7 +497,10 @@ def sample_episode(
         rest = np.concatenate([rest_pos, rest_neg])
         queries = rng.choice(rest, size=min(n_query, len(rest)), replace=False)
     aux = choose_aux(track, target, np.concatenate([support, queries]), n_aux, n_distractors, rng)
-    return make_episode(track, target, support, queries, aux)
+    ep = make_episode(track, target, support, queries, aux)
+    if fresh_distractors:
+        ep.aux_ids = fresh_identities(track, target, aux, rng)
+    return ep
 
 
 def data_tables(cfg: RecogConfig) -> dict[str, pa.Table]:

@@ -89,7 +89,8 @@ def episodes_for(
         for d in range(cfg.eval_draws):
             rng = np.random.default_rng([seed, 7001, t, d, k])
             ep = sample_episode(track, t, k, cfg.eval_queries, rng, n_aux=cfg.n_aux,
-                                n_distractors=nd, stratified=True)  # fmt: skip
+                                n_distractors=nd, stratified=True,
+                                fresh_distractors=cfg.distractor_identity == "fresh")  # fmt: skip
             yield t, d, ep
 
 
@@ -168,8 +169,8 @@ def validation_auc(model: RecogModel, track: Track, cfg: RecogConfig, target: in
     for d in range(4):
         rng = np.random.default_rng([cfg.seed, 5003, target, d])
         ep = sample_episode(track, target, min(cfg.shots), min(cfg.eval_queries, 64), rng,
-                            n_aux=cfg.n_aux, n_distractors=cfg.n_distractors,
-                            stratified=True)  # fmt: skip
+                            n_aux=cfg.n_aux, n_distractors=cfg.n_distractors, stratified=True,
+                            fresh_distractors=cfg.distractor_identity == "fresh")  # fmt: skip
         aucs.append(_auc(ep.yq, system(ep)[0]))
     return float(np.nanmean(aucs))
 
@@ -191,7 +192,8 @@ def leakage_max_abs_diff(model: torch.nn.Module, track: Track, cfg: RecogConfig,
     for t in track.test_targets:
         rng = np.random.default_rng([seed, 7001, t, 0, k])
         ep = sample_episode(track, t, k, cfg.eval_queries, rng, n_aux=cfg.n_aux,
-                            n_distractors=cfg.n_distractors, stratified=True)  # fmt: skip
+                            n_distractors=cfg.n_distractors, stratified=True,
+                            fresh_distractors=cfg.distractor_identity == "fresh")  # fmt: skip
         support = np.array([where[s] for s in ep.smiles_s])
         queries = np.array([where[s] for s in ep.smiles_q])
         flipped = copy.copy(track)
@@ -204,6 +206,7 @@ def leakage_max_abs_diff(model: torch.nn.Module, track: Track, cfg: RecogConfig,
         context[:, track.test_targets] = np.nan
         flipped.pair_counts = pair_counts(context)
         ep2 = make_episode(flipped, t, support, queries, ep.aux)
+        ep2.aux_ids = ep.aux_ids  # the same embeddings (fresh distractor identities)
         assert np.all(ep2.yq == 1.0 - ep.yq)
         p1, g1 = system(ep)
         p2, g2 = system(ep2)

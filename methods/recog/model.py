@@ -120,6 +120,9 @@ class RecogModel(nn.Module):
         if self.use_cgib:
             self.gate = mlp(3 * d, d, 1)
         self.head = mlp(2 * d, d, 1, cfg.dropout)
+        self.support_readout = cfg.readout == "support"
+        if self.support_readout:  # the prototype term's scale (no random draw: init unchanged)
+            self.proto_scale = nn.Parameter(torch.tensor(5.0))
         # (y_p, y_p') counts of every property pair on the training labels: R_pp' of the
         # auxiliary pairs of any episode, kept with the weights for serving
         self.register_buffer("pair_counts", torch.zeros(n_props, n_props, 4))
@@ -259,9 +262,18 @@ class RecogModel(nn.Module):
                 new_m = new_m + tri / n_pairs
             h_p, h_m = self.drop(new_p), self.drop(new_m)
         logits = self.head(torch.cat([h_m[S:], h_p[0].expand(Q, -1)], dim=1)).squeeze(-1)
+        if self.support_readout:
+            logits = logits + self._prototype_logits(h_m[:S], ys, h_m[S:])
         if hidden is not None:
             loss_rel = self._relation_loss(h_m, h_p, st, hidden, true_all, generator)
         return Output(logits=logits, gates=gates, loss_ib=loss_ib, loss_rel=loss_rel)
+
+    def _prototype_logits(self, h_s, ys, h_q):
+        """s · (cos(h_q, mean of the positive support) − cos(h_q, mean of the negative))."""
+        pos = h_s[ys == 1].mean(0, keepdim=True)
+        neg = h_s[ys == 0].mean(0, keepdim=True)
+        sim = F.cosine_similarity(h_q, pos, dim=1) - F.cosine_similarity(h_q, neg, dim=1)
+        return self.proto_scale * sim
 
     def _relation_loss(self, h_m, h_p, st, hidden, true_all, generator, cap: int = 64):
         """CE of the label pair (y_mp, y_mp') of hidden edges (m, p') from [h_m; h_p; h_p'],
@@ -323,7 +335,7 @@ def episode_tensors(ep, device: torch.device | str = "cpu") -> dict:
         "xq": t(ep.xq, np.float32),
         "ls": t(ep.ls, np.float32),
         "lq": t(ep.lq, np.float32),
-        "aux": t(ep.aux, np.int64),
+        "aux": t(ep.aux if ep.aux_ids is None else ep.aux_ids, np.int64),
         "r_aux": t(ep.r_aux, np.float32),
         "smiles_s": list(ep.smiles_s),
         "smiles_q": list(ep.smiles_q),

@@ -43,7 +43,8 @@ def episode_loss(
     t = int(rng.choice(targets))
     k = int(rng.choice(cfg.shots))
     ep = sample_episode(track, t, k, cfg.query, rng, n_aux=cfg.n_aux,
-                        n_distractors=cfg.n_distractors)  # fmt: skip
+                        n_distractors=cfg.n_distractors,
+                        fresh_distractors=cfg.distractor_identity == "fresh")  # fmt: skip
     device = next(model.parameters()).device  # the worker's device: inputs follow the model
     out = model(**episode_tensors(ep, device))
     cls = F.binary_cross_entropy_with_logits(out.logits, torch.from_numpy(ep.yq).to(device))
