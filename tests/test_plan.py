@@ -72,3 +72,17 @@ def test_no_job_pins_one_thread():
             if re.search(r"set_num_threads\(\s*1\s*\)", line):
                 pinned.append(f"{rel}:{i}")
     assert not pinned, f"torch pinned to one thread in: {pinned}"
+
+
+def test_no_method_code_names_a_device():
+    """Method code takes its device from the trainer (``Recipe.device``, the model's own) or
+    from ``nshot.train.trainer.local_device()`` outside a Ray Train worker, never names one:
+    the same code then runs on a worker's GPU and on a laptop's CPU."""
+    pattern = re.compile(r"torch\.device\(\s*[\"']cuda|\.cuda\(\)|device\s*=\s*[\"']cuda")
+    named = []
+    for path in sorted((ROOT / "methods").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                named.append(f"{rel}:{i}")
+    assert not named, f"a device named in method code: {named}"

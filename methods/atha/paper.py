@@ -29,7 +29,7 @@ import torch
 from nshot.errors import CheckpointError
 from nshot.experiment import Job, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
-from nshot.train.trainer import Recipe, train
+from nshot.train.trainer import Recipe, local_device, train
 
 from .clip_backbone import (
     FolderPool,
@@ -45,7 +45,7 @@ from .train import run_episode
 
 
 def _device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return local_device()
 
 
 def episode_seed(cfg: AthaConfig, pool: FolderPool, episode: int) -> int:

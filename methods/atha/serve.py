@@ -135,7 +135,9 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
             self.cfg = AthaConfig.validated(checkpoint.config)
             pre = load_recorded_clip(checkpoint.config, checkpoint.extra.get("clip"),
                                      checkpoint.path)  # fmt: skip
-            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            from nshot.train.trainer import local_device
+
+            device = local_device()
             self.backbone = HFBackbone(pre, device)
             self.side = self.backbone.image_size
             return

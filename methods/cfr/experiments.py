@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from nshot.experiment import Job, aggregate, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
+from nshot.train.trainer import local_device
 
 from .config import CfrConfig
 from .evaluation import class_test_features, metrics, score_images
@@ -44,8 +44,7 @@ TYPES = ("geometric", "colour", "both")
 def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any]:
     t0 = time.time()
     base = CfrConfig.validated({**cfg_dict, "class_name": cls, "shot": k, "seed": seed})
-    use_gpu = torch.cuda.is_available()  # a Ray task sees a GPU only when it holds one
-    shots = shot_features(base, device="cuda" if use_gpu else "cpu")
+    shots = shot_features(base, device=local_device())  # the GPU the task holds, else the CPU
     feats = class_test_features(base, cls)
     losses: dict[str, list[float]] = {}
     models = {}

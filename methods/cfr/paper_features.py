@@ -51,7 +51,9 @@ def check_paper(cfg: CfrConfig) -> None:
 
 
 def _device() -> torch.device:
-    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    from nshot.train.trainer import local_device
+
+    return local_device()
 
 
 class PaperExtractors:

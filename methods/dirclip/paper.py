@@ -40,7 +40,7 @@ from torch import nn
 from nshot.errors import CheckpointError, ConfigError
 from nshot.method import ResultsTable
 from nshot.train.checkpoint import LoadedCheckpoint
-from nshot.train.trainer import train
+from nshot.train.trainer import local_device, train
 
 from .attacks import apgd_ce
 from .config import DirclipConfig
@@ -361,8 +361,7 @@ def load_paper_model(checkpoint: LoadedCheckpoint) -> tuple[HFDirClip, DirclipCo
 def evaluate(checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, float]:
     model, ckpt_cfg, _ = load_paper_model(checkpoint)
     run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in DirclipConfig.EVAL_FIELDS})
-    if torch.cuda.is_available():
-        model = model.cuda()
+    model = model.to(local_device())
     splits = folder_splits(run_cfg, model.pre.image_size)
     return paper_evaluate(model, splits, run_cfg, run_cfg.seed)
 
@@ -379,7 +378,7 @@ def paper_job(cfg_dict: dict[str, Any], system: str, seed: int) -> dict[str, Any
 
     t0 = time.time()
     cfg = DirclipConfig.validated(cfg_dict)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = local_device()
     pre = load_backbone(cfg)
     splits = folder_splits(cfg, pre.image_size)
     over = SYSTEMS[system]

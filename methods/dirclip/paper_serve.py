@@ -145,7 +145,9 @@ class DirclipPaperPredictor(Predictor[DirclipPaperRequest, DirclipResponse]):
     Response = DirclipResponse
 
     def __init__(self, model: HFDirClip, cfg, extra: dict[str, Any]) -> None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        from nshot.train.trainer import local_device
+
+        device = local_device()
         self.model = model.to(device).eval()
         self.device = device
         self.cfg = cfg

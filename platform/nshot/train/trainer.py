@@ -198,11 +198,15 @@ class Window:
         self.sums, self.counts, self.samples = {}, {}, 0
 
 
+def local_device() -> torch.device:
+    """The device this process computes on outside a Ray Train worker (a job of a method's
+    comparison, a predictor): the GPU it sees (a Ray task that holds one sees only it), else
+    the CPU. Method code takes its device from here or from the trainer, never names one."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def _local_context() -> WorkerContext:
-    """The device of a run outside Ray Train (a job of a method's comparison): the GPU the
-    process sees (a Ray task that holds one sees only it), else the CPU."""
-    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    return WorkerContext(0, 1, True, dev)
+    return WorkerContext(0, 1, True, local_device())
 
 
 def _prepare(recipe: Recipe, ctx: WorkerContext, session: bool) -> None:
