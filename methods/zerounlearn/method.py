@@ -1,9 +1,9 @@
 """ZeroUnlearn as an nshot Method: the face of the package.
 
 The work lives in the modules it imports: the edit (:mod:`.edit`), one seed's run end to end
-(:mod:`.pipeline`), the baselines (:mod:`.baselines`), the metrics (:mod:`.evaluation`), the
-paper's comparison (:mod:`.experiments`), its claims (:mod:`.claims`) and the predictor
-(:mod:`.serve`). Nothing in the package imports this module.
+(:mod:`.pipeline`), the train loop (:mod:`.train`), the baselines (:mod:`.baselines`), the
+metrics (:mod:`.evaluation`), the paper's comparison (:mod:`.experiments`), its claims
+(:mod:`.claims`) and the predictor (:mod:`.serve`). Nothing in the package imports this module.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import torch
 
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import CheckpointError, LoadedCheckpoint
 
 from .claims import CLAIMS
 from .config import ZeroUnlearnConfig
-from .experiments import METRICS, checkpoint_extra, run_experiments
+from .experiments import METRICS, run_experiments
 from .serve import ZeroUnlearnPredictor
+from .train import train_loop
 
 __all__ = ["METRICS", "ZeroUnlearnMethod"]
 
@@ -56,35 +56,9 @@ class ZeroUnlearnMethod(Method):
         }
 
     def train_loop(self, cfg: ZeroUnlearnConfig) -> None:
-        """The edit on rank 0 with full weights; reports the metrics before and after.
-
-        The loop is one step, reported as step 1; ``fail_at_step=1`` fails it on a first
-        attempt (fault injection), and a resumed run does the edit again."""
-        from nshot.train import session
-
-        from .pipeline import run_systems, setup
-
-        ctx = session.context()
-        restored = session.restore()
-        session.maybe_inject_fault(1, restored)
-        s = setup(cfg, cfg.seed)
-        system = {"zerounlearn": "zerounlearn", "gd": "zerounlearn_gd"}.get(
-            cfg.variant, cfg.variant
-        )
-        result = run_systems(s, ("base", system), keep=system)
-        after = result["metrics"][system]
-        before = result["metrics"]["base"]
-        metrics = {**after, **{f"{k}_before": v for k, v in before.items()}}
-        weights = result["kept"]
-        if ctx.rank != 0:
-            weights = {k: torch.zeros(0) for k in weights}
-        session.report(
-            metrics,
-            step=1,
-            model=weights,
-            extra=checkpoint_extra(s, result),
-            checkpoint=True,
-        )
+        """The edit on rank 0 with full weights; reports the metrics before and after (one
+        step, :mod:`.train`)."""
+        train_loop(cfg)
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> ZeroUnlearnPredictor:
         return ZeroUnlearnPredictor.from_checkpoint(checkpoint)
