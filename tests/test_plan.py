@@ -22,7 +22,6 @@ NO_NETWORK = {"caos", "unpaired_iv"}
 #: mark its training jobs. The list may only shrink.
 NOT_READY = {
     "keystone": "loads its Hugging Face model before its grid",
-    "zerounlearn": "training jobs not marked",
 }
 
 

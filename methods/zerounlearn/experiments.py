@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, is_planning, run_jobs
 from nshot.method import ResultsTable
 from nshot.train import ensure_ray
 
@@ -33,12 +33,18 @@ def run_experiments(
     t0 = time.time()
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
     cfg_dict, where = cfg.model_dump(), str(workdir)
-    if cfg.parallel_seeds and len(seeds) > 1:
-        ensure_ray()
-        res = seed_job_resources(cfg)
-        # the key statistics first (cached on disk), so that the seed jobs do not all compute them
-        run_jobs([Job(("stats",), warm_stats, (cfg_dict,), **res)], progress=False)
-        jobs = [Job(("seed", s), seed_job, (cfg_dict, s, where, version), **res) for s in seeds]
+    planned = is_planning()  # a dry run: the seed jobs as they would be submitted
+    if planned or (cfg.parallel_seeds and len(seeds) > 1):
+        res = {"num_cpus": 1.0, "num_gpus": 0.0}
+        if not planned:
+            ensure_ray()
+            res = seed_job_resources(cfg)
+            # the key statistics first (cached on disk), so that the seed jobs do not all
+            # compute them
+            run_jobs([Job(("stats",), warm_stats, (cfg_dict,), **res)], progress=False)
+        # a seed job edits the LM and trains the gradient-ascent baseline on it
+        jobs = [Job(("seed", s), seed_job, (cfg_dict, s, where, version), **res, trains=True)
+                for s in seeds]  # fmt: skip
         outs = list(run_jobs(jobs, description=f"zerounlearn {cfg.preset}").values())
     else:
         outs = [seed_job(cfg_dict, s, where, version) for s in seeds]
