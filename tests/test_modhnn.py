@@ -222,6 +222,94 @@ def test_latent_only_adaptation_leaves_shared_weights_unchanged():
     assert all(p.grad is None for p in dyn.parameters())
 
 
+def _tiny_pendulum(n_train: int = 6, n_test: int = 3):
+    from nshot.methods.modhnn.config import ModHNNConfig
+
+    cfg = ModHNNConfig.validated(
+        dict(n_train_instances=n_train, n_test_instances=n_test, n_traj=3, n_steps=12, width=16,
+             steps=40, batch_instances=3, points_per_instance=20, log_every=10,
+             checkpoint_every=40, inner_steps=3, test_inner_steps=20, ablations=[], grid=10,
+             rollout_steps=100, drift_window=10)
+    )  # fmt: skip
+    train = generate_split("pendulum", n_train, 3, 12, 0.1, 0, "train")
+    test = generate_split("pendulum", n_test, 3, 12, 0.1, 0, "test")
+    return cfg, train, test
+
+
+@pytest.mark.parametrize("algo", ["fomaml", "reptile", "anil"])
+def test_optimisation_based_meta_learners_adapt_weights_on_the_shots(algo):
+    """First-order MAML, Reptile and first-order ANIL meta-train the plain HNN's initial weights
+    (θ moves, the query loss falls), and their test-time inner loop lowers every unseen
+    instance's loss on its shots without touching θ; the adapted bank is one network per
+    instance (ANIL: only the output layer differs across instances)."""
+    from nshot.methods.modhnn.adapt import evaluate_dynamics, shots_of
+    from nshot.methods.modhnn.optmeta import adapt_weights, meta_train_opt
+
+    cfg, train, test = _tiny_pendulum()
+    torch.manual_seed(0)
+    theta, curve = meta_train_opt(cfg, train, algo=algo, seed=3)
+    assert len(curve) == cfg.steps // cfg.log_every and all(map(math.isfinite, curve))
+    assert curve[-1] < curve[0]
+    assert theta.spec.modulation == "none" and not theta.uses_latent
+    before_theta = {k: v.clone() for k, v in theta.state_dict().items()}
+    sx, sf = shots_of(test, cfg.shots)
+    X, F = torch.as_tensor(sx, dtype=torch.float32), torch.as_tensor(sf, dtype=torch.float32)
+    bank, before, after = adapt_weights(
+        theta, X, F, algo=algo, steps=cfg.test_inner_steps, lr=cfg.inner_lr, clip=cfg.inner_clip
+    )
+    assert before.shape == after.shape == (test.n_instances,)
+    assert bool((after < before).all()), (before, after)
+    for k, v in theta.state_dict().items():
+        assert torch.equal(v, before_theta[k]), k
+    # instance k's field is network k's: the bank's first instance alone gives the same field
+    from nshot.methods.modhnn.optmeta import HNNBank
+
+    one = HNNBank(theta, {n: v[:1] for n, v in bank.params().items()})
+    assert torch.allclose(one.field(X[:1]), bank.field(X)[:1], atol=1e-6)
+    w0 = bank.params()["net.weights.0"]
+    assert (algo == "anil") is torch.equal(w0[0], w0[1])
+    ev = evaluate_dynamics(cfg, test, [bank], None, keep_rollouts=0)
+    for key in ("field_mse", "traj_mse", "energy_drift", "learned_drift"):
+        assert math.isfinite(ev.means()[key]), key
+
+
+def test_meta_learner_rows_aggregate_into_the_comparison(monkeypatch):
+    """The smoke preset runs the optimisation-based rows; with two seeds their per-seed values
+    land in ``samples`` and the paired claims against SVD are evaluable (read as if these were
+    small's results)."""
+    from nshot.methods.modhnn.claims import CLAIMS
+    from nshot.methods.modhnn.experiments import run_experiments
+    from nshot.reproduce import with_claims
+
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
+    smoke = get("modhnn").config("smoke")
+    assert {"fomaml", "reptile", "anil"} <= set(smoke.rows)
+    assert {"fomaml", "reptile", "anil"} <= set(get("modhnn").config("small").rows)
+    cfg = smoke.replace(rows=["svd", "fomaml", "reptile", "anil"], seeds=2, steps=10,
+                        rollout_steps=40, grid=6)  # fmt: skip
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        table = run_experiments(cfg, Path(tmp))
+    data = table.to_json()
+    for row in ("fomaml", "reptile", "anil"):
+        assert len(data["samples"][row]["field_mse"]) == 2
+        assert (
+            data["extra"]["detail"][row]["fit_loss"]
+            < data["extra"]["detail"][row]["fit_loss_before"]
+        )
+    claims = {c["id"]: c for c in with_claims({**data, "preset": "small"})["claims"]}
+    for cid in ("svd_beats_fomaml_paired", "svd_beats_reptile", "svd_beats_anil"):
+        assert claims[cid]["p"] is not None and claims[cid]["holds"] is not None, claims[cid]
+    assert claims["svd_half_of_fomaml_field_error"]["holds"] is not None
+    ids = [c.id for c in CLAIMS if c.kind == "headline"]
+    assert ids == [
+        "svd_beats_strongest_modulation", "svd_half_of_fomaml_field_error",
+        "svd_beats_fomaml_paired",
+    ]  # fmt: skip
+
+
 # --------------------------------------------------------------------------- train / serve
 
 
@@ -381,10 +469,18 @@ def test_committed_small_results_carry_their_claims():
     path = Path(__file__).parents[1] / "methods" / "modhnn" / "results" / "small.json"
     data = json.loads(path.read_text())
     fresh = with_claims(data)["claims"]
-    assert fresh == data["claims"]
+    # declared before the optimisation-based rows' first small run: until small is re-made
+    # with them, these claims read rows the results lack and are not evaluable
+    awaiting = {"svd_half_of_fomaml_field_error", "svd_beats_fomaml_paired",
+                "svd_beats_reptile", "svd_beats_anil"}  # fmt: skip
+    if {"fomaml", "reptile", "anil"} <= set(data["rows"]):
+        awaiting = set()
+    assert [c for c in fresh if c["id"] not in awaiting] == data["claims"]
+    assert all(c["holds"] is None for c in fresh if c["id"] in awaiting)
+    fresh = [c for c in fresh if c["id"] not in awaiting]
     seeded = "field_mse" in data.get("samples", {}).get("svd", {})
     head = [c for c in fresh if c["kind"] == "headline"]
-    assert [c["id"] for c in head] == ["svd_beats_strongest_modulation"]
+    assert head[0]["id"] == "svd_beats_strongest_modulation"
     assert (head[0]["holds"] is None) is not seeded
     assert all(c["holds"] is not None for c in fresh if c["kind"] != "headline"), fresh
     worse = copy.deepcopy(data)

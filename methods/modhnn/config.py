@@ -19,10 +19,13 @@ ROWS = (
     "hnn_per_instance",
     "hnn_pooled",
     "mlp_modulated",
+    "fomaml",
+    "reptile",
+    "anil",
 )
 Row = Literal[
     "svd", "mr", "full_weight", "shift", "film", "concat", "hnn_per_instance", "hnn_pooled",
-    "mlp_modulated",
+    "mlp_modulated", "fomaml", "reptile", "anil",
 ]  # fmt: skip
 Ablation = Literal["zero_init", "reset_latents"]
 
@@ -67,6 +70,21 @@ class ModHNNConfig(MethodConfig):
     latent_init: Literal["avg", "zero"] = Field("avg", description="z_avg or zero at test time")
     scratch_steps: int = Field(1000, ge=1, le=1_000_000, description="per-instance HNN steps")
     scratch_lr: float = Field(3e-3, gt=0.0, le=1.0, description="per-instance HNN Adam lr")
+    # optimisation-based meta-learning baselines (rows fomaml, reptile, anil)
+    inner_steps: int = Field(
+        5, ge=0, le=1000,
+        description="SGD steps on an instance's shots per outer step (fomaml, reptile, anil)",
+    )  # fmt: skip
+    inner_lr: float = Field(
+        1e-2, gt=0.0, le=100.0, description="SGD step of the weights in the inner loop"
+    )
+    inner_clip: float = Field(
+        10.0, ge=0.0, description="clip each instance's inner-loop gradient norm (0: off)"
+    )
+    test_inner_steps: int = Field(
+        10, ge=0, le=100_000,
+        description="SGD steps on the test instance's shots (fomaml, reptile, anil)",
+    )  # fmt: skip
     # evaluation (the paper's metrics)
     grid: int = Field(50, ge=2, le=1000, description="ε_field grid points per axis")
     rollout_steps: int = Field(1000, ge=20, le=1_000_000, description="long rollout for drift")

@@ -9,7 +9,11 @@ builds the data (cached Parquet), trains its model and evaluates it on the unsee
   outputs (q̇, ṗ) directly, meta-trained and adapted the same way;
 * ``hnn_pooled``: one HNN without modulation trained on all training instances (same schedule),
   evaluated as is (it cannot adapt);
-* ``hnn_per_instance``: a fresh HNN per test instance trained on its 10 shots (Scratch).
+* ``hnn_per_instance``: a fresh HNN per test instance trained on its 10 shots (Scratch);
+* ``fomaml``, ``reptile``, ``anil``: the optimisation-based meta-learners (``optmeta.py``): the
+  initial weights of the ``hnn_pooled`` network meta-learned by first-order MAML, Reptile or
+  first-order ANIL (inner loop on the output layer) over the same instances and outer steps,
+  then SGD on each test instance's 10 shots from them (one network per instance).
 
 Ablations on the SVD model: zero instead of z_avg initialisation at test time (same
 trained model), and latents reset every epoch (another meta-training). ``extra_systems`` repeats
@@ -35,6 +39,7 @@ from .config import ModHNNConfig
 
 METRICS = {"field_mse": False, "traj_mse": False, "energy_drift": False}
 MODULATED = {"svd", "mr", "full_weight", "shift", "film", "concat"}
+OPT_META = ("fomaml", "reptile", "anil")
 
 
 def _log(msg: str) -> None:
@@ -62,18 +67,33 @@ def run_row(
     t0 = time.time()
     tag = f"{system}/{row}{'/' + variant if variant else ''}/seed{seed}"
     out: dict[str, Any] = {"row": row, "seed": seed, "system": system, "variant": variant}
+
+    def progress(step: int, loss: float) -> None:
+        if step % max(cfg.log_every, cfg.steps // 4) == 0 or step == cfg.steps:
+            _log(f"{tag}: step {step}/{cfg.steps} L_symp {loss:.4g} ({time.time() - t0:.0f}s)")
+
     if row == "hnn_per_instance":
         bank, fits = train_scratch(cfg, sx, sf, get_system(system).dissipative, seed)
         out["train_s"] = time.time() - t0
         ev = evaluate_dynamics(cfg, test, [bank], None)
         out["fit_loss"] = float(np.mean(fits))
+    elif row in OPT_META:
+        from .optmeta import adapt_weights, meta_train_opt
+
+        theta, curve = meta_train_opt(cfg, train, algo=row, seed=seed, progress=progress)
+        out["train_s"] = time.time() - t0
+        out["curve"] = curve
+        adapted, before, after = adapt_weights(
+            theta, torch.as_tensor(sx, dtype=torch.float32),
+            torch.as_tensor(sf, dtype=torch.float32), algo=row, steps=cfg.test_inner_steps,
+            lr=cfg.inner_lr, clip=cfg.inner_clip,
+        )  # fmt: skip
+        out["fit_loss"] = float(after.mean())
+        out["fit_loss_before"] = float(before.mean())
+        ev = evaluate_dynamics(cfg, test, [adapted], None)
     else:
         kind = "mlp" if row == "mlp_modulated" else "hnn"
         mod = "svd" if row == "mlp_modulated" else ("none" if row == "hnn_pooled" else row)
-
-        def progress(step: int, loss: float) -> None:
-            if step % max(cfg.log_every, cfg.steps // 4) == 0 or step == cfg.steps:
-                _log(f"{tag}: step {step}/{cfg.steps} L_symp {loss:.4g} ({time.time() - t0:.0f}s)")
 
         state, curve = meta_train(
             cfg, train, kind=kind, modulation=mod, seed=seed, progress=progress
@@ -205,6 +225,8 @@ def _extra(cfg: ModHNNConfig, pick: Any) -> dict[str, Any]:
         }
         detail[row]["train_s"] = float(np.mean([r["train_s"] for r in runs]))
         detail[row]["fit_loss"] = _agg([r.get("fit_loss") for r in runs])[0]
+        if row in OPT_META:  # the shots' loss at θ, before the test-time inner loop
+            detail[row]["fit_loss_before"] = _agg([r.get("fit_loss_before") for r in runs])[0]
     extra: dict[str, Any] = {
         "system": cfg.system,
         "detail": detail,
@@ -255,6 +277,12 @@ def _notes(cfg: ModHNNConfig) -> list[str]:
         f"z_avg, Adam {cfg.adapt_lr} × {cfg.adapt_steps} steps; hnn_per_instance: "
         f"{cfg.scratch_steps} Adam steps on the shots; width {cfg.width}×{cfg.depth}, d_z "
         f"{cfg.d_z}, rank {cfg.rank}",
+        f"fomaml / reptile / anil: the hnn_pooled network's initial weights meta-learned over "
+        f"the same {cfg.steps} outer steps and batches of {cfg.batch_instances} instances "
+        f"(first-order MAML, Reptile, first-order ANIL on the output layer; {cfg.inner_steps} "
+        f"SGD steps of {cfg.inner_lr} on {cfg.shots} shots of one trajectory per instance, "
+        f"gradient clipped to {cfg.inner_clip}; Adam {cfg.lr} on θ), adapted per test instance "
+        f"by {cfg.test_inner_steps} of those SGD steps on its shots",
     ]
 
 
@@ -326,7 +354,10 @@ def _plot_rollouts(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in ("svd", "hnn_pooled", "hnn_per_instance", "mlp_modulated") if r in examples]
+    shown = [
+        r for r in ("svd", "hnn_pooled", "hnn_per_instance", "fomaml", "mlp_modulated")
+        if r in examples
+    ]  # fmt: skip
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     first = next(iter(examples.values()), {}).get("0")
