@@ -245,8 +245,7 @@ class ModHNNRecipe(Recipe):
         return {"loss": loss}
 
     def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        cfg = self.cfg
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if self.is_checkpoint(step):
             self.trainer.gather_latents()  # every instance's latent, on every rank
         loss = float(np.mean(self.window))
         metrics = {

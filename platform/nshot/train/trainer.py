@@ -116,6 +116,13 @@ class Recipe:
         cfg = self.cfg
         return int(cfg.steps), int(cfg.log_every), int(cfg.checkpoint_every)
 
+    def is_checkpoint(self, step: int) -> bool:
+        """Whether the trainer checkpoints at ``step`` (every ``checkpoint_every`` steps of the
+        schedule and at its last step): a recipe that assembles what a checkpoint holds only
+        when one is written asks here."""
+        last, _, every = self.schedule()
+        return step % every == 0 or step == last
+
     def restores_weights(self) -> bool:
         """Whether a resume loads weights into :attr:`model` (a step redone from scratch on a
         resume, such as a closed-form fit, restores only the step and extra state)."""
@@ -264,7 +271,7 @@ def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> 
             recipe.on_restore(restored)
     start = restored.step if restored else (start or 0)
     window = Window()
-    last, every, ckpt_every = recipe.schedule()
+    every = recipe.schedule()[1]
     if recipe.model is not None:
         recipe.model.train()
     for step in steps(recipe, start):
@@ -272,7 +279,7 @@ def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> 
             _session.maybe_inject_fault(step, restored)
         stats = recipe.step(step)
         window.add(stats, recipe.samples_per_step)
-        is_ckpt = step % ckpt_every == 0 or step == last
+        is_ckpt = recipe.is_checkpoint(step)
         if step % every == 0 or is_ckpt:
             metrics = recipe.on_report(step, window.means())
             if session:
