@@ -6,7 +6,8 @@ Every paper is one :class:`Method` subclass living in ``methods/<name>/`` (impor
 * ``Config``: a :class:`MethodConfig` subclass (pydantic) with named presets
   ``smoke`` / ``small`` / ``paper``.
 * ``data(cfg)``: the data splits as Arrow tables.
-* ``train_loop(cfg)``: the per-worker function Ray Train runs.
+* ``train_loop(cfg)``: the per-worker function Ray Train runs; every built-in method's is
+  ``nshot.train.trainer.train(<its Recipe>(cfg))``, the one training loop.
 * ``evaluate(checkpoint, cfg)``: the paper's metrics as a flat ``dict[str, float]``.
 * ``predictor(checkpoint)``: a :class:`Predictor` with typed Request/Response schemas.
 * ``experiments(cfg, workdir)``: the paper's comparison as a :class:`ResultsTable`.
@@ -293,7 +294,10 @@ class Method(ABC):
     def data(self, cfg: MethodConfig) -> dict[str, pa.Table]: ...
 
     @abstractmethod
-    def train_loop(self, cfg: MethodConfig) -> None: ...
+    def train_loop(self, cfg: MethodConfig) -> None:
+        """What each Ray Train worker runs (in-process with ``--workers 0``): hand the
+        method's :class:`nshot.train.trainer.Recipe` to :func:`nshot.train.trainer.train`,
+        which owns the device, resume, checkpoints, faults, metrics and progress."""
 
     @abstractmethod
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: MethodConfig) -> dict[str, float]: ...
