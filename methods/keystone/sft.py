@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nshot.nn.lm import pad_token_id
+from nshot.train.trainer import Recipe
+from nshot.train.trainer import train as run_recipe
 
 from .evaluation import encode_pair
 from .neurons import DeltaRows, NeuronHooks, NeuronSpace
@@ -92,6 +94,67 @@ def make_batch(
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+class SFTRecipe(Recipe):
+    """Fine-tuning of ``params`` of ``module`` on ``pairs`` through a DeepSpeed engine (AdamW,
+    cosine lr from ``lr`` without warm-up), one batch of ``batch`` pairs per step drawn from
+    ``(seed, 11)``; every ``log_every`` steps (and at the last) the step's loss joins
+    :attr:`history`. The trainer runs the engine's forward, backward and step."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[nn.Parameter],
+        tok,  # noqa: ANN001
+        pairs: Sequence[tuple[str, str]],
+        *,
+        steps: int,
+        batch: int,
+        lr: float,
+        seed: int,
+        deepspeed_opts: Any,
+        log_every: int = 100,
+        log=print,  # noqa: ANN001
+    ) -> None:
+        super().__init__(
+            deepspeed_opts.model_copy(update={"lr": lr, "micro_batch": batch, "grad_accum": 1})
+        )
+        self.module, self.params, self.tok, self.pairs = module, params, tok, pairs
+        self.steps, self.batch, self.lr, self.seed = steps, batch, lr, seed
+        self.log_every, self.log = log_every, log
+        self.samples_per_step = batch
+
+    def build(self) -> None:
+        from nshot.train.deepspeed import build_engine
+
+        torch.manual_seed(self.seed)
+        self.engine = build_engine(ResponseLoss(self.module), self.cfg, params=self.params)
+        self.model = self.module  # trained in train mode; the engine placed it
+        self.enc = encode_pairs(self.tok, self.pairs)
+        self.pad = pad_token_id(self.tok)
+        self.rng = np.random.default_rng([self.seed, 11])
+        self.history: list[dict[str, float]] = []
+        self.last_loss: torch.Tensor | None = None
+        self.t0 = time.time()  # the training's wall time starts with the engine built
+
+    def schedule(self) -> tuple[int, int, int]:
+        return self.steps, self.log_every, self.log_every
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / self.steps))
+        b = make_batch(self.enc, self.rng.integers(len(self.enc), size=self.batch), self.pad)
+        dev = self.engine.device
+        loss = self.forward(**{k: v.to(dev) for k, v in b.items()})
+        self.last_loss = loss
+        return loss, {}  # the loss is read at report time only (no sync per step)
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        lv = float(self.last_loss.detach())
+        self.history.append({"step": step, "loss": lv})
+        self.log(f"    step {step}: loss {lv:.4f}")
+        return {**metrics, "loss": lv}
+
+
 def train(
     module: nn.Module,
     params: list[nn.Parameter],
@@ -107,31 +170,15 @@ def train(
     log=print,
 ) -> dict[str, Any]:
     """Fine-tune ``params`` of ``module`` on ``pairs`` with a DeepSpeed engine (cosine lr, no
-    warm-up); returns the loss history and the wall time."""
-    from nshot.train.deepspeed import build_engine
-
-    opts = deepspeed_opts.model_copy(update={"lr": lr, "micro_batch": batch, "grad_accum": 1})
-    torch.manual_seed(seed)
-    engine = build_engine(ResponseLoss(module), opts, params=params)
-    module.train()
-    enc = encode_pairs(tok, pairs)
-    pad = pad_token_id(tok)
-    rng = np.random.default_rng([seed, 11])
-    dev = engine.device
-    hist, t0 = [], time.time()
-    for step in range(1, steps + 1):
-        for g in engine.optimizer.param_groups:
-            g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
-        b = make_batch(enc, rng.integers(len(enc), size=batch), pad)
-        loss = engine(**{k: v.to(dev) for k, v in b.items()})
-        engine.backward(loss)
-        engine.step()
-        if step % log_every == 0 or step == steps:
-            lv = float(loss.detach())
-            hist.append({"step": step, "loss": lv})
-            log(f"    step {step}: loss {lv:.4f}")
+    warm-up) in this process (:class:`SFTRecipe` through the platform's trainer); returns the
+    loss history and the wall time."""
+    recipe = SFTRecipe(
+        module, params, tok, pairs, steps=steps, batch=batch, lr=lr, seed=seed,
+        deepspeed_opts=deepspeed_opts, log_every=log_every, log=log,
+    )  # fmt: skip
+    run_recipe(recipe, session=False)
     module.eval()
-    return {"history": hist, "train_s": time.time() - t0}
+    return {"history": recipe.history, "train_s": time.time() - recipe.t0}
 
 
 def run_variant(
