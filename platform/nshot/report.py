@@ -389,15 +389,21 @@ def caption(e: Entry, img: Path) -> str:
     return f"{e.name}: {what} (from {source})"
 
 
+def _page_links(e: Entry, base: Path | None) -> tuple[str | None, str | None, str | None]:
+    """``(paper URL, method page as linked from base, command that re-makes the result)`` of
+    an entry, each ``None`` where there is none: what both renderings link."""
+    page = relative_link(e.page, base) if base is not None and e.page is not None else None
+    return e.url or None, page or None, reproduce_command(e) or None
+
+
 def _page_lines(e: Entry, base: Path | None) -> list[str]:
     """Paper link, method page and the command that re-makes the result, as Markdown."""
+    url, page, cmd = _page_links(e, base)
     out = []
-    if e.url:
-        out.append(f"Paper: [{e.title}]({e.url}).")
-    link = relative_link(e.page, base) if base is not None and e.page is not None else None
-    if link:
-        out.append(f"Method page: [{e.name}]({link}).")
-    cmd = reproduce_command(e)
+    if url:
+        out.append(f"Paper: [{e.title}]({url}).")
+    if page:
+        out.append(f"Method page: [{e.name}]({page}).")
     if cmd:
         out.append(f"Re-made by `{cmd}` (from a clean checkout).")
     return out
@@ -555,12 +561,11 @@ def to_html(entries: list[Entry], base: Path | None = None) -> str:
         parts.append(f"<h2>{e.number}. <code>{_e(e.name)}</code> — {_e(e.title)}</h2>")
         parts.append(f"<p>Area: {_e(e.area)}. Status: {inline(e.status)}.</p>")
         links = []
-        if e.url:
-            links.append(f'paper: <a href="{_e(e.url)}">{_e(e.url)}</a>')
-        page = relative_link(e.page, base) if base is not None and e.page is not None else None
+        url, page, cmd = _page_links(e, base)
+        if url:
+            links.append(f'paper: <a href="{_e(url)}">{_e(url)}</a>')
         if page:
             links.append(f'method page: <a href="{_e(page)}">{_e(e.name)}/README.md</a>')
-        cmd = reproduce_command(e)
         if cmd:
             links.append(f"re-made by <code>{_e(cmd)}</code> from a clean checkout")
         if links:
