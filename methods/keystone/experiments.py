@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from nshot.data.lmtext import tiny_sft_task
-from nshot.experiment import Job, aggregate, grid, run_jobs
+from nshot.experiment import Job, aggregate, grid, is_planning, run_jobs
 from nshot.method import ResultsTable
 
 from .config import KeystoneConfig
@@ -153,9 +153,10 @@ def sft_comparison(
     }
     resources = _job_resources(cfg) if on_ray else {}
     jobs = [
-        Job((name, seed), sft_job, (cfg_dict, *plan[name](seed), seed, caps), **resources)
+        Job((name, seed), sft_job, (cfg_dict, *plan[name](seed), seed, caps), **resources,
+            trains=True)
         for seed, name in grid(seeds, SFT_SYSTEMS)
-    ]  # seed-major, the order the runs had in one process
+    ]  # seed-major, the order the runs had in one process  # fmt: skip
     if on_ray:
         done = run_jobs(jobs, description=f"keystone {cfg.preset}: SFT")
     else:
@@ -209,6 +210,10 @@ def run_experiments(
     t0 = time.time()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if is_planning():  # a dry run: the SFT grid, without loading a model or probing it
+        seeds = [cfg.seed + i for i in range(cfg.sft_seeds)] if cfg.sft else []
+        run_jobs([Job((name, seed), sft_job, (), num_cpus=float(cfg.torch_threads), trains=True)
+                  for seed, name in grid(seeds, SFT_SYSTEMS)])  # fmt: skip
     model, tok, space, _, res = probe_model(cfg.model, cfg)
     rows, stds, samples = probe_rows(res)
     sft = None
