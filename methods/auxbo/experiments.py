@@ -104,7 +104,7 @@ def _train_model(
     )
     return {
         "selection": selection,
-        "state": {k: v.numpy() for k, v in model.state_dict().items()},
+        "state": {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()},
         "tnp": model.cfg.to_dict(),
         "stats": stats,
         "losses": losses,

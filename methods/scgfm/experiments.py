@@ -211,8 +211,9 @@ def _pretrain_job(cfg_dict: dict[str, Any], seed: int) -> dict[str, Any]:
 
     t0 = time.process_time()
     cfg = ScgfmConfig.validated(cfg_dict)
-    model, hist = pretrain(cfg, seed)
-    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "history": hist,
+    model, hist = pretrain(cfg, seed)  # on the GPU the job holds, if it holds one
+    return {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "history": hist,
             "cpu_s": time.process_time() - t0}  # fmt: skip
 
 
@@ -488,6 +489,7 @@ def _sweep_job(cfg_dict: dict[str, Any], seed: int, lr: float | None) -> dict[st
         model = _model_from(cfg, seed, None)
     else:
         model, hist = pretrain(cfg, seed)
+        model = model.cpu()  # the bases are evaluated by the CPU's GW solver (NumPy)
     data, _ = datasets(cfg.model_copy(update={"mol_per_class": 0}))
     eps = {k: episodes(y, cfg.shots, cfg.episodes, seed) for k, (_, y) in data.items()}
     full, _ = bases_accuracies(model, GWSolver.from_config(cfg), cfg.tau, data, eps)
