@@ -93,20 +93,6 @@ def selection_nll(
     return float(np.mean([pred[n]["nll"] for n in sizes]))
 
 
-class _Every(int):
-    """``log_every`` as the trainer reads it, with ``step % every`` 0 at every multiple of
-    ``also`` as well: the run reports at each selection of the kept step, not only every
-    ``log_every`` steps."""
-
-    def __new__(cls, n: int, also: int) -> _Every:
-        obj = super().__new__(cls, n)
-        obj.also = also
-        return obj
-
-    def __rmod__(self, step: int) -> int:
-        return 0 if int(step) % self.also == 0 else int(step) % int(self)
-
-
 class AuxBORecipe(Recipe):
     """Meta-training of the TNP: Adam on the Gaussian NLL of a batch of history tasks per step
     (drawn from ``(seed, step, rank)``), the gradient clipped to ``grad_clip``; with
@@ -163,9 +149,14 @@ class AuxBORecipe(Recipe):
         steps, log_every, checkpoint_every = super().schedule()
         if not self.session:  # the loss is averaged over every log_every steps (and the last)
             return steps, log_every, log_every
-        if self.held:  # a run that selects reports at every selection too
-            return steps, _Every(log_every, self.cfg.select_every), checkpoint_every
         return steps, log_every, checkpoint_every
+
+    def is_report(self, step: int) -> bool:
+        """Every ``log_every`` steps, and a run that selects its kept step reports at every
+        selection too."""
+        if self.session and self.held and step % self.cfg.select_every == 0:
+            return True
+        return super().is_report(step)
 
     def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg

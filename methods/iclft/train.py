@@ -158,24 +158,6 @@ def train_in_process(
     return train(StageRecipe(cfg, net, seed, stage, progress=progress), session=False).losses
 
 
-class _Cadence(int):
-    """Every ``n`` steps, and also at the ``extra`` steps, never at a step up to ``after``: an
-    int whose ``step % cadence`` is 0 exactly at those steps, so the trainer's cadence test
-    (``step % every == 0``) reports at the end of every stage as well (a stage's loss window
-    and its model's checkpoint close with it) and not over the pretraining steps a run that
-    starts from ``init_checkpoint`` skips."""
-
-    def __new__(cls, n: int, extra: set[int], after: int) -> _Cadence:
-        obj = super().__new__(cls, n)
-        obj.extra, obj.after = frozenset(extra), after
-        return obj
-
-    def __rmod__(self, step: int) -> int:
-        if step <= self.after:
-            return 1
-        return 0 if step in self.extra else int(step) % int(self)
-
-
 class ICLFTRecipe(Recipe):
     """The Ray Train run: pretraining, then each fine-tuning variant from the pretrained
     weights, on one step counter (stage k takes the global steps ``s0+1..s1`` of
@@ -221,12 +203,21 @@ class ICLFTRecipe(Recipe):
 
     def schedule(self) -> tuple[int, int, int]:
         cfg = self.cfg
-        ends, skipped = {s1 for _, _, s1 in self.bounds}, self._skipped()
-        return (
-            self.bounds[-1][2],
-            _Cadence(cfg.log_every, ends, skipped),
-            _Cadence(cfg.checkpoint_every, ends, skipped),
-        )
+        return self.bounds[-1][2], cfg.log_every, cfg.checkpoint_every
+
+    def _on_cadence(self, step: int, every: int) -> bool:
+        """Every ``every`` steps and at the end of every stage (a stage's loss window and its
+        model's checkpoint close with it), never over the pretraining steps a run that starts
+        from ``init_checkpoint`` skips."""
+        if step <= self._skipped():
+            return False
+        return step % every == 0 or step in {s1 for _, _, s1 in self.bounds}
+
+    def is_report(self, step: int) -> bool:
+        return self._on_cadence(step, self.cfg.log_every)
+
+    def is_checkpoint(self, step: int) -> bool:
+        return self._on_cadence(step, self.cfg.checkpoint_every) or step == self.bounds[-1][2]
 
     def _start(self) -> None:
         """Before the first step: the pretrained model of ``init_checkpoint`` (a fresh run)."""

@@ -117,11 +117,18 @@ class Recipe:
         return int(cfg.steps), int(cfg.log_every), int(cfg.checkpoint_every)
 
     def is_checkpoint(self, step: int) -> bool:
-        """Whether the trainer checkpoints at ``step`` (every ``checkpoint_every`` steps of the
-        schedule and at its last step): a recipe that assembles what a checkpoint holds only
-        when one is written asks here."""
+        """Whether the trainer checkpoints at ``step``: every ``checkpoint_every`` steps of the
+        schedule and at its last step. A recipe that assembles what a checkpoint holds only
+        when one is written asks here; one with checkpoints of its own (at the end of each
+        stage) overrides it."""
         last, _, every = self.schedule()
         return step % every == 0 or step == last
+
+    def is_report(self, step: int) -> bool:
+        """Whether the trainer reports at ``step`` (it also reports at every checkpoint):
+        every ``log_every`` steps of the schedule. A recipe that reports at steps of its own
+        (a selection, a stage's end) or not at all over some (steps a run skips) overrides it."""
+        return step % self.schedule()[1] == 0
 
     def restores_weights(self) -> bool:
         """Whether a resume loads weights into :attr:`model` (a step redone from scratch on a
@@ -271,7 +278,6 @@ def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> 
             recipe.on_restore(restored)
     start = restored.step if restored else (start or 0)
     window = Window()
-    every = recipe.schedule()[1]
     if recipe.model is not None:
         recipe.model.train()
     for step in steps(recipe, start):
@@ -280,7 +286,7 @@ def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> 
         stats = recipe.step(step)
         window.add(stats, recipe.samples_per_step)
         is_ckpt = recipe.is_checkpoint(step)
-        if step % every == 0 or is_ckpt:
+        if is_ckpt or recipe.is_report(step):
             metrics = recipe.on_report(step, window.means())
             if session:
                 _session.report(
