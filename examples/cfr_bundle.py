@@ -28,13 +28,7 @@ from nshot.train.checkpoint import is_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--classes", nargs="+", default=["bump", "ring"])
-    ap.add_argument(
-        "--storage",
-        "--output",
-        dest="storage",
-        default=None,
-        help="run storage (default: the nshot cache; --output is the older spelling)",
-    )
+    ap.add_argument("--storage", "--output", help="run storage (default: the nshot cache)")
     args = ap.parse_args()
 
     cfr = get("cfr")

@@ -20,7 +20,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument("--output", default=None, help="where runs live (default: nshot's storage)")
+    ap.add_argument("--storage", "--output", help="where runs live (default: nshot's storage)")
     args = ap.parse_args()
 
     run = nshot.train(

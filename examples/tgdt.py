@@ -26,13 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--workers", type=int, default=0, help="Ray Train workers (0: in-process)")
-    ap.add_argument(
-        "--storage",
-        "--output",
-        dest="storage",
-        default=None,
-        help="run storage (default: the nshot cache; --output is the older spelling)",
-    )
+    ap.add_argument("--storage", "--output", help="run storage (default: the nshot cache)")
     ap.add_argument("--set", action="append", default=[], help="override a field: KEY=VALUE")
     args = ap.parse_args()
 

@@ -86,7 +86,7 @@ def main() -> None:
             f"(pre-training {r['pretrain_wall_s']} s, loss {r['loss_first']:.3f} -> "
             f"{r['loss_last25']:.3f})"
         )
-    out = Path(args.storage or f"tiny_clip_{args.preset}.json")
+    out = Path(args.output or f"tiny_clip_{args.preset}.json")
     write_report(out, {"precondition": "acc_src_8way >= 0.80", "results": results})
     print(f"wrote {out}")
     print(json.dumps({t: r["acc_src_8way"] for t, r in results.items()}))

@@ -27,13 +27,7 @@ from nshot.train import Scaling, fit, load_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
-    ap.add_argument(
-        "--storage",
-        "--output",
-        dest="storage",
-        default=None,
-        help="run storage (default: the nshot cache; --output is the older spelling)",
-    )
+    ap.add_argument("--storage", "--output", help="run storage (default: the nshot cache)")
     ap.add_argument("--variant", default="OVRPBLTW", help="an unseen variant to solve")
     ap.add_argument("--n", type=int, default=50, help="customers")
     args = ap.parse_args()

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"args": vars(args), "results": {stem: probe(stem, args) for stem in STEMS}}
     final = {stem: rows[-1]["acc"] for stem, rows in out["results"].items()}
     print("held-out shape accuracy at the last step:", final)
-    Path(args.storage).write_text(json.dumps(out, indent=2) + "\n")
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 

@@ -20,7 +20,7 @@ from nshot.train import Scaling, fit, load_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
-    ap.add_argument("--output", default=None)
+    ap.add_argument("--storage", "--output", help="where runs live (default: nshot's storage)")
     args = ap.parse_args()
 
     method = get("zerounlearn")
