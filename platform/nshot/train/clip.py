@@ -67,7 +67,9 @@ classes are coarse pixel patterns, keeps version 5's patch embedding and reaches
 zero-shot (0.374 on the test digits rolled by one pixel; 300 steps, the word tower).
 
 Training runs in this process (``workers=0``) or on Ray Train workers (``TorchTrainer``; the
-workers all-gather image features, so the loss is the one of the global batch). Every
+workers all-gather image features, so the loss is the one of the global batch), the steps run by
+nshot's trainer (:func:`nshot.train.trainer.train` with ``session=False``: this module keeps its
+own resume folders, and a worker reports its loss to Ray Train itself). Every
 ``checkpoint_every`` steps rank 0 writes ``<out>/checkpoints/step-<n>`` (``model.safetensors``,
 ``optimizer.safetensors``, ``state.json`` with every file's sha256); a run that finds one
 continues from it, and the data order and caption draws are functions of (seed, step), so a
@@ -114,6 +116,7 @@ from nshot.nn.clip import (
     read_clip_meta,
     save_clip,
 )
+from nshot.train.trainer import Recipe, train
 
 __all__ = [
     "DEFAULT_TEXT",
@@ -453,11 +456,9 @@ def _latest_resume(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _load_resume(folder: Path, model: TinyCLIP, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    from nshot.train.checkpoint import unflatten_optimizer
-
+def _resume_record(folder: Path) -> dict[str, Any]:
+    """The ``state.json`` of the resume checkpoint ``folder``, its format and every file's
+    sha256 checked."""
     try:
         record = json.loads((folder / "state.json").read_text())
     except (OSError, ValueError) as e:
@@ -467,10 +468,20 @@ def _load_resume(folder: Path, model: TinyCLIP, opt: torch.optim.Optimizer) -> d
     for name, digest in record["sha256"].items():
         if sha256_file(folder / name) != digest:
             raise CheckpointError(f"{folder / name}: sha256 differs from state.json")
+    return record
+
+
+def _load_resume(
+    folder: Path, model: TinyCLIP, opt: torch.optim.Optimizer, record: dict[str, Any]
+) -> None:
+    """Load the weights and optimiser state of the checked checkpoint ``folder``."""
+    from safetensors.torch import load_file
+
+    from nshot.train.checkpoint import unflatten_optimizer
+
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     tensors = load_file(str(folder / "optimizer.safetensors"))
     opt.load_state_dict(unflatten_optimizer(tensors, record["optimizer"]))
-    return record
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,7 +514,7 @@ def _source(p: ClipPreset, seed: int, split: str) -> tuple[np.ndarray, np.ndarra
 
 
 # --------------------------------------------------------------------------------------------
-# the training loop: one function for Ray Train workers and in-process runs
+# the training: one recipe of nshot's trainer for Ray Train workers and in-process runs
 
 
 def _in_ray_train() -> bool:
@@ -516,54 +527,74 @@ def _in_ray_train() -> bool:
         return False
 
 
-def _train(config: dict[str, Any]) -> None:
-    import torch.distributed as dist
+class _PretrainRecipe(Recipe):
+    """The tiny CLIP's pre-training as :func:`nshot.train.trainer.train` runs it (outside a
+    Ray run, ``session=False``): the resume checkpoints are this module's folders
+    (``<out>/checkpoints/step-<n>``), read before the run and written from :meth:`on_report`.
 
-    torch.set_num_threads(int(config["threads"]))
-    if config.get("cache"):
-        os.environ["NSHOT_CACHE"] = config["cache"]
-    p = _preset(config["preset"])
-    seed = int(config["seed"])
-    steps = p.steps if config.get("steps") is None else int(config["steps"])
-    stop_at = min(steps, int(config.get("stop_at") or steps))
-    out = Path(config["out"])
-    in_ray = _in_ray_train()
-    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
-    if p.batch % world:
-        raise ConfigError(f"batch {p.batch} is not divisible by {world} workers")
-    per = p.batch // world
+    A step is the whole update (:meth:`step`): on a worker group each rank's loss is the global
+    batch's (its image features all-gathered), so the gradients are averaged by hand (one flat
+    all-reduce) rather than by DDP, then clipped to norm 1 before the AdamW step at the step's
+    learning rate (:func:`_lr_at`)."""
 
-    images, attrs = _source(p, seed, "train")
-    n = len(images)
+    clip_grad_norm = 1.0
 
-    torch.manual_seed(seed)
-    model = TinyCLIP(clip_config(config["preset"], config["text"]))
-    if config["text"] == "minilm":
-        _seed_minilm(model, config)
-    opt = _optimizer(model, p)
-    losses: list[float] = []
-    start = 0
-    latest = _latest_resume(out / "checkpoints")
-    if latest is not None:
-        record = _load_resume(latest, model, opt)
-        start, losses = int(record["step"]), list(record["losses"])
-        if rank == 0:
-            print(f"[nshot tinyclip] resuming at step {start} from {latest}", file=sys.stderr)
-    params = [q for q in model.parameters() if q.requires_grad]
-    t0 = time.time()
-    model.train()
-    for step in range(start, stop_at):
-        rows = _batch_rows(n, p.batch, step, seed)
-        captions = _batch_captions(attrs[rows], step, seed, p.source)
-        mine = rows[rank * per : (rank + 1) * per]
-        x = torch.from_numpy(images[mine]).float()
-        if images.dtype == np.uint8:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        steps: int,
+        stop_at: int,
+        resume: tuple[Path, dict[str, Any]] | None,
+    ) -> None:
+        super().__init__(_preset(config["preset"]))
+        self.config, self.steps, self.stop_at, self.resume = config, steps, stop_at, resume
+        self.seed = int(config["seed"])
+        self.out = Path(config["out"])
+        self.losses: list[float] = []
+
+    def schedule(self) -> tuple[int, int, int]:
+        return self.stop_at, self.cfg.log_every, self.cfg.checkpoint_every
+
+    def build(self) -> None:
+        import torch.distributed as dist
+
+        p, config = self.cfg, self.config
+        self.in_ray = _in_ray_train()
+        if dist.is_initialized():  # Ray Train's worker group (the trainer runs outside a session)
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if p.batch % self.world_size:
+            raise ConfigError(f"batch {p.batch} is not divisible by {self.world_size} workers")
+        self.per = p.batch // self.world_size
+        self.images, self.attrs = _source(p, self.seed, "train")
+        torch.manual_seed(self.seed)
+        model = TinyCLIP(clip_config(config["preset"], config["text"]))
+        if config["text"] == "minilm":
+            _seed_minilm(model, config)
+        self.model = model.to(self.device)
+        self.optimizer = _optimizer(self.model, p)
+        if self.resume is not None:
+            folder, record = self.resume
+            _load_resume(folder, self.model, self.optimizer, record)
+            self.losses = list(record["losses"])
+            if self.rank == 0:
+                print(f"[nshot tinyclip] resuming at step {record['step']} from {folder}",
+                      file=sys.stderr)  # fmt: skip
+        self.params = [q for q in self.model.parameters() if q.requires_grad]
+        self.t0 = time.time()
+
+    def step(self, step: int) -> dict[str, float]:
+        p, s, model, opt = self.cfg, step - 1, self.model, self.optimizer
+        rows = _batch_rows(len(self.images), p.batch, s, self.seed)
+        captions = _batch_captions(self.attrs[rows], s, self.seed, p.source)
+        mine = rows[self.rank * self.per : (self.rank + 1) * self.per]
+        x = torch.from_numpy(self.images[mine]).float()
+        if self.images.dtype == np.uint8:
             x = x / 255.0
         texts = sorted(set(captions))
         col = {t: i for i, t in enumerate(texts)}
-        text_of_image = torch.tensor([col[c] for c in captions])
-        img = model.encode_image(x)
-        if world > 1:
+        text_of_image = torch.tensor([col[c] for c in captions], device=self.device)
+        img = model.encode_image(x.to(self.device))
+        if self.world_size > 1:
             import warnings
 
             from torch.distributed.nn.functional import all_gather
@@ -573,54 +604,82 @@ def _train(config: dict[str, Any]) -> None:
                 img = torch.cat(all_gather(img))  # differentiable: the global batch's features
         loss = clip_contrastive_loss(model.logits(img, model.encode_text(texts)), text_of_image)
         for group in opt.param_groups:
-            group["lr"] = _lr_at(p, step, steps)
+            group["lr"] = _lr_at(p, s, self.steps)
         opt.zero_grad(set_to_none=False)
         loss.backward()
-        if world > 1:  # each rank's loss is the global one: average the gradients
-            flat = torch.cat([q.grad.reshape(-1) for q in params])
+        if self.world_size > 1:  # each rank's loss is the global one: average the gradients
+            import torch.distributed as dist
+
+            flat = torch.cat([q.grad.reshape(-1) for q in self.params])
             dist.all_reduce(flat)
-            flat /= world
+            flat /= self.world_size
             offset = 0
-            for q in params:
+            for q in self.params:
                 q.grad.copy_(flat[offset : offset + q.numel()].view_as(q))
                 offset += q.numel()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         opt.step()
-        losses.append(float(loss.detach()))
-        done = step + 1
-        if done % p.log_every == 0 or done == stop_at:
-            metrics = {"loss": losses[-1], "step": done}
-            if in_ray:
+        self.losses.append(float(loss.detach()))
+        return {"loss": self.losses[-1]}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Every ``log_every`` steps and at the last: ``ray.train.report`` inside Ray Train and
+        the progress line (the mean loss of the last ``log_every`` steps); every
+        ``checkpoint_every`` steps and at the last: rank 0's resume checkpoint (the two newest
+        kept)."""
+        p, last = self.cfg, self.stop_at
+        if step % p.log_every == 0 or step == last:
+            if self.in_ray:
                 import ray.train
 
-                ray.train.report(metrics)
-            if rank == 0:
+                ray.train.report({"loss": self.losses[-1], "step": step})
+            if self.rank == 0:
                 print(
-                    f"[nshot tinyclip-{config['preset']}/{config['text']}] step {done}/{steps} "
-                    f"loss {np.mean(losses[-p.log_every :]):.4f} ({time.time() - t0:.0f}s)",
+                    f"[nshot tinyclip-{self.config['preset']}/{self.config['text']}] step "
+                    f"{step}/{self.steps} loss {np.mean(self.losses[-p.log_every :]):.4f} "
+                    f"({time.time() - self.t0:.0f}s)",
                     file=sys.stderr,
                     flush=True,
                 )
-        if rank == 0 and (done % p.checkpoint_every == 0 or done == stop_at):
+        if self.rank == 0 and (step % p.checkpoint_every == 0 or step == last):
+            preset = self.config["preset"]
             _save_resume(
-                out / "checkpoints" / f"step-{done:06d}",
-                model,
-                opt,
-                {"step": done, "losses": losses, "preset": config["preset"], "seed": seed},
+                self.out / "checkpoints" / f"step-{step:06d}",
+                self.model,
+                self.optimizer,
+                {"step": step, "losses": self.losses, "preset": preset, "seed": self.seed},
             )
-            for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:
+            for old in sorted((self.out / "checkpoints").glob("step-*"))[:-2]:
                 shutil.rmtree(old, ignore_errors=True)
-        if world > 1 and done % p.checkpoint_every == 0:
+        if self.world_size > 1 and step % p.checkpoint_every == 0:
+            import torch.distributed as dist
+
             dist.barrier()
-    if rank == 0 and stop_at == steps:
+        return metrics
+
+
+def _train(config: dict[str, Any]) -> None:
+    torch.set_num_threads(int(config["threads"]))
+    if config.get("cache"):
+        os.environ["NSHOT_CACHE"] = config["cache"]
+    p = _preset(config["preset"])
+    steps = p.steps if config.get("steps") is None else int(config["steps"])
+    stop_at = min(steps, int(config.get("stop_at") or steps))
+    out = Path(config["out"])
+    latest = _latest_resume(out / "checkpoints")
+    resume = (latest, _resume_record(latest)) if latest is not None else None
+    start = int(resume[1]["step"]) if resume is not None else 0
+    recipe = _PretrainRecipe(config, steps, stop_at, resume)
+    train(recipe, session=False, start=start)
+    if recipe.rank == 0 and stop_at == steps:
         save_clip(
-            model.eval(),
+            recipe.model.eval(),
             out,
             preset=config["preset"],
-            seed=seed,
+            seed=recipe.seed,
             steps=steps,
-            world_size=world,
-            losses=losses,
+            world_size=recipe.world_size,
+            losses=recipe.losses,
             version=p.version,
         )
 

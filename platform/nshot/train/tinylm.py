@@ -2,8 +2,9 @@
 setting to the folder :func:`nshot.nn.lm.load_causal_lm` loads.
 
 The model (its word-level tokenizer and sizes) is defined in :mod:`nshot.nn.tinylm`; this module
-trains it on that corpus through the DeepSpeed helper, in-process or on Ray Train workers, and
-caches it::
+trains it on that corpus on a DeepSpeed engine (:mod:`nshot.train.deepspeed`), its steps run by
+nshot's trainer (:func:`nshot.train.trainer.train`, ``session=False``), in-process or on Ray
+Train workers, and caches it::
 
     path = ensure_tiny_lm("smoke")                  # cached under NSHOT_CACHE/models/
     result = pretrain("smoke", workers=2, zero_stage=3, steps=5, out=tmp)   # on Ray Train
@@ -31,6 +32,7 @@ import torch
 from nshot.data.cache import cache_dir, file_lock
 from nshot.nn.lm import tiny_llama_config, verify_manifest, write_manifest
 from nshot.nn.tinylm import SIZES, VERSION, build_tokenizer, fact_accuracy, token_blocks
+from nshot.train.trainer import Recipe, train
 
 __all__ = ["TINY_PREFIX", "PretrainResult", "ensure_tiny_lm", "pretrain", "resolve_lm_source"]
 
@@ -50,109 +52,134 @@ def resolve_lm_source(source: str | os.PathLike[str]) -> str | os.PathLike[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# training loop (one function for Ray Train workers and in-process runs)
+# the training: one recipe of nshot's trainer for Ray Train workers and in-process runs
 
 
-def _train(config: dict[str, Any]) -> None:
-    import torch.distributed as dist
+class _PretrainRecipe(Recipe):
+    """The tiny LM's pre-training on a DeepSpeed engine as :func:`nshot.train.trainer.train`
+    runs it (outside a Ray run, ``session=False``; a pre-training starts from scratch): the
+    trainer's engine step (forward, ``engine.backward``, ``engine.step``; ZeRO and the clip
+    to norm 1 are the engine's). Each rank takes its slice of the one global batch, drawn in
+    the order of one permutation of the token blocks per epoch."""
 
-    from nshot.train.deepspeed import (
-        DeepSpeedOptions,
-        build_engine,
-        init_distributed,
-        save_hf_model,
-    )
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(SIZES[config["size"]])
+        self.config = config
+        self.steps = int(config.get("steps") or self.cfg.steps)
+        self.log_every = int(config.get("log_every", 50))
+        self.losses: list[float] = []
 
-    torch.set_num_threads(int(config.get("threads", 1)))
-    size = SIZES[config["size"]]
-    steps = int(config.get("steps") or size.steps)
-    out = Path(config["out"])
-    tok = build_tokenizer(_corpus(config["seed"]))
-    blocks = token_blocks(tok, _corpus(config["seed"]), size.seq_len)
-    torch.manual_seed(config["seed"])
-    from transformers import LlamaForCausalLM
+    def schedule(self) -> tuple[int, int, int]:
+        return self.steps, self.log_every, self.steps  # nothing checkpointed: the last step
 
-    lm_cfg = tiny_llama_config(
-        len(tok),
-        layers=size.layers,
-        hidden=size.hidden,
-        intermediate=size.intermediate,
-        heads=size.heads,
-        max_positions=size.seq_len * 2,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = LlamaForCausalLM(lm_cfg)
-    opts = DeepSpeedOptions(
-        zero_stage=config.get("zero_stage", 0),
-        lr=size.lr,
-        weight_decay=0.01,
-        grad_clip=1.0,
-        precision=config.get("precision", "fp32"),
-    )
-    in_ray = _in_ray_train()
-    init_distributed()
-    world = dist.get_world_size()
-    rank = dist.get_rank()
-    if size.batch % world:
-        raise ValueError(f"batch {size.batch} is not divisible by {world} workers")
-    per_rank = size.batch // world
-    engine = build_engine(model, opts.model_copy(update={"micro_batch": per_rank}))
+    def build(self) -> None:
+        import torch.distributed as dist
+        from transformers import LlamaForCausalLM
 
-    def lr_at(s: int) -> float:  # linear warm-up over 50 steps, then linear decay to 5%
-        return size.lr * min(1.0, (s + 1) / 50) * max(0.05, 1 - s / max(steps, 1))
+        from nshot.train.deepspeed import DeepSpeedOptions, build_engine, init_distributed
 
-    rng = np.random.default_rng(config["seed"])
-    order = rng.permutation(len(blocks))
-    pos = 0
-    losses: list[float] = []
-    t0 = time.time()
-    log_every = int(config.get("log_every", 50))
-    for step in range(steps):
-        if pos + size.batch > len(order):
-            order, pos = rng.permutation(len(blocks)), 0
-        idx = order[pos + rank * per_rank : pos + (rank + 1) * per_rank]
-        pos += size.batch
-        x = torch.from_numpy(blocks[idx])
-        loss = engine(input_ids=x, labels=x).loss
-        engine.backward(loss)
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        engine.step()
+        size, config = self.cfg, self.config
+        self.tok = build_tokenizer(_corpus(config["seed"]))
+        self.blocks = token_blocks(self.tok, _corpus(config["seed"]), size.seq_len)
+        torch.manual_seed(config["seed"])
+        lm_cfg = tiny_llama_config(
+            len(self.tok),
+            layers=size.layers,
+            hidden=size.hidden,
+            intermediate=size.intermediate,
+            heads=size.heads,
+            max_positions=size.seq_len * 2,
+            bos_token_id=self.tok.bos_token_id,
+            eos_token_id=self.tok.eos_token_id,
+            pad_token_id=self.tok.pad_token_id,
+        )
+        model = LlamaForCausalLM(lm_cfg)
+        self.opts = DeepSpeedOptions(
+            zero_stage=config.get("zero_stage", 0),
+            lr=size.lr,
+            weight_decay=0.01,
+            grad_clip=1.0,
+            precision=config.get("precision", "fp32"),
+        )
+        self.in_ray = _in_ray_train()
+        init_distributed()
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        if size.batch % self.world_size:
+            raise ValueError(f"batch {size.batch} is not divisible by {self.world_size} workers")
+        self.per_rank = size.batch // self.world_size
+        self.samples_per_step = self.per_rank
+        self.engine = build_engine(
+            model, self.opts.model_copy(update={"micro_batch": self.per_rank})
+        )
+        self.model = model
+        self.rng = np.random.default_rng(config["seed"])
+        self.order = self.rng.permutation(len(self.blocks))
+        self.pos = 0
+        self.t0 = time.time()
+
+    def lr_at(self, s: int) -> float:
+        """Linear warm-up over 50 steps, then linear decay to 5 % (``s`` counts from 0)."""
+        size = self.cfg
+        return size.lr * min(1.0, (s + 1) / 50) * max(0.05, 1 - s / max(self.steps, 1))
+
+    def loss(self, step: int, micro: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+        import torch.distributed as dist
+
+        batch = self.cfg.batch
+        if self.pos + batch > len(self.order):
+            self.order, self.pos = self.rng.permutation(len(self.blocks)), 0
+        first = self.pos + self.rank * self.per_rank
+        idx = self.order[first : first + self.per_rank]
+        self.pos += batch
+        x = torch.from_numpy(self.blocks[idx]).to(self.engine.device)
+        loss = self.engine(input_ids=x, labels=x).loss
+        for group in self.engine.optimizer.param_groups:  # used by the engine's step
+            group["lr"] = self.lr_at(step - 1)
         # the global mean loss: identical on every rank and across ZeRO stages
         g = loss.detach().clone()
         dist.all_reduce(g)
-        losses.append(g.item() / world)
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            metrics = {"loss": losses[-1], "step": step + 1}
-            if in_ray:
-                import ray.train
+        self.losses.append(g.item() / self.world_size)
+        return loss, {"loss": self.losses[-1]}
 
-                ray.train.report(metrics)
-            if rank == 0:
-                print(
-                    f"[nshot tiny-{config['size']}] step {step + 1}/{steps} loss {losses[-1]:.4f} "
-                    f"({time.time() - t0:.0f}s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """``ray.train.report`` inside Ray Train and rank 0's progress line (the step's loss)."""
+        if self.in_ray:
+            import ray.train
+
+            ray.train.report({"loss": self.losses[-1], "step": step})
+        if self.rank == 0:
+            print(
+                f"[nshot tiny-{self.config['size']}] step {step}/{self.steps} "
+                f"loss {self.losses[-1]:.4f} ({time.time() - self.t0:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return metrics
+
+
+def _train(config: dict[str, Any]) -> None:
+    from nshot.train.deepspeed import save_hf_model
+
+    torch.set_num_threads(int(config.get("threads", 1)))
+    out = Path(config["out"])
+    recipe = train(_PretrainRecipe(config), session=False, start=0)
+    engine, blocks = recipe.engine, recipe.blocks
     # probe logits through the engine (collective under ZeRO-3) for checkpoint checks
     probe = torch.from_numpy(blocks[:2])
     engine.eval()
     with torch.no_grad():
-        probe_logits = engine(input_ids=probe).logits.float().cpu()
+        probe_logits = engine(input_ids=probe.to(engine.device)).logits.float().cpu()
     path = save_hf_model(
         engine,
         out,
-        tokenizer=tok,
+        tokenizer=recipe.tok,
         extra={
             "size": config["size"],
             "seed": config["seed"],
-            "steps": steps,
-            "zero_stage": opts.zero_stage,
-            "world_size": world,
-            "losses": losses,
+            "steps": recipe.steps,
+            "zero_stage": recipe.opts.zero_stage,
+            "world_size": recipe.world_size,
+            "losses": recipe.losses,
             "version": VERSION,
         },
     )
