@@ -46,6 +46,20 @@ def capture():
             seen.extend(_steady(r) for r in reports)
 
 
+#: the methods whose smoke numbers depend on a model the test session trains first (the tiny
+#: LM, trained on as many torch threads as the process has, whose weights depend on that
+#: count): their trace is compared in its structure (report steps and metric names) only
+STRUCTURE_ONLY = frozenset({"keystone", "zerounlearn"})
+
+
+def platform() -> dict:
+    """What float results depend on beyond the code: torch's version and the CPU kernels it
+    picked. The numbers of a trace are compared only on the platform that recorded them."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def recorded() -> dict:
     return json.loads(TRACE_FILE.read_text()) if TRACE_FILE.exists() else {}
 
@@ -53,4 +67,5 @@ def recorded() -> dict:
 def record(name: str, trace: list[dict]) -> None:
     data = recorded()
     data[name] = trace
+    data["_platform"] = platform()
     TRACE_FILE.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
