@@ -161,6 +161,7 @@ STALE = {
     "front": "no run record",
     "modhnn": "no run record",
     "recog": "code changed since",
+    "scgfm": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
