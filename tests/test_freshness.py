@@ -160,7 +160,6 @@ STALE = {
     "cfr": "dirty tree",
     "front": "no run record",
     "modhnn": "no run record",
-    "recog": "code changed since",
     "scgfm": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
