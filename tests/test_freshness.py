@@ -159,7 +159,6 @@ STALE = {
     "bsr": "code changed since",
     "cfr": "dirty tree",
     "front": "no run record",
-    "scgfm": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
