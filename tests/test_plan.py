@@ -17,11 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: methods whose comparison trains no network (a closed-form bank, an estimator)
 NO_NETWORK = {"caos", "unpaired_iv"}
 
-#: methods whose paper plan is not ready yet: their comparison reads the user's dataset or
-#: weights, or prepares its data in the driver, before it builds its grid, or does not yet
-#: mark its training jobs. The list may only shrink.
-NOT_READY: dict[str, str] = {}
-
 
 def _plan(name: str) -> dict:
     from nshot import reproduce
@@ -30,9 +25,7 @@ def _plan(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_the_paper_plan_under_gpu8_gives_every_training_job_a_gpu(name, request):
-    if name in NOT_READY:
-        request.applymarker(pytest.mark.xfail(reason=NOT_READY[name], strict=True))
+def test_the_paper_plan_under_gpu8_gives_every_training_job_a_gpu(name):
     plan = _plan(name)
     jobs = plan["jobs"]
     assert jobs, f"{name}: the plan lists no job"
@@ -41,11 +34,6 @@ def test_the_paper_plan_under_gpu8_gives_every_training_job_a_gpu(name, request)
         assert training, f"{name}: no job of its comparison is marked as training a network"
     for j in training:
         assert j["gpus"] >= 1 and j["cpus"] == 8 and j["threads"] == 8, (name, j)
-
-
-def test_the_not_ready_list_names_methods():
-    assert set(NOT_READY) <= set(METHODS)
-    assert not set(NOT_READY) & NO_NETWORK
 
 
 #: where a method may still set one torch thread, and why (never inside a job's own code)

@@ -28,7 +28,6 @@ would have seen.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -249,11 +248,6 @@ def _prepare(recipe: Recipe, ctx: WorkerContext, session: bool) -> None:
         )
 
 
-def steps(recipe: Recipe, start: int) -> Iterator[int]:
-    """The steps left to run: ``start + 1`` to the schedule's last."""
-    return iter(range(start + 1, recipe.schedule()[0] + 1))
-
-
 def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> Recipe:
     """Run ``recipe`` to the config's ``steps`` and return it (its model trained).
 
@@ -280,7 +274,7 @@ def train(recipe: Recipe, *, session: bool = True, start: int | None = None) -> 
     window = Window()
     if recipe.model is not None:
         recipe.model.train()
-    for step in steps(recipe, start):
+    for step in range(start + 1, recipe.schedule()[0] + 1):
         if session:
             _session.maybe_inject_fault(step, restored)
         stats = recipe.step(step)
