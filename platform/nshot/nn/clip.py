@@ -316,12 +316,13 @@ class TinyCLIP(nn.Module):
                 f"images must be [B, {c}, {s}, {s}] pixels in [0, 1], got {tuple(images.shape)}"
             )
 
-    def image_tokens(self, x: torch.Tensor) -> torch.Tensor:
+    def image_tokens(self, x: torch.Tensor, visual: ViT | None = None) -> torch.Tensor:
         """The image tower's tokens after ``visual.norm`` (CLIP's ``ln_post``), ``[B, 1 + N, W]``
         for normalised pixels ``x``; token 0 is the pooled one: the class token
         (``pool="token"``) or the mean of the patch tokens (``pool="avg"``, timm's
-        ``global_pool="avg"``)."""
-        v = self.visual
+        ``global_pool="avg"``). ``visual``: another image tower of this shape (an adapted
+        copy) in place of :attr:`visual`."""
+        v = self.visual if visual is None else visual
         t = v.patch_embed(x)
         t = torch.cat([v.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + v.pos_embed
         for blk in v.blocks:
@@ -331,11 +332,14 @@ class TinyCLIP(nn.Module):
             return torch.cat([pooled, v.norm(t[:, 1:])], dim=1)
         return v.norm(t)
 
-    def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
-        """Image features ``[B, embed_dim]`` of pixels in [0, 1] ``[B, C, H, W]``."""
+    def encode_image(
+        self, images: torch.Tensor, normalize: bool = False, visual: ViT | None = None
+    ) -> torch.Tensor:
+        """Image features ``[B, embed_dim]`` of pixels in [0, 1] ``[B, C, H, W]`` (``visual``:
+        as :meth:`image_tokens`)."""
         self.check_images(images)
         x = (images - self.cfg.pixel_mean) / self.cfg.pixel_std
-        f = self.image_tokens(x)[:, 0] @ self.visual_proj
+        f = self.image_tokens(x, visual)[:, 0] @ self.visual_proj
         return F.normalize(f, dim=-1) if normalize else f
 
     def encode_text(self, texts: Sequence[str], normalize: bool = False) -> torch.Tensor:
