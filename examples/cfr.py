@@ -1,7 +1,7 @@
 """Train CFR for one object class and score a normal and an anomalous test image.
 
     python examples/cfr.py                   # smoke preset: seconds
-    python examples/cfr.py --preset small    # one mesh class, k = 4
+    python examples/cfr.py --preset small    # one class of generator version 2 (bagel), k = 4
 
 It trains the cyclic mappings, builds the memory banks and trains the retriever (one Ray Train
 run), prints the class's test metrics, then sends a normal and an anomalous test image (RGB +

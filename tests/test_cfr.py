@@ -299,3 +299,110 @@ def test_mesh_classes_belong_to_the_mesh_generator():
     assert cfg.classes == ["sphere"]
     with pytest.raises(ConfigError, match="classes"):
         CfrConfig.from_preset("smoke", generator="mesh")  # bump is a height-field class
+
+
+# --- generator version 2: MVTec 3D-AD's classes and defect taxonomy ----------------------------
+
+
+def _v2_test_set(cfg):
+    """Every anomalous test image of ``cfg``'s classes (generator version 2) with its clean
+    twin, from the same seeds as the cached tables (``data._rows``)."""
+    from nshot.methods.cfr.config import TAXONOMY_CLASSES
+    from nshot.methods.cfr.taxonomy import taxonomy_pair
+
+    out = []
+    for cls in cfg.classes:
+        for i in range(cfg.n_test_bad):
+            idx = cfg.n_test_good + i
+            rng = np.random.default_rng([cfg.data_seed, TAXONOMY_CLASSES.index(cls), 1, idx])
+            out.append((cls, *taxonomy_pair(cls, cfg.grid, DEFECTS[1 + i % 3], rng)))
+    return out
+
+
+def test_small_uses_generator_v2_and_a_share_of_its_defects_is_invisible_to_each_modality():
+    """The structure generator version 2 declares, on small's own test set: at least a quarter
+    of the defects (a third by construction: the geometric ones) leave the RGB image exactly as
+    the clean object's, at least a quarter (the colour ones) leave the point cloud exactly as
+    it; every defect changes at least one modality at its pixels, a combined one both."""
+    cfg = CfrConfig.from_preset("small")
+    assert cfg.generator == "heightfield" and cfg.generator_version == 2
+    assert len(cfg.classes) == 10
+    rgb_blind = depth_blind = 0
+    pairs = _v2_test_set(cfg)
+    for cls, smp, clean in pairs:
+        m = smp.mask
+        assert m.sum() >= 3, cls
+        valid = smp.xyz.any(-1)
+        assert np.array_equal(valid, clean.xyz.any(-1)) and not (m & ~valid).any(), cls
+        assert np.all(smp.xyz[~valid] == 0.0)
+        rgb_moved = (smp.rgb != clean.rgb).any(-1)
+        depth_moved = (smp.xyz != clean.xyz).any(-1)
+        assert not (rgb_moved & ~m).any() and not (depth_moved & ~m).any(), cls  # only there
+        rgb_blind += not rgb_moved[m].any()
+        depth_blind += not depth_moved[m].any()
+        assert rgb_moved[m].any() or depth_moved[m].any(), (cls, smp.defect)
+        assert rgb_moved[m].any() == (smp.defect in ("colour", "both")), (cls, smp.defect)
+        assert depth_moved[m].any() == (smp.defect in ("geometric", "both")), (cls, smp.defect)
+        if smp.defect in ("geometric", "both"):  # a real change of shape, not noise
+            assert np.abs(smp.xyz[..., 2] - clean.xyz[..., 2])[m].max() > 0.02, cls
+    assert rgb_blind >= 0.25 * len(pairs) and depth_blind >= 0.25 * len(pairs)
+
+
+def test_v2_colour_defects_use_the_objects_own_palette():
+    """A colour defect paints one of the class's three palette colours (times the image's
+    exposure, 0.95–1.05, plus noise), visibly different from the clean surface there."""
+    from nshot.methods.cfr.taxonomy import PALETTES
+
+    cfg = CfrConfig.from_preset("small", n_test_bad=6)
+    for cls, smp, clean in _v2_test_set(cfg):
+        if smp.defect not in ("colour", "both"):
+            continue
+        painted = smp.rgb[smp.mask].astype(float)
+        assert np.abs(painted - clean.rgb[smp.mask]).sum(-1).mean() > 20, cls
+        ratio = painted.mean(0) / 255 / np.asarray(PALETTES[cls])  # one row per palette colour
+        assert np.any(np.all(np.abs(ratio - 1) < 0.08, 1)), (cls, ratio)
+
+
+def test_v2_texture_is_fixed_per_class_and_the_pose_varies():
+    """Two normal images of a class at the same pose, from different draws, differ only by
+    the exposure factor and the noise (version 1 drew the stripes per image)."""
+    from nshot.methods.cfr.taxonomy import taxonomy_pair
+
+    pose = ((0.05, -0.03), 0.7, 1.0)
+    for cls in CfrConfig.from_preset("small").classes:
+        a, _ = taxonomy_pair(cls, 64, "good", np.random.default_rng(1), pose=pose)
+        b, _ = taxonomy_pair(cls, 64, "good", np.random.default_rng(2), pose=pose)
+        obj = a.xyz.any(-1)
+        ca, cb = a.rgb[obj].astype(float), b.rgb[obj].astype(float)
+        assert np.abs(ca / ca.mean() - cb / cb.mean()).mean() < 0.05, cls
+        c, _ = taxonomy_pair(cls, 64, "good", np.random.default_rng(3))  # a drawn pose
+        assert not np.array_equal(c.xyz.any(-1), obj), cls
+
+
+def test_generator_v1_stays_reproducible_by_its_config_field(smoke_cfg):
+    from nshot.methods.cfr.data import table_key
+
+    v1 = CfrConfig.from_preset(
+        "small", generator="mesh", generator_version=1, classes=["box"], class_name="box"
+    )
+    assert table_key(v1, "box").startswith("cfr-mesh-box-")  # the version-1 cache key
+    assert smoke_cfg.generator_version == 1  # smoke keeps version 1
+    assert "-v2-" in table_key(CfrConfig.from_preset("small"), "bagel")
+    with pytest.raises(ConfigError, match="generator_version"):
+        CfrConfig.from_preset("small", generator="mesh")
+    with pytest.raises(ConfigError, match="classes"):
+        CfrConfig.from_preset("small", classes=["bump"], class_name="bump")
+
+
+def test_v2_tables_hold_the_generated_images(tmp_path, monkeypatch):
+    from nshot.methods.cfr.taxonomy import taxonomy_sample
+
+    monkeypatch.setenv("NSHOT_CACHE", str(tmp_path))
+    cfg = CfrConfig.from_preset("small", classes=["foam", "tire"], class_name="tire", n_train=2,
+                                n_test_good=2, n_test_bad=3, n_val_good=1, n_val_bad=3,
+                                shots=[1], shot=1)  # fmt: skip
+    test = load_class(cfg, "tire")["test"]
+    assert test.defect == ["good", "good", "geometric", "colour", "both"]
+    rng = np.random.default_rng([0, 9, 1, 3])  # data seed, class index (tire: 9), test, image
+    smp = taxonomy_sample("tire", 64, "colour", rng)
+    assert np.array_equal(test.rgb[3], smp.rgb) and np.array_equal(test.mask[3], smp.mask)

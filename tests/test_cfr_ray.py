@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from nshot.method import get
+from nshot.methods.cfr.config import CfrConfig
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +209,31 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     assert set(claims) == {c.id for c in cfr.claims}
     assert claims["aupro_metric_exact"]["holds"] is True
     assert all(c.get("applies") is False for k, c in claims.items() if k != "aupro_metric_exact")
+    per_class = results["samples"]["cfr"]["i_auroc_k4_per_class"]
+    assert len(per_class) == 1 and per_class[0] == pytest.approx(table.rows["cfr"]["i_auroc_k4"])
+    assert results["extra"]["generator_version"] == 1
+
+
+def test_experiments_on_generator_v2_pair_headlines_over_classes(monkeypatch, tmp_path):
+    """On version-2 data (two classes at smoke's sizes) the per-class headlines have one pair
+    per class, and the check on the generator's structure is evaluated (its premise holds)."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")
+    from nshot.claims import evaluate
+
+    cfr = get("cfr")
+    cfg = CfrConfig.from_preset(
+        "smoke", generator_version=2, classes=["foam", "tire"], class_name="foam"
+    )
+    results = cfr.experiments(cfg, tmp_path).to_json()
+    assert results["extra"]["generator_version"] == 2
+    assert set(results["extra"]["per_type"]["k4"]["cfr"]) == {"geometric", "colour", "both"}
+    as_small = {c["id"]: c for c in evaluate(cfr.claims, {**results, "preset": "small"})}
+    for cid in ("headline_i_auroc_beats_cfm_per_class",
+                "headline_i_auroc_beats_patchcore_rgb_per_class",
+                "headline_i_auroc_beats_patchcore_3d_per_class"):  # fmt: skip
+        assert as_small[cid]["effect"]["n"] == 2, cid
+    check = as_small["unimodal_banks_miss_what_their_modality_cannot_see"]
+    assert check["premise"] is True and check["holds"] is not None
 
 
 def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):

@@ -6,7 +6,8 @@ retriever, paper §3.3). A step is one epoch of stage 1 or of stage 3, so
 ``steps = map_epochs + ret_epochs`` for the systems that train a retriever, ``map_epochs`` for
 the others, and 1 for the memory-bank-only baselines (PatchCore, BTF); it is set from them.
 
-``smoke`` (height fields) and ``small`` (meshes ray-cast from above) run on generated RGB +
+``smoke`` (height fields, generator version 1) and ``small`` (generator version 2: height-field
+stand-ins for MVTec 3D-AD's ten classes and its defect taxonomy) run on generated RGB +
 organised-xyz images with frozen random feature extractors; ``paper`` is the paper's scale
 (§4.1): MVTec 3D-AD read from ``data_path`` (:mod:`.mvtec3d`), DINO ViT-B/8 and Point-MAE
 features from local weight files (``dino_path``, ``pointmae_path``; :mod:`.paper_features`),
@@ -31,6 +32,16 @@ MVTEC3D_CLASSES = (
     "bagel", "cable_gland", "carrot", "cookie", "dowel", "foam", "peach", "potato", "rope",
     "tire",
 )  # fmt: skip
+# generator version 2 (:mod:`.taxonomy`): height-field stand-ins named after MVTec 3D-AD's classes
+TAXONOMY_CLASSES = MVTEC3D_CLASSES
+
+
+def generator_classes(generator: str, version: int) -> tuple[str, ...] | None:
+    """The classes a generator (and version) makes; None for real data (any class folder)."""
+    if generator == "heightfield" and version == 2:
+        return TAXONOMY_CLASSES
+    return GENERATOR_CLASSES.get(generator)
+
 
 System = Literal[
     "cfr",
@@ -64,6 +75,13 @@ class CfrConfig(MethodConfig):
         "bump, cylinder, saddle, ring) or mesh (trimesh primitives ray-cast from above; classes "
         "box, cylinder, sphere, capsule); or mvtec3d: real images read from data_path (MVTec "
         "3D-AD's layout; the classes are its folders)",
+    )
+    generator_version: Literal[1, 2] = Field(
+        1,
+        description="version of the generated data: 1 (random stripe texture per image, "
+        "off-palette stains; heightfield or mesh) or 2 (heightfield only: stand-ins for MVTec "
+        "3D-AD's ten classes with a fixed texture per class and its defect taxonomy, a third of "
+        "the defects invisible in RGB and a third in depth; nshot.methods.cfr.taxonomy)",
     )
     data_path: str | None = Field(
         None, description="generator mvtec3d: the dataset root (<class>/{train,validation,test})"
@@ -182,8 +200,9 @@ class CfrConfig(MethodConfig):
             "theta_sweep": [0.2, 0.4],
         },
         "small": {
-            "generator": "mesh", "classes": list(MESH_CLASSES), "class_name": "box",
-            "grid": 64, "map_epochs": 100, "ret_epochs": 100, "seeds": 3, "log_every": 10,
+            "generator": "heightfield", "generator_version": 2,
+            "classes": list(TAXONOMY_CLASSES), "class_name": "bagel", "grid": 64,
+            "map_epochs": 100, "ret_epochs": 100, "seeds": 3, "log_every": 10,
             "checkpoint_every": 20,
         },
         "paper": {
@@ -198,11 +217,17 @@ class CfrConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _check(self) -> CfrConfig:
-        known = GENERATOR_CLASSES.get(self.generator)
+        if self.generator_version == 2 and self.generator == "mesh":
+            raise ValueError(
+                "field 'generator_version': version 2 is a height-field generator; use "
+                "generator heightfield (or generator_version 1 for meshes)"
+            )
+        known = generator_classes(self.generator, self.generator_version)
         unknown = [c for c in self.classes if known is not None and c not in known]
         if unknown:
             raise ValueError(
-                f"field 'classes': unknown {unknown} for the {self.generator} generator; "
+                f"field 'classes': unknown {unknown} for the {self.generator} generator "
+                f"(version {self.generator_version}); "
                 f"choose from {list(known)}"
             )
         if self.class_name not in self.classes:

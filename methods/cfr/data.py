@@ -20,6 +20,11 @@ Height-field objects (``generator="heightfield"``), seen from straight above:
   ±0.05 and radius 3–6 % of the image: changes xyz and shading), colour (a stain of an
   off-palette colour: RGB only) and both at once, each with its pixel mask.
 
+Generator version 2 (``generator_version=2``, the ``small`` preset; :mod:`.taxonomy`) replaces
+the height fields' classes, texture and defects by stand-ins for MVTec 3D-AD's ten classes with
+a fixed texture per class and its defect taxonomy (shape-only, colour-only in the object's own
+palette, combined); version 1 stays as it was.
+
 Every image comes from its own generator seeded by (data_seed, class, split, index), so a table
 is the same whatever order it is built in; it is cached as verified Parquet.
 """
@@ -33,7 +38,7 @@ import pyarrow as pa
 
 from nshot.data.cache import cached_table
 
-from .config import GENERATOR_CLASSES, CfrConfig
+from .config import CfrConfig, generator_classes
 
 DATA_VERSION = "1"
 DEFECTS = ("good", "geometric", "colour", "both")
@@ -248,17 +253,19 @@ def mesh_sample(cls: str, grid: int, defect: str, rng: np.random.Generator) -> S
 
 
 def _rows(cfg: CfrConfig, cls: str) -> list[dict]:
-    ci = GENERATOR_CLASSES[cfg.generator].index(cls)
+    ci = generator_classes(cfg.generator, cfg.generator_version).index(cls)
     plan = [("train", i, "good") for i in range(cfg.n_train)]
     plan += [("test", i, "good") for i in range(cfg.n_test_good)]
     plan += [("test", cfg.n_test_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_test_bad)]
     plan += [("val", i, "good") for i in range(cfg.n_val_good)]
     plan += [("val", cfg.n_val_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_val_bad)]
+    make = mesh_sample if cfg.generator == "mesh" else heightfield_sample
+    if cfg.generator_version == 2:
+        from .taxonomy import taxonomy_sample as make
     rows = []
     for split, idx, defect in plan:
         stream = {"train": 0, "test": 1, "val": 2}[split]
         rng = np.random.default_rng([cfg.data_seed, ci, stream, idx])
-        make = mesh_sample if cfg.generator == "mesh" else heightfield_sample
         smp = make(cls, cfg.grid, defect, rng)
         rows.append({
             "class_name": cls, "split": split, "index": idx, "defect": defect,
@@ -277,15 +284,17 @@ SCHEMA = pa.schema([
 
 
 def table_key(cfg: CfrConfig, cls: str) -> str:
-    return (f"cfr-{cfg.generator}-{cls}-g{cfg.grid}-n{cfg.n_train}-{cfg.n_test_good}-"
+    version = "" if cfg.generator_version == 1 else f"-v{cfg.generator_version}"
+    return (f"cfr-{cfg.generator}{version}-{cls}-g{cfg.grid}-n{cfg.n_train}-{cfg.n_test_good}-"
             f"{cfg.n_test_bad}-v{cfg.n_val_good}-{cfg.n_val_bad}-s{cfg.data_seed}")  # fmt: skip
 
 
 def class_table(cfg: CfrConfig, cls: str) -> pa.Table:
     """The images of one class, built once and read from the verified Parquet cache."""
-    if cls not in GENERATOR_CLASSES.get(cfg.generator, ()):
+    known = generator_classes(cfg.generator, cfg.generator_version) or ()
+    if cls not in known:
         raise ValueError(f"unknown {cfg.generator} class {cls!r}; choose from "
-                         f"{list(GENERATOR_CLASSES.get(cfg.generator, ()))}")  # fmt: skip
+                         f"{list(known)}")  # fmt: skip
     return cached_table(
         table_key(cfg, cls),
         lambda: pa.Table.from_pylist(_rows(cfg, cls), schema=SCHEMA),

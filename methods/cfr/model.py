@@ -299,7 +299,7 @@ def load_model(checkpoint: LoadedCheckpoint) -> tuple[CfrModel, CfrConfig, dict]
 # serves them all (`python -m nshot.methods.cfr.bundle`)
 
 # what every model of a bundle shares: one set of frozen extractors and one image size
-BUNDLE_SHARED = ("generator", "features", "grid", "rgb_dim", "xyz_dim", "feature_seed",
+BUNDLE_SHARED = ("generator", "generator_version", "features", "grid", "rgb_dim", "xyz_dim", "feature_seed",
                  "dino_path", "pointmae_path", "pointmae_groups", "pointmae_group_size")  # fmt: skip
 MAX_BUNDLE = 256
 
