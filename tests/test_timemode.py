@@ -273,6 +273,48 @@ def test_dense_variant_equals_a_dit_with_a_swiglu_mlp():
         torch.testing.assert_close(out, ref(h, c), atol=1e-5, rtol=1e-5)
 
 
+def test_frozen_fine_tune_keeps_attention_prototypes_and_shared_expert():
+    """The timemode_frozen row's fine-tune: the parts it freezes keep their pre-trained values
+    in the trained weights and in the EMA the samples come from; every other part trains."""
+    from nshot.methods.timemode.experiments import FROZEN, _weights
+    from nshot.methods.timemode.train import fit, stage_data
+
+    cfg = TimeModeConfig.from_preset("smoke", pretrain_steps=4, finetune_steps=4, ema_start=1,
+                                     ema=0.5, experts=2, top_k=1)  # fmt: skip
+    pre = _weights(fit(cfg, stage_data(cfg)))
+    ft = cfg.replace(stage="finetune", init_from="(in memory)", freeze=FROZEN)
+    state = fit(ft, stage_data(ft), init={k: torch.from_numpy(v) for k, v in pre.items()})
+
+    def frozen(name: str) -> bool:
+        return ".attn." in name or ".mlp.shared." in name or name.endswith(".mlp.prototypes")
+
+    names = list(state.net.state_dict())
+    # qkv and proj (weights, biases), the prototypes, the shared expert's ada, gate, up, down
+    assert sum(map(frozen, names)) == 13
+    for part in ("net", "ema"):
+        for name, value in getattr(state, part).state_dict().items():
+            if frozen(name):
+                start = pre[f"ema.{name}"]
+                np.testing.assert_array_equal(value.numpy(), start, err_msg=f"{part}.{name}")
+    trained = state.net.state_dict()
+    for name in ("embed.weight", "blocks.0.mlp.router.weight", "blocks.0.mlp.experts.0.up.weight",
+                 "blocks.0.ada.weight", "prompt.lin.weight", "out.weight"):  # fmt: skip
+        assert not np.array_equal(trained[name].numpy(), pre[f"ema.{name}"]), name
+
+
+def test_resemblance_measures_each_target_against_every_corpus_domain():
+    from nshot.methods.timemode.data import SYNTH_DOMAINS
+    from nshot.methods.timemode.experiments import resemblance
+
+    cfg = TimeModeConfig.from_preset("smoke")
+    r = resemblance(cfg, n=64)
+    assert list(r) == ["damped"]  # smoke's target is the damped one
+    d = r["damped"]
+    assert set(d["per_domain"]) == set(SYNTH_DOMAINS)
+    assert d["nearest"] == min(d["per_domain"].values()) > 0
+    assert d["per_domain"][d["nearest_domain"]] == d["nearest"] <= d["mean"]
+
+
 def test_metrics_separate_real_from_structureless_noise():
     from nshot.methods.timemode.baselines import ar_samples, marginal_noise_samples
     from nshot.methods.timemode.data import damped

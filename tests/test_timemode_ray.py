@@ -128,7 +128,7 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
                     disc_iters=5, pred_iters=5, diffusion_steps=5)  # fmt: skip
     table = tm.experiments(cfg, tmp_path)
     rows = ["timemode", "dit_dense", "no_domain_prompt", "no_stage_adaln", "from_scratch",
-            "timevae", "ar_sim", "marginal_noise"]  # fmt: skip
+            "timevae", "ar_sim", "marginal_noise", "timemode_frozen", "timemode_longpre"]  # fmt: skip
     assert list(table.rows) == rows and set(table.metrics) == set(METRICS)
     for row in rows:
         for m in ("disc", "fid_feat", "pred"):
@@ -137,6 +137,15 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
         assert has_regimes == (row in REGIME_ROWS), row
     assert table.rows["timemode"]["routing_js"] is not None
     assert table.rows["dit_dense"]["routing_js"] is None  # no router
+    # the frozen fine-tune starts from TimeMoDE's pre-training, the long one from its own
+    pre = table.extra["pretraining"]
+    assert table.rows["timemode_frozen"]["routing_js"] == pre["timemode"]["routing_js"]
+    assert table.rows["timemode_longpre"]["routing_js"] == pre["timemode_longpre"]["routing_js"]
+    assert pre["timemode_longpre"]["steps"] == cfg.long_pretrain_factor * pre["timemode"]["steps"]
+    assert table.rows["timemode_frozen"]["disc"] != table.rows["timemode"]["disc"] or (
+        table.rows["timemode_frozen"]["fid_feat"] != table.rows["timemode"]["fid_feat"]
+    )
+    assert set(table.extra["resemblance"]) == {"damped"}  # smoke's only target
     assert (tmp_path / "timemode.png").is_file()
     claims = {c["id"]: c for c in evaluate(tm.claims, table.to_json())}
     assert set(claims) == {c.id for c in tm.claims}

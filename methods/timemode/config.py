@@ -128,6 +128,20 @@ class TimeModeConfig(MethodConfig):
         description="the reported-only rows (dit_dense, no_stage_adaln, timemode_synthpre) are "
         "fine-tuned for the first this many fine-tuning seeds",
     )  # fmt: skip
+    damped_seeds: int = Field(
+        20,
+        ge=0,
+        le=20,
+        description="disc_damped (the generated damped-oscillation target, the one the real "
+        "corpus resembles least) runs for the first this many fine-tuning seeds",
+    )
+    long_pretrain_factor: int = Field(
+        4,
+        ge=0,
+        le=100,
+        description="the timemode_longpre row: TimeMoDE pre-trained for this many times "
+        "pretrain_steps, then fine-tuned as the timemode row (0: no such row)",
+    )
     regime_disc_seeds: int = Field(
         1, ge=1, le=10, description="discriminator seeds of the reported regimes (disc_10, …)"
     )
@@ -176,7 +190,7 @@ class TimeModeConfig(MethodConfig):
             "fetch_data": True, "pretrain_steps": 1000, "batch": 64, "finetune_steps": 300,
             "scratch_steps": 600, "n_generate": 200, "disc_seeds": 3, "disc_folds": 2,
             "disc_iters": 150, "disc_batch": 256, "disc_lr": 1e-2, "regime_seeds": 1,
-            "regime_disc_seeds": 3, "ablation_seeds": 1,
+            "damped_seeds": 3, "regime_disc_seeds": 3, "ablation_seeds": 1,
             "pred_iters": 200, "log_every": 50, "checkpoint_every": 500,
         },
         "paper": {

@@ -1,14 +1,19 @@
 """`nshot reproduce timemode`: TimeMoDE against training from scratch, its ablations, TimeVAE,
 an autoregressive model and a negative control, on a scarce target (paper §4).
 
-Phase 1 (parallel Ray tasks): one pre-training per pre-trained system (TimeMoDE and the three
-architecture variants on ``cfg.corpus``; with the real corpus also TimeMoDE on the synthetic
-corpus, the ``timemode_synthpre`` row), shared by the fine-tuning seeds; the from-scratch runs;
-the classical baselines. Phase 2: per (pre-trained system, seed) a fine-tune on the target's
-few-shot windows, sampling and scoring. ``disc_10`` / ``disc_25`` (the smaller regimes,
-``cfg.shot_regimes``) and ``disc_damped`` (the generated damped-oscillation target, reported)
-are disc alone (``regime_disc_seeds`` discriminators), run for TimeMoDE and from scratch only
-(the pair the scarcity claim compares); other rows leave them null.
+Phase 1 (parallel Ray tasks): one pre-training per pre-trained row (TimeMoDE and the three
+architecture variants on ``cfg.corpus``; TimeMoDE again for ``long_pretrain_factor`` times the
+steps, the ``timemode_longpre`` row; with the real corpus also TimeMoDE on the synthetic corpus,
+the ``timemode_synthpre`` row), shared by the fine-tuning seeds; the from-scratch runs; the
+classical baselines. Phase 2: per (fine-tuned row, seed) a fine-tune on the target's few-shot
+windows, sampling and scoring; ``timemode_frozen`` fine-tunes TimeMoDE's pre-training with the
+attention, the prototypes and the shared expert frozen (:data:`FROZEN`), beside the ``timemode``
+row's fine-tuning of every parameter. ``disc_10`` / ``disc_25`` (the smaller regimes,
+``cfg.shot_regimes``, for the first ``regime_seeds`` seeds) and ``disc_damped`` (the generated
+damped-oscillation target, the one the real corpus resembles least, :func:`resemblance`; the
+first ``damped_seeds`` seeds) are disc alone (``regime_disc_seeds`` discriminators), run for
+TimeMoDE and from scratch only (the pair the scarcity claims compare); other rows leave them
+null.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from .train import fit, stage_data
 
 PRETRAINED = ("timemode", "dit_dense", "no_domain_prompt", "no_stage_adaln")
 SYSTEMS = (*PRETRAINED, "from_scratch", "timevae", "ar_sim", "marginal_noise",
-           "timemode_synthpre")  # fmt: skip
+           "timemode_synthpre", "timemode_frozen", "timemode_longpre")  # fmt: skip
+# the parts the fine-tune of the timemode_frozen row keeps at their pre-trained values (the
+# paper does not say what its fine-tuning freezes; the config's ``freeze`` names these parts)
+FROZEN = ["attention", "prototypes", "shared_expert"]
 BASELINES = ("timevae", "ar_sim", "marginal_noise")
 METRICS = {
     "disc": False,
@@ -100,16 +108,20 @@ def _tensors(w: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v)) for k, v in w.items()}
 
 
-def _pretrain_job(cfg_dict: dict, system: str, corpus: str) -> dict[str, Any]:
+def _pretrain_job(
+    cfg_dict: dict, system: str, corpus: str, steps: int | None = None
+) -> dict[str, Any]:
+    """One pre-training of ``system`` on ``corpus`` (``steps``: default ``pretrain_steps``)."""
     t0, c0 = time.time(), time.process_time()
+    more = {} if steps is None else {"pretrain_steps": steps}
     cfg = TimeModeConfig.validated({**cfg_dict, "system": system, "corpus": corpus,
-                                    "stage": "pretrain"})  # fmt: skip
+                                    "stage": "pretrain", **more})  # fmt: skip
     curve: list[float] = []
     data = stage_data(cfg)
     state = fit(cfg, data, on_step=lambda s, m: curve.append(m["mse"]) if s % 50 == 0 else None)
     dist = routing_distributions(state.ema, Diffusion(cfg.diffusion_steps), data.windows,
                                  cfg.routing_windows, cfg.seed)  # fmt: skip
-    return {"weights": _weights(state), "routing_js": routing_js(dist),
+    return {"weights": _weights(state), "routing_js": routing_js(dist), "steps": cfg.pretrain_steps,
             "routing": None if dist is None else dist.round(4).tolist(), "curve": curve,
             "domains": data.names, "seconds": time.time() - t0,
             "cpu_seconds": time.process_time() - c0}  # fmt: skip
@@ -125,6 +137,12 @@ def _regimes(cfg: TimeModeConfig, damped: bool = True) -> list[tuple[str, str, i
     if damped and cfg.target != "damped":
         out.append(("disc_damped", "damped", cfg.n_shot))
     return out
+
+
+def _regime_seeds(cfg: TimeModeConfig, metric: str, seeds: list[int]) -> list[int]:
+    """The fine-tuning seeds an extra setting runs for: the first ``damped_seeds`` for the
+    damped target, the first ``regime_seeds`` for the smaller regimes."""
+    return seeds[: cfg.damped_seeds if metric == "disc_damped" else cfg.regime_seeds]
 
 
 def _regime_key(metric: str, cfg: TimeModeConfig) -> str:
@@ -289,6 +307,30 @@ def _evaluator_job(cfg_dict: dict) -> dict:
     return _timed(lambda: evaluator_checks(_target_cfg(cfg_dict, stage="pretrain")))
 
 
+def resemblance(cfg: TimeModeConfig, n: int = 1000, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """How closely the pre-training corpus ``cfg.corpus`` resembles each target the run scores
+    (``cfg.target`` and the damped oscillations): per target, the feature Fréchet distance
+    (:func:`~.evaluation.fid_feat`) between up to ``n`` of its reference windows (in the
+    few-shot scaler's units of seed ``seed``) and up to ``n`` windows of each corpus domain (in
+    the domain's own scaling, as pre-training sees them); ``nearest`` is the distance to the
+    closest domain (named by ``nearest_domain``), ``mean`` the mean over the domains. A measure
+    of the data alone, made before any training."""
+    corpus = load_corpus(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    for target in dict.fromkeys((cfg.target, "damped")):
+        t = load_target(cfg.replace(target=target), cfg.n_shot, seed)
+        ref = t.scaler.scale(t.reference)
+        rng = np.random.default_rng([seed, 4242])
+        ref = ref[rng.choice(len(ref), min(n, len(ref)), replace=False)]
+        dist = {}
+        for name, w in zip(corpus.names, corpus.windows, strict=True):
+            dist[name] = fid_feat(ref, w[rng.choice(len(w), min(n, len(w)), replace=False)])
+        near = min(dist, key=dist.__getitem__)
+        out[target] = {"nearest": dist[near], "nearest_domain": near,
+                       "mean": float(np.mean(list(dist.values()))), "per_domain": dist}  # fmt: skip
+    return out
+
+
 def _estimate(cfg: TimeModeConfig, kind: str, system: str = "timemode") -> float:
     """A job's relative cost (training samples; the dense variant about a third of a MoDE),
     for longest-first submission."""
@@ -304,28 +346,39 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
     workdir.mkdir(parents=True, exist_ok=True)
     base = cfg.model_dump()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    regime_seeds = seeds[: cfg.regime_seeds]
     regimes = _regimes(cfg)
+    # per extra setting (metric, target, n_shot), the seeds it runs for
+    settings = [(seed, regime) for regime in regimes
+                for seed in _regime_seeds(cfg, regime[0], seeds)]  # fmt: skip
     # build the cached tables once, before the tasks read them
     load_corpus(cfg)
     load_target(cfg)
-    pre = [(s, s, cfg.corpus) for s in PRETRAINED]
+    # pre-trained rows: (row, system, corpus, pre-training steps)
+    pre: list[tuple[str, str, str, int]] = [
+        (s, s, cfg.corpus, cfg.pretrain_steps) for s in PRETRAINED
+    ]
     if cfg.corpus == "real":
-        pre.append(("timemode_synthpre", "timemode", "synthetic"))
+        pre.append(("timemode_synthpre", "timemode", "synthetic", cfg.pretrain_steps))
         load_corpus(cfg.replace(corpus="synthetic"))
+    if cfg.long_pretrain_factor:
+        long_steps = cfg.long_pretrain_factor * cfg.pretrain_steps
+        pre.append(("timemode_longpre", "timemode", cfg.corpus, long_steps))
     if cfg.target != "damped":
         load_target(cfg.replace(target="damped"))
+    # fine-tuned rows: (row, pre-trained row, system, config overrides of the fine-tune)
+    tuned = [(row, row, system, {}) for row, system, _, _ in pre]
+    tuned.insert(1, ("timemode_frozen", "timemode", "timemode", {"freeze": FROZEN}))
     # phase 1: everything that needs no pre-trained weights, longest first
-    jobs = [(_estimate(cfg, "pretrain", system),
-             Job(("pretrain", row), _pretrain_job, (base, system, corpus), trains=True))
-            for row, system, corpus in pre]  # fmt: skip
+    jobs = [(_estimate(cfg.replace(pretrain_steps=steps), "pretrain", system),
+             Job(("pretrain", row), _pretrain_job, (base, system, corpus, steps), trains=True))
+            for row, system, corpus, steps in pre]  # fmt: skip
     jobs += [(_estimate(cfg, "scratch") + 1,
               Job(("from_scratch", seed), _scratch_job, (base, seed), trains=True))
              for seed in seeds]  # fmt: skip
     jobs += [(_estimate(cfg, "scratch"),
               Job(("from_scratch", seed, metric), _scratch_job, (base, seed, (metric, tgt, k)),
                   trains=True))
-             for seed in regime_seeds for metric, tgt, k in regimes]  # fmt: skip
+             for seed, (metric, tgt, k) in settings]  # fmt: skip
     jobs += [(0.0, Job(("baselines", seed), _baselines_job, (base, seed), trains=True))
              for seed in seeds]  # fmt: skip
     jobs.append((0.0, Job(("evaluator",), _evaluator_job, (base,), trains=True)))
@@ -334,15 +387,17 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
                     description=f"timemode {cfg.preset}: pre-training, from scratch, baselines")  # fmt: skip
     t1 = time.time()
     row_seeds = {row: seeds[: cfg.ablation_seeds] if row in REPORTED_ROWS else seeds
-                 for row, _, _ in pre}  # fmt: skip
+                 for row, _, _, _ in tuned}  # fmt: skip
     jobs2 = [Job(("finetune", row, seed), _finetune_job,
-                 (base, system, seed, done[("pretrain", row)]["weights"]), trains=True)
-             for row, system, _ in pre for seed in row_seeds[row]]  # fmt: skip
+                 ({**base, **more}, system, seed, done[("pretrain", src)]["weights"]),
+                 trains=True)
+             for row, src, system, more in tuned for seed in row_seeds[row]]  # fmt: skip
     jobs2 += [Job(("finetune", row, seed, metric), _finetune_job,
-                  (base, system, seed, done[("pretrain", row)]["weights"], (metric, tgt, k)),
+                  ({**base, **more}, system, seed, done[("pretrain", src)]["weights"],
+                   (metric, tgt, k)),
                   trains=True)
-              for row, system, _ in pre if row in REGIME_ROWS
-              for seed in regime_seeds for metric, tgt, k in regimes]  # fmt: skip
+              for row, src, system, more in tuned if row in REGIME_ROWS
+              for seed, (metric, tgt, k) in settings]  # fmt: skip
     done2 = run_jobs(jobs2, description=f"timemode {cfg.preset}: fine-tuning")
 
     def regime_values(prefix: tuple, seed: int) -> dict[str, float]:
@@ -353,18 +408,18 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
                 out.update({k: v for k, v in r.items() if k in METRICS})
         return out
 
-    # the regime metrics are means over the seeds that ran them (the first regime_seeds)
-    regime_keys = {_regime_key(metric, cfg) for metric, _, _ in regimes}
+    # the regime metrics are means over the seeds that ran them (_regime_seeds)
+    ran = {_regime_key(metric, cfg): _regime_seeds(cfg, metric, seeds) for metric, _, _ in regimes}
 
     def kept(seed: int, r: dict) -> dict[str, float | None]:
-        return {m: r.get(m) for m in METRICS if seed in regime_seeds or m not in regime_keys}
+        return {m: r.get(m) for m in METRICS if m not in ran or seed in ran[m]}
 
     per: dict[tuple[str, int], dict[str, float | None]] = {}
-    for row, _, _ in pre:
+    for row, src, _, _ in tuned:
         for seed in row_seeds[row]:
             r = {**done2[("finetune", row, seed)], **regime_values(("finetune", row), seed)}
             per[(row, seed)] = {**kept(seed, r),
-                                "routing_js": done[("pretrain", row)]["routing_js"]}  # fmt: skip
+                                "routing_js": done[("pretrain", src)]["routing_js"]}  # fmt: skip
     for seed in seeds:
         r = {**done[("from_scratch", seed)], **regime_values(("from_scratch",), seed)}
         per[("from_scratch", seed)] = kept(seed, r)
@@ -379,13 +434,15 @@ def run_experiments(cfg: TimeModeConfig, workdir: Path) -> ResultsTable:
     extra: dict[str, Any] = {
         "unit": unit_checks(cfg.seed),
         "evaluator": evaluator,
+        "resemblance": resemblance(cfg),
         "pretraining": {
             row: {"routing_js": done[("pretrain", row)]["routing_js"],
                   "routing": done[("pretrain", row)]["routing"],
                   "domains": done[("pretrain", row)]["domains"],
                   "mse_every_50": [round(v, 5) for v in done[("pretrain", row)]["curve"]],
+                  "steps": done[("pretrain", row)]["steps"],
                   "seconds": round(done[("pretrain", row)]["seconds"], 1)}
-            for row, _, _ in pre
+            for row, _, _, _ in pre
         },
         "job_seconds": {"/".join(map(str, k)): round(v["seconds"], 1) for k, v in every.items()},
         "job_cpu_seconds": {"/".join(map(str, k)): round(v["cpu_seconds"], 1)
@@ -419,12 +476,17 @@ def _notes(cfg: TimeModeConfig) -> list[str]:
         f"discriminator {cfg.disc_iters} Adam steps at {cfg.disc_lr:g}, batch {cfg.disc_batch}, "
         f"{split}, {cfg.disc_seeds} seed(s); fid_feat on 24 features.",
         f"disc_10 / disc_25 (regimes {cfg.shot_regimes}) only for {', '.join(REGIME_ROWS)}, "
-        f"disc_damped only for {', '.join(DAMPED_ROWS)}; both with {cfg.regime_disc_seeds} "
-        f"discriminator seed(s), for the first {min(cfg.regime_seeds, cfg.seeds)} fine-tuning "
-        "seed(s).",
+        f"for the first {min(cfg.regime_seeds, cfg.seeds)} fine-tuning seed(s); disc_damped "
+        f"(the target the pre-training corpus resembles least) only for "
+        f"{', '.join(DAMPED_ROWS)}, for the first {min(cfg.damped_seeds, cfg.seeds)}; both "
+        f"with {cfg.regime_disc_seeds} discriminator seed(s).",
         f"{', '.join(REPORTED_ROWS)} (rows no claim reads) fine-tuned for the first "
         f"{min(cfg.ablation_seeds, cfg.seeds)} seed(s).",
-    ]
+        f"timemode_frozen: TimeMoDE's pre-training fine-tuned with {', '.join(FROZEN)} frozen"
+        + (f"; timemode_longpre: TimeMoDE pre-trained for {cfg.long_pretrain_factor} × "
+           f"{cfg.pretrain_steps} steps, fine-tuned as timemode." if cfg.long_pretrain_factor
+           else "."),
+    ]  # fmt: skip
 
 
 def plot(rows: dict[str, dict], order: list[str], path: Path) -> None:
