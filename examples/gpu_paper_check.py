@@ -182,14 +182,10 @@ def atha_part(root: Path, tiny: bool) -> dict:
 
 def dirclip_part(root: Path, tiny: bool) -> dict:
     from nshot.method import get
+    from nshot.methods.dirclip.data import splits_of
+    from nshot.methods.dirclip.evaluation import evaluate_model, validation
     from nshot.methods.dirclip.experiments import SYSTEMS
-    from nshot.methods.dirclip.paper import (
-        HFDirClip,
-        folder_splits,
-        load_backbone,
-        paper_evaluate,
-        paper_validation,
-    )
+    from nshot.methods.dirclip.model import base_clip, build_model
     from nshot.methods.dirclip.train import fit_model
 
     dirclip = get("dirclip")
@@ -210,32 +206,31 @@ def dirclip_part(root: Path, tiny: bool) -> dict:
         **over,
     )  # fmt: skip
     device = _device()
-    pre = load_backbone(cfg)
-    splits = folder_splits(cfg, pre.image_size)
+    backbone = base_clip(cfg, device)
+    splits = splits_of(cfg, backbone.image_size)
     torch.manual_seed(0)
-    model = HFDirClip(pre, splits.class_names, cfg.template).to(device)
+    model = build_model(cfg, backbone, splits.class_names)
     t0 = _now()
     one = cfg.replace(steps=1, val_every=10**6)
-    fit_model(one, splits, model, validate=paper_validation)  # warm-up: kernels, allocator
+    fit_model(one, splits, model)  # warm-up: kernels, allocator
     warm_s = _now() - t0
     t1 = _now()
-    fit_model(cfg.replace(val_every=10**6), splits, model, validate=paper_validation)
+    fit_model(cfg.replace(val_every=10**6), splits, model)
     step_s = (_now() - t1) / steps
     step_tf32 = None
     if device.type == "cuda":
         with _tf32():
             t5 = _now()
-            fit_model(cfg.replace(steps=5, val_every=10**6), splits, model,
-                      validate=paper_validation)  # fmt: skip
+            fit_model(cfg.replace(steps=5, val_every=10**6), splits, model)
             step_tf32 = round((_now() - t5) / 5, 4)
     t4 = time.perf_counter()
     splits.x_train[np.arange(min(cfg.batch_size, len(splits.y_train)))]
     load_s = time.perf_counter() - t4  # one batch's images read from PNG files (8 threads)
     t2 = _now()
-    paper_validation(model, splits, cfg, steps)
+    validation(model, splits, cfg, steps)
     val_s_per_image = (_now() - t2) / len(splits.y_val)
     t3 = _now()
-    metrics = paper_evaluate(model, splits, cfg, cfg.seed)
+    metrics = evaluate_model(model, splits, cfg, cfg.seed)
     eval_s = _now() - t3
     n_eval = len(splits.y_test)
     paper = dirclip.config("paper")

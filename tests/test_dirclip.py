@@ -77,7 +77,7 @@ def test_logit_scale_is_the_specs_100_or_the_backbones_own(smoke):
     x = torch.from_numpy(splits.x_test[:8])
     spec = build_model(cfg, base).eval()
     own = build_model(cfg.replace(logit_scale="backbone"), base).eval()
-    assert spec.scale == 100.0 and own.scale == pytest.approx(float(base.logit_scale.exp()))
+    assert spec.scale == 100.0 and own.scale == pytest.approx(base.own_scale())
     with torch.no_grad():
         torch.testing.assert_close(own.logits(x) * (100.0 / own.scale), spec.logits(x))
 
@@ -93,7 +93,7 @@ def test_attack_loss_keeps_the_true_class_term_when_float32_saturates():
 
 
 def test_paper_preset_validates_and_names_what_is_missing():
-    from nshot.methods.dirclip.paper import check_paper
+    from nshot.methods.dirclip.paper_data import check_paper
 
     cfg = get("dirclip").config("paper")
     assert cfg.backbone == "clip" and cfg.eps == 1 / 255 and cfg.tau == 1e5
@@ -212,7 +212,7 @@ def test_training_keeps_text_and_g0_bitwise_and_lambda0_is_tecoa(smoke):
     cfg = cfg.replace(steps=12, val_every=6)
     fresh = build_model(cfg, base)
     model, best = fit_model(cfg, splits, build_model(cfg, base))
-    assert unit_guards(cfg, model, fresh) == {"frozen_max_abs_diff": 0.0, "kl_self": 0.0}
+    assert unit_guards(cfg, model, fresh, splits) == {"frozen_max_abs_diff": 0.0, "kl_self": 0.0}
     assert best["step"] in (0, 6, 12) and 0 <= best["val_h"] <= 1
     moved = max(float((model.state_dict()[k] - v).abs().max())
                 for k, v in fresh.state_dict().items() if k.startswith("clip.visual"))  # fmt: skip

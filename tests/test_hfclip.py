@@ -230,8 +230,9 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
     from fastapi.testclient import TestClient
 
     from nshot.method import ConfigError, get
-    from nshot.methods.dirclip.model import SCALE
-    from nshot.methods.dirclip.paper import HFDirClip, check_paper
+    from nshot.methods.dirclip.model import SCALE, DirClip
+    from nshot.methods.dirclip.paper_data import check_paper
+    from nshot.nn.backbone import backbone_of
     from nshot.nn.hfclip import load_pretrained_clip, load_recorded_clip, preprocess_image
     from nshot.serve.bare import make_app
     from nshot.train import Scaling, fit, load_checkpoint
@@ -253,9 +254,9 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
         apgd_images=4, warmup=0, log_every=1, checkpoint_every=1,
     )  # fmt: skip
     with pytest.raises(ConfigError, match="clip_arch"):
-        from nshot.methods.dirclip.paper import load_backbone
+        from nshot.methods.dirclip.model import base_clip
 
-        load_backbone(cfg.replace(clip_arch="ViT-B-32"))
+        base_clip(cfg.replace(clip_arch="ViT-B-32"))
     runs = tmp_path / "runs"
     res = fit("dirclip", cfg, scaling=Scaling(workers=0), storage=runs, name="p")
     ckpt = load_checkpoint(res.checkpoint, method="dirclip")
@@ -305,7 +306,8 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
             r = client.post("/dirclip/predict", json=b)
             assert r.status_code == 422, (field, r.text)
             assert field is None or field in r.text, (field, r.text)
-    model = HFDirClip(load_pretrained_clip(folder), rec["class_names"], rec["template"]).eval()
+    model = DirClip(backbone_of(load_pretrained_clip(folder)), rec["class_names"],
+                    rec["template"]).eval()  # fmt: skip
     model.load_state_dict({**model.state_dict(), **{k.removeprefix("best."): v
                                                     for k, v in weights.items()
                                                     if k.startswith("best.")}})  # fmt: skip
@@ -313,7 +315,7 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
     with torch.no_grad():
         text = model.text_features_of(names, rec["template"])
         probs = SCALE * torch.nn.functional.normalize(model.features(x), dim=-1) @ text.T
-        probs = probs.double().softmax(-1)
+        probs = probs.double().softmax(-1)  # float32 here; the server's g runs in float64
     served = torch.tensor([[p["probs"][n] for n in names] for p in answer], dtype=torch.float64)
     torch.testing.assert_close(served, probs, atol=1e-5, rtol=0)
     assert all(0.0 <= p["uncertainty"]["au"] <= 1.0 for p in answer)

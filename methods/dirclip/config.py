@@ -6,17 +6,21 @@ digits: ε = 0.1 (a digit pixel is in [0, 1]), PGD-2 of step 0.05 in training, A
 mean_alpha0``, ``kl_weight = 30``: on the tiny CLIP's cosines the released code's constant λ
 makes the KL outweigh the cross-entropy by orders of magnitude). ``paper`` is the released code's setting (ViT-B/32 read by path with
 ``transformers``' CLIP, TinyImageNet as an ImageFolder, ε = 1/255, PGD-2 of 1/255, SGD 1e-4,
-batch 256, ``tau = 1e5``; a GPU; see the README's Paper preset).
+batch 256, ``tau = 1e5``; a GPU; see the README's Paper preset). The two differ in the backbone
+(:meth:`DirclipConfig.backbone_spec`) and the data, not in the method's code.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, TuneSpec
+
+if TYPE_CHECKING:
+    from nshot.nn.backbone import BackboneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -170,6 +174,18 @@ class DirclipConfig(MethodConfig):
         if any(not 0 <= t <= 1e12 for t in self.sweep_taus):
             raise ValueError("field 'sweep_taus': each tau must lie in [0, 1e12]")
         return self
+
+    def backbone_spec(self) -> BackboneSpec:
+        """The backbone this config names (:mod:`nshot.nn.backbone`): the cached tiny CLIP of
+        ``clip_preset`` (``tinyclip``), or the real CLIP at ``clip_path`` (``clip``)."""
+        from nshot.nn.backbone import BackboneSpec
+
+        if self.backbone == "clip":
+            return BackboneSpec("hfclip", {"clip_path": self.clip_path,
+                                           "clip_tokenizer": self.clip_tokenizer,
+                                           "clip_arch": self.clip_arch})  # fmt: skip
+        return BackboneSpec("tinyclip", {"preset": self.clip_preset, "text": self.clip_text,
+                                         "seed": self.clip_seed})  # fmt: skip
 
     @property
     def lam(self) -> float:

@@ -14,6 +14,7 @@ Built once and cached as verified Parquet under ``$NSHOT_CACHE``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,14 +24,24 @@ from nshot.train.clip import DIGIT_NAMES, digits_split
 
 from .config import DirclipConfig
 
-__all__ = ["DIGIT_NAMES", "Splits", "data_tables", "load_splits", "mnist8"]
+__all__ = [
+    "DIGIT_NAMES",
+    "Splits",
+    "data_tables",
+    "load_splits",
+    "mnist8",
+    "prepare_data",
+    "splits_of",
+]
 
 DATA_VERSION = "1"
 
 
 @dataclass(frozen=True)
 class Splits:
-    """Images ``[n, 1, 8, 8]`` float32 in [0, 1], labels int64."""
+    """Images ``[n, 1, 8, 8]`` float32 in [0, 1], labels int64; ``chunk``: images per forward
+    in validation and evaluation (``None``: all at once); ``shifts``: the shifted domains
+    (rolled digits, MNIST) are there."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -41,6 +52,12 @@ class Splits:
     x_rolled: np.ndarray
     x_mnist8: np.ndarray
     y_mnist8: np.ndarray
+    chunk: int | None = None
+    shifts: bool = True
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(DIGIT_NAMES)
 
 
 def _pool_mnist(x: np.ndarray) -> np.ndarray:
@@ -77,6 +94,29 @@ def load_splits(cfg: DirclipConfig, seed: int | None = None) -> Splits:
         x_test=x_te, y_test=y_te, x_rolled=np.roll(x_te, 1, axis=-1),
         x_mnist8=np.array(xm, dtype=np.float32), y_mnist8=np.array(ym),
     )  # fmt: skip
+
+
+def splits_of(cfg: DirclipConfig, image_size: int, seed: int | None = None) -> Any:
+    """The config's splits: the digits (:func:`load_splits`), or with ``backbone='clip'`` the
+    image folders of ``data_path`` at the backbone's ``image_size``
+    (:func:`.paper_data.folder_splits`, the same interface)."""
+    if cfg.backbone == "clip":
+        from .paper_data import folder_splits
+
+        return folder_splits(cfg, image_size, seed)
+    return load_splits(cfg, seed)
+
+
+def prepare_data(cfg: DirclipConfig) -> None:
+    """Before a reproduction's tasks: the digits' cached tables built once, or with
+    ``backbone='clip'`` one :class:`~nshot.errors.ConfigError` naming everything missing (the
+    CLIP's files and the image folders: :func:`.paper_data.check_paper`)."""
+    if cfg.backbone == "clip":
+        from .paper_data import check_paper
+
+        check_paper(cfg)
+    else:
+        load_splits(cfg)
 
 
 def data_tables(cfg: DirclipConfig) -> dict[str, pa.Table]:

@@ -1,5 +1,7 @@
 """dirclip's metrics: clean and adversarial zero-shot accuracy, calibration and the
-uncertainty read-outs, on the test digits, the rolled digits and MNIST pooled to 8 × 8.
+uncertainty read-outs, on the test digits, the rolled digits and MNIST pooled to 8 × 8 (or on
+the evaluation images of a real CLIP's image folders, ``chunk`` images at a time: the splits'
+``chunk``).
 
 * ``clean``, ``pgd`` (PGD-``pgd_steps``, step ``pgd_step``: ε/4 unless set, random start),
   ``apgd`` (APGD-CE, ``apgd_steps`` iterations, on ``apgd_images`` test images), ``h`` =
@@ -7,7 +9,8 @@ uncertainty read-outs, on the test digits, the rolled digits and MNIST pooled to
 * ``ece_clean`` / ``ece_adv``: 15-bin L1 ECE of the softmax on clean / PGD inputs;
 * ``ent_ratio``: mean normalised softmax entropy of the wrong PGD predictions over that of the
   wrong clean predictions (< 1: the attack suppresses uncertainty);
-* ``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``;
+* ``clean_rolled``, ``pgd_rolled``, ``clean_mnist8`` (the digits only; a real CLIP's image
+  folders have no shifted domains);
 * the Dirichlet read-outs (evaluation α): ``au``, ``eu``, ``eu_code``, ``pu``, clean and
   ``*_adv``.
 """
@@ -74,17 +77,40 @@ def logit_metrics(lc: torch.Tensor, la: torch.Tensor, y: torch.Tensor) -> dict[s
     return out
 
 
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def clean_and_pgd(
+    model, images, y: np.ndarray, cfg: DirclipConfig, steps: int, generator: torch.Generator,
+    chunk: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Clean and PGD-``steps`` logits (on the CPU) and the labels of ``images`` (an array, or
+    images read from files per row array), ``chunk`` images at a time on the model's device
+    (``None``: all at once)."""
+    dev = _device(model)
+    n = len(y)
+    lc, la = [], []
+    for i in range(0, n, chunk or max(n, 1)):
+        rows = np.arange(i, min(n, i + (chunk or n)))
+        x, yy = torch.from_numpy(images[rows]).to(dev), torch.from_numpy(y[rows]).to(dev)
+        lc.append(logits_of(model, x).cpu())
+        la.append(logits_of(model, attack_pgd(model, x, yy, cfg, steps, generator)).cpu())
+    empty = torch.zeros(0, len(model.class_names))
+    return (torch.cat(lc) if lc else empty, torch.cat(la) if la else empty,
+            torch.from_numpy(np.asarray(y)))  # fmt: skip
+
+
 def validation(model, splits: Splits, cfg: DirclipConfig, step: int) -> dict[str, float]:
     """Clean and PGD-``val_pgd_steps`` accuracy on the held-out training images, and their
     harmonic mean ``val_h`` (the selection criterion)."""
-    dev = next(model.parameters()).device  # the held-out images follow the model
-    x, y = torch.from_numpy(splits.x_val).to(dev), torch.from_numpy(splits.y_val).to(dev)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     was = model.training
     model.eval()
-    clean = _acc(logits_of(model, x), y)
-    adv = _acc(logits_of(model, attack_pgd(model, x, y, cfg, cfg.val_pgd_steps, gen)), y)
+    lc, la, y = clean_and_pgd(model, splits.x_val, splits.y_val, cfg, cfg.val_pgd_steps, gen,
+                              splits.chunk)  # fmt: skip
     model.train(was)
+    clean, adv = _acc(lc, y), _acc(la, y)
     return {"val_clean": clean, "val_pgd": adv, "val_h": harmonic(clean, adv)}
 
 
@@ -98,30 +124,31 @@ def evaluate_model(
     apgd: bool = True,
     apgd_offset: int = 0,
 ) -> dict[str, float]:
-    """Every metric of one model. ``apgd_offset``: the first test image of the APGD subset
-    (the reproduction gives each seed its own images)."""
+    """Every metric of one model (the shifted domains where the splits have them).
+    ``apgd_offset``: the first test image of the APGD subset (the reproduction gives each seed
+    its own images)."""
     model.eval()
     gen = torch.Generator().manual_seed(10_007 * seed + 1)
-    x, y = torch.from_numpy(splits.x_test), torch.from_numpy(splits.y_test)
-    lc = logits_of(model, x)
-    xa = attack_pgd(model, x, y, cfg, cfg.pgd_steps, gen)
-    la = logits_of(model, xa)
-    out = logit_metrics(lc, la, y)
+    x, y = splits.x_test, splits.y_test
+    lc, la, yt = clean_and_pgd(model, x, y, cfg, cfg.pgd_steps, gen, splits.chunk)
+    out = logit_metrics(lc, la, yt)
     if apgd:
         n = min(cfg.apgd_images, len(y))
         idx = (apgd_offset + np.arange(n)) % len(y)
-        xs, ys = x[idx], y[idx]
         gen_a = torch.Generator().manual_seed(10_007 * seed + 2)
-        xa2 = apgd_ce(model.logits, xs, ys, cfg.eps, cfg.apgd_steps, generator=gen_a)
-        out["apgd"] = _acc(logits_of(model, xa2), ys)
-        out["pgd_on_apgd_images"] = float((la[idx].argmax(-1) == ys).double().mean())
-    if shifts:
-        xr = torch.from_numpy(splits.x_rolled)
-        out["clean_rolled"] = _acc(logits_of(model, xr), y)
+        dev, parts = _device(model), []
+        for i in range(0, n, splits.chunk or max(n, 1)):
+            rows = idx[i : i + (splits.chunk or n)]
+            xs, ys = torch.from_numpy(x[rows]).to(dev), torch.from_numpy(y[rows]).to(dev)
+            xa = apgd_ce(model.logits, xs, ys, cfg.eps, cfg.apgd_steps, generator=gen_a)
+            parts.append(logits_of(model, xa).cpu())
+        out["apgd"] = _acc(torch.cat(parts), yt[idx]) if parts else float("nan")
+        out["pgd_on_apgd_images"] = float((la[idx].argmax(-1) == yt[idx]).double().mean())
+    if shifts and splits.shifts:
         gen_r = torch.Generator().manual_seed(10_007 * seed + 3)
-        out["pgd_rolled"] = _acc(
-            logits_of(model, attack_pgd(model, xr, y, cfg, cfg.pgd_steps, gen_r)), y
-        )
+        lr, lra, _ = clean_and_pgd(model, splits.x_rolled, y, cfg, cfg.pgd_steps, gen_r,
+                                   splits.chunk)  # fmt: skip
+        out["clean_rolled"], out["pgd_rolled"] = _acc(lr, yt), _acc(lra, yt)
         xm, ym = torch.from_numpy(splits.x_mnist8), torch.from_numpy(splits.y_mnist8)
-        out["clean_mnist8"] = _acc(logits_of(model, xm), ym)
+        out["clean_mnist8"] = _acc(logits_of(model, xm.to(_device(model))).cpu(), ym)
     return {k: float(v) for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}

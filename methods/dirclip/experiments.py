@@ -1,12 +1,13 @@
 """`nshot reproduce dirclip`: UCAT against TeCoA, FARE, its ablations and the original CLIP.
 
-One Ray task per (system, seed): every trained row starts from the same pre-trained tiny CLIP,
-with the same data order and attack seeds, trains ``steps`` steps and keeps the tower the
-validation split selects; then all metrics of :mod:`.evaluation` on the test digits, the
-rolled digits and MNIST pooled to 8 × 8. APGD-CE runs on ``apgd_images`` test images per seed,
-a different slice for each seed. The λ sweep (UCAT at tau ∈ ``sweep_taus``, ``sweep_seeds``
-seeds) reports clean and PGD accuracy on the test digits; the sweep point at the config's tau
-is the ``ucat`` row itself.
+One Ray task per (system, seed): every trained row starts from the same pre-trained CLIP (the
+config's backbone: the tiny CLIP, or for ``paper`` the real one at ``clip_path``, on the task's
+device), with the same data order and attack seeds, trains ``steps`` steps and keeps the tower
+the validation split selects; then all metrics of :mod:`.evaluation` on the test images (and,
+on the digits, the rolled digits and MNIST pooled to 8 × 8). APGD-CE runs on ``apgd_images``
+test images per seed, a different slice for each seed. The λ sweep (UCAT at tau ∈
+``sweep_taus``, ``sweep_seeds`` seeds) reports clean and PGD accuracy on the test images; the
+sweep point at the config's tau is the ``ucat`` row itself.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, in_process, run_jobs
+from nshot.experiment import Job, aggregate, in_process, is_planning, run_jobs
 from nshot.method import ResultsTable
+from nshot.train.trainer import local_device
 
 from .config import PAPER_TAU, DirclipConfig
-from .data import load_splits
+from .data import prepare_data, splits_of
 from .dirichlet import alpha_train, dirichlet_kl, lambda_of
 from .evaluation import evaluate_model
 from .model import base_clip, build_model
@@ -52,23 +54,29 @@ METRICS = {
     "pgd_rolled": True,
     "clean_mnist8": True,
 }
+SHIFTED = ("clean_rolled", "pgd_rolled", "clean_mnist8")  # the digits' shifted domains
 UNCERTAINTY = ("au", "eu", "eu_code", "pu", "au_adv", "eu_adv", "eu_code_adv", "pu_adv",
                "ent_wrong_clean", "ent_wrong_adv", "pgd_on_apgd_images")  # fmt: skip
 
 
-def unit_guards(cfg: DirclipConfig, model, fresh) -> dict[str, float]:
-    """After training: the largest absolute change of g₀'s parameters and of the text features
-    against a freshly built model, and KL(Dir(α(g₀)) ‖ Dir(α(g₀))) on the test digits."""
+def unit_guards(cfg: DirclipConfig, model, fresh, splits) -> dict[str, float]:
+    """After training: the largest absolute change of every frozen weight (g₀, the text tower,
+    the text features: all but g) against a freshly built model, and
+    KL(Dir(α(g₀)) ‖ Dir(α(g₀))) on the test images (``splits.chunk`` at a time)."""
     diffs = [0.0]
     new, ref = model.state_dict(), fresh.state_dict()
     for k, v in ref.items():
-        if k.startswith(("orig.", "clip.text.")) or k == "text_features":
-            diffs.append(float((new[k] - v).abs().max()))
-    x = torch.from_numpy(load_splits(cfg).x_test)
-    with torch.no_grad():
-        a = alpha_train(model.logits(x, original=True), model.scale, cfg.tau_prime)
-        kl = dirichlet_kl(a, a)
-    return {"frozen_max_abs_diff": max(diffs), "kl_self": float(kl.abs().max())}
+        if not k.startswith(model.trainable_prefixes()):
+            diffs.append(float((new[k] - v.to(new[k].device)).abs().max()))
+    n = len(splits.y_test)
+    kl_max = 0.0
+    for i in range(0, n, splits.chunk or max(n, 1)):
+        rows = np.arange(i, min(n, i + (splits.chunk or n)))
+        x = torch.from_numpy(splits.x_test[rows]).to(next(model.parameters()).device)
+        with torch.no_grad():
+            a = alpha_train(model.logits(x, original=True), model.scale, cfg.tau_prime)
+            kl_max = max(kl_max, float(dirichlet_kl(a, a).abs().max()))
+    return {"frozen_max_abs_diff": max(diffs), "kl_self": kl_max}
 
 
 def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bool) -> dict:
@@ -78,10 +86,10 @@ def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bo
         field, value = system.split("=", 1)
         over = {"loss": "ucat", ("tau" if field == "tau" else "kl_weight"): float(value)}
     cfg = DirclipConfig.validated({**cfg_dict, **over, "seed": seed})
-    splits = load_splits(cfg)
-    base = base_clip(cfg)
+    base = base_clip(cfg, local_device())  # this task's device (its GPU when it holds one)
+    splits = splits_of(cfg, base.image_size)
     torch.manual_seed(seed)
-    model = build_model(cfg, base)
+    model = build_model(cfg, base, splits.class_names)
     selected: dict[str, Any] = {}
     curve: list[dict[str, float]] = []  # validation and loss terms along training
     window: list[dict[str, float]] = []
@@ -102,20 +110,24 @@ def _job(cfg_dict: dict[str, Any], system: str, seed: int, index: int, sweep: bo
                              apgd_offset=index * cfg.apgd_images)  # fmt: skip
     extra: dict[str, Any] = {"selected": selected}
     if system == "ucat" and index == 0:
-        extra["unit"] = unit_guards(cfg, model, build_model(cfg, base))
-    return {"metrics": metrics, "extra": extra, "seconds": time.time() - t0}
+        fresh = build_model(cfg, base, splits.class_names)
+        extra["unit"] = unit_guards(cfg, model, fresh, splits)
+    sizes = {"train": len(splits.y_train), "test": len(splits.y_test),
+             "classes": len(splits.class_names), "shifts": splits.shifts}  # fmt: skip
+    return {"metrics": metrics, "extra": extra, "seconds": time.time() - t0, "sizes": sizes}
 
 
 def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
-    from nshot.train.clip import ensure_clip
+    from nshot.nn.backbone import prepare_backbone
     from nshot.train.runner import ensure_ray
 
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
-    ensure_clip(cfg.clip_preset, text=cfg.clip_text, seed=cfg.clip_seed)  # once, before tasks
-    load_splits(cfg)  # builds the cached MNIST table once
-    if not in_process():
-        ensure_ray()
+    if not is_planning():  # a dry run lists the grid without the weights and images
+        prepare_data(cfg)  # a missing CLIP or image folder fails here, before any task
+        prepare_backbone(cfg.backbone_spec())  # the tiny CLIP trained and cached once
+        if not in_process():
+            ensure_ray()
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     sweep_seeds = [cfg.seed + i for i in range(min(cfg.sweep_seeds, cfg.seeds))]
     by_weight = cfg.kl_normalisation == "mean_alpha0"
@@ -134,6 +146,8 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     done = run_jobs(jobs, description="dirclip")
     per = {(s, seed): done[(s, seed)]["metrics"] for s in SYSTEMS for seed in seeds}
     rows, stds, samples = aggregate(per)
+    sizes = done[("clip", seeds[0])]["sizes"]
+    metrics = {m: up for m, up in METRICS.items() if sizes["shifts"] or m not in SHIFTED}
     lam0 = lambda_of(PAPER_TAU, cfg.tau_prime)
     sweep_rows = {}
     for tau in sorted(set(values)):
@@ -184,9 +198,9 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     }
     plot(rows, stds, sweep_rows, workdir / "dirclip.png")
     return ResultsTable(
-        method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=METRICS, rows=rows,
-        stds=stds, samples=samples, runtime_s=time.time() - t0, notes=_notes(cfg, lam0),
-        extra=extra,
+        method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=metrics, rows=rows,
+        stds=stds, samples=samples, runtime_s=time.time() - t0,
+        notes=_notes(cfg, lam0, sizes), extra=extra,
     )  # fmt: skip
 
 
@@ -201,13 +215,21 @@ def _mean(vals) -> float | None:
     return float(np.mean(v)) if v else None
 
 
-def _notes(cfg: DirclipConfig, lam0: float) -> list[str]:
+def _notes(cfg: DirclipConfig, lam0: float, sizes: dict[str, int]) -> list[str]:
     own = cfg.logit_scale == "backbone"
     scale = "the tiny CLIP's own exp(logit_scale)" if own else f"{cfg.logit_scale:g}"
     step = "ε/4" if cfg.pgd_step is None else f"{cfg.pgd_step:g}"
+    if cfg.backbone == "clip":
+        backbone, images = f"CLIP {cfg.clip_arch} from {cfg.clip_path}", "evaluation images"
+        train = f"{sizes['train']} images of {sizes['classes']} classes"
+    else:
+        backbone, images = (
+            f"tiny CLIP '{cfg.clip_preset}' ({cfg.clip_text} text tower)",
+            "test digits",
+        )
+        train = f"{sizes['train']} digits"
     return [
-        f"tiny CLIP '{cfg.clip_preset}' ({cfg.clip_text} text tower) fine-tuned on "
-        f"{1200 - cfg.val_images} digits ({cfg.val_images} held out for selection), "
+        f"{backbone} fine-tuned on {train} ({cfg.val_images} held out for selection), "
         f"{cfg.steps} steps of {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}; train attack "
         f"PGD-{cfg.train_attack_steps} (step {cfg.train_attack_step:g}), ε = {cfg.eps:g}; "
         f"logits s · cos with s = {scale}.",
@@ -219,11 +241,12 @@ def _notes(cfg: DirclipConfig, lam0: float) -> list[str]:
             else f"λ = tau / exp(softplus(2/τ')) = {cfg.lam:.3g} (tau {cfg.tau:g}, τ' "
             f"{cfg.tau_prime:g}; λ₀ = {lam0:.3g} at the paper's tau 1e5); ucat_lambda0: tau 0."
         ),
-        f"pgd: PGD-{cfg.pgd_steps} (step {step}) on the 597 test digits; apgd: APGD-CE "
-        f"{cfg.apgd_steps} on {cfg.apgd_images} test digits per seed (a different slice per "
+        f"pgd: PGD-{cfg.pgd_steps} (step {step}) on the {sizes['test']} {images}; apgd: APGD-CE "
+        f"{cfg.apgd_steps} on {cfg.apgd_images} {images} per seed (a different slice per "
         "seed); mean over seeds (± std over seeds).",
-        f"clean_mnist8: {cfg.mnist_images} MNIST images pooled to 8×8 (far shift, reported).",
-    ]
+        *([] if cfg.backbone == "clip" else
+          [f"clean_mnist8: {cfg.mnist_images} MNIST images pooled to 8×8 (far shift, reported)."]),
+    ]  # fmt: skip
 
 
 def plot(rows, stds, sweep_rows, path: Path) -> None:

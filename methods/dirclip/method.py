@@ -1,6 +1,6 @@
 """UCAT as an nshot Method: adversarial fine-tuning of a CLIP image tower under Ray Train,
 evaluation under PGD and APGD-CE, a zero-shot predictor with Dirichlet uncertainty, and the
-reproduction."""
+reproduction, on the backbone the config names (the tiny CLIP, or a real one for ``paper``)."""
 
 from __future__ import annotations
 
@@ -29,51 +29,40 @@ class DirclipMethod(Method):
     claims = CLAIMS
 
     def data(self, cfg: DirclipConfig) -> dict[str, pa.Table]:
-        """Digits train / validation / test, the rolled test digits and MNIST pooled to 8×8."""
+        """Digits train / validation / test, the rolled test digits and MNIST pooled to 8×8
+        (the tiny CLIP's data; a real CLIP's images stay in their folders)."""
         from .data import data_tables
 
         return data_tables(cfg)
 
     def train_loop(self, cfg: DirclipConfig) -> None:
         """Adversarial fine-tuning of the image tower with ``cfg.loss`` (ucat, tecoa, fare,
-        forward_kl, prob_kl); ``backbone='clip'``: on the real CLIP at ``clip_path``."""
-        if cfg.backbone == "clip":
-            from .paper import train_loop as paper_train_loop
-
-            return paper_train_loop(cfg)
+        forward_kl, prob_kl)."""
         train_loop(cfg)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, float]:
-        """Clean, PGD and APGD-CE accuracy, ECE, the entropy ratio, the shifted domains and the
-        Dirichlet read-outs of the checkpoint's selected tower."""
-        from .data import load_splits
+        """Clean, PGD and APGD-CE accuracy, ECE, the entropy ratio, the shifted domains (the
+        digits) and the Dirichlet read-outs of the checkpoint's selected tower."""
+        from nshot.train.trainer import local_device
+
+        from .data import splits_of
         from .evaluation import evaluate_model
 
-        if checkpoint.config.get("backbone") == "clip":
-            from .paper import evaluate
-
-            return evaluate(checkpoint, cfg)
         model, ckpt_cfg, _ = load_model(checkpoint)
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in DirclipConfig.EVAL_FIELDS})
-        return evaluate_model(model, load_splits(run_cfg), run_cfg, run_cfg.seed)
+        model = model.to(local_device())
+        splits = splits_of(run_cfg, model.backbone.image_size)
+        return evaluate_model(model, splits, run_cfg, run_cfg.seed)
 
     def predictor(self, checkpoint: LoadedCheckpoint) -> Predictor:
-        """The tiny CLIP's predictor, or on a ``backbone='clip'`` checkpoint the real CLIP's
-        (read from the checkpoint's ``clip_path``, g's tuned weights put in)."""
-        if checkpoint.config.get("backbone") == "clip":
-            from .paper_serve import DirclipPaperPredictor
-
-            return DirclipPaperPredictor.from_checkpoint(checkpoint)
+        """Zero-shot answers of the checkpoint's tuned tower (a real CLIP's is read from the
+        checkpoint's ``clip_path``, g's tuned weights put in)."""
         return DirclipPredictor.from_checkpoint(checkpoint)
 
     def model_budget(self, cfg: DirclipConfig, extra: dict[str, Any] | None = None):
         return None
 
     def experiments(self, cfg: DirclipConfig, workdir: Path) -> ResultsTable:
-        if cfg.backbone == "clip":
-            from .paper import run_experiments as paper_experiments
-
-            return paper_experiments(cfg, workdir)
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)

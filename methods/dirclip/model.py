@@ -1,17 +1,21 @@
 """The model UCAT fine-tunes: a CLIP's image tower g (trainable), a frozen copy g₀ of the
-original image tower, and the frozen text tower whose features of the class prompts are the
-zero-shot classifier (paper §3). Logits are ``s · cos(g(x), t_c)`` with the scale s fixed at
-100 (the logit scale is not trained).
+original CLIP, and the frozen text tower whose features of the class prompts are the zero-shot
+classifier (paper §3). Logits are ``s · cos(g(x), t_c)`` with the scale s fixed at 100 (the
+logit scale is not trained).
 
-The offline default is nshot's tiny CLIP pre-trained on scikit-learn's digits
-(:func:`nshot.train.clip.pretrained_clip`, preset ``digits``: a ViT of width 64 × 4 blocks on
-16 tokens of 8 × 8 grey digits, the word text tower). :func:`load_model` rebuilds the model
-from a dirclip checkpoint, whose weights hold both towers and g₀ (safetensors).
+The CLIP is a backbone of :mod:`nshot.nn.backbone`, named by the config
+(:meth:`.config.DirclipConfig.backbone_spec`): offline, nshot's tiny CLIP pre-trained on
+scikit-learn's digits (preset ``digits``: a ViT of width 64 × 4 blocks on 16 tokens of 8 × 8
+grey digits, the word text tower); in the ``paper`` preset a real CLIP read by path. The model
+is the same on both. A checkpoint's ``extra.model`` records the backbone
+(:meth:`~nshot.nn.backbone.Backbone.record`: the tiny CLIP's architecture, whose weights the
+checkpoint holds with g₀ and the text tower; or the real CLIP's path and fingerprint, whose
+frozen parts are re-read from that path), the class names and the template;
+:func:`load_model` rebuilds the model from it.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nshot.errors import NshotError
-from nshot.nn.clip import CLIPConfig, TinyCLIP
+from nshot.errors import CheckpointError
+from nshot.nn.backbone import CLIPBackbone, backbone_from_record, load_backbone
 from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import DirclipConfig
@@ -30,9 +34,10 @@ SCALE = 100.0
 
 
 class DirClip(nn.Module):
-    """``clip``: the CLIP being fine-tuned (its image tower is g; its text tower and logit
-    scale are frozen); ``orig``: g₀, the original CLIP, frozen entirely; ``text_features``:
-    the unit text features ``[C, D]`` of the training label set (a buffer).
+    """``clip``: the CLIP being fine-tuned (the backbone's model: its image tower and
+    projection are g, trainable; its text tower and logit scale are frozen); ``orig``: g₀, a
+    frozen copy of the original CLIP; ``text_features``: the unit text features ``[C, D]`` of
+    the training label set (a buffer).
 
     ``forward(images)`` gives g's logits on the training classes (what DDP wraps);
     ``forward(images, features=True)`` g's unnormalised image features (FARE's space).
@@ -40,20 +45,21 @@ class DirClip(nn.Module):
 
     def __init__(
         self,
-        clip: TinyCLIP,
+        backbone: CLIPBackbone,
         class_names: Sequence[str],
         template: str,
         logit_scale: float | str = SCALE,
     ) -> None:
         super().__init__()
-        self.clip = clip
+        self.backbone = backbone
+        self.clip = backbone.model
+        self.original = backbone.copy()
+        self.orig = self.original.model
         self.scale_setting = logit_scale  # a number, or "backbone": the CLIP's own
-        self.orig = copy.deepcopy(clip)
-        for p in self.orig.parameters():
+        for p in self.parameters():
             p.requires_grad_(False)
-        for p in self.clip.text.parameters():
-            p.requires_grad_(False)
-        self.clip.logit_scale.requires_grad_(False)
+        for p in self.trainable():
+            p.requires_grad_(True)
         self.class_names = list(class_names)
         self.template = template
         with torch.no_grad():
@@ -61,33 +67,33 @@ class DirClip(nn.Module):
         self.register_buffer("text_features", feats)
 
     @property
-    def cfg(self) -> CLIPConfig:
-        return self.clip.cfg
-
-    @property
     def scale(self) -> float:
         """s of the logits: the configured number, or the CLIP's own frozen exp(logit_scale)."""
         if self.scale_setting == "backbone":
-            return float(self.clip.logit_scale.detach().exp())
+            return self.backbone.own_scale()
         return float(self.scale_setting)
 
     def trainable(self) -> list[nn.Parameter]:
-        """g's parameters: the whole image tower (``visual`` and its projection)."""
-        return [*self.clip.visual.parameters(), self.clip.visual_proj]
+        """g's parameters: the whole image tower and its projection."""
+        return self.backbone.image_parameters()
+
+    def trainable_prefixes(self) -> tuple[str, ...]:
+        """The state-dict keys of g (of this module)."""
+        return tuple(f"clip.{p}" for p in self.backbone.image_prefixes)
 
     def images(self, flat: torch.Tensor) -> torch.Tensor:
-        """``[B, 64]`` (or already ``[B, C, H, W]``) pixels to the tower's image shape."""
-        c, s = self.cfg.in_chans, self.cfg.img_size
+        """``[B, C·S·S]`` (or already ``[B, C, S, S]``) pixels to the tower's image shape."""
+        c, s = self.backbone.in_chans, self.backbone.image_size
         return flat.reshape(-1, c, s, s) if flat.dim() == 2 else flat
 
     @torch.no_grad()
     def text_features_of(self, class_names: Sequence[str], template: str) -> torch.Tensor:
         """Unit features of ``template.format(name)`` from the frozen text tower, ``[C, D]``."""
-        return self.clip.encode_text([template.format(n) for n in class_names], normalize=True)
+        return self.backbone.encode_text([template.format(n) for n in class_names], normalize=True)
 
     def features(self, images: torch.Tensor, original: bool = False) -> torch.Tensor:
-        model = self.orig if original else self.clip
-        return model.encode_image(self.images(images))
+        backbone = self.original if original else self.backbone
+        return backbone.encode_image(self.images(images))
 
     def logits(
         self,
@@ -104,67 +110,81 @@ class DirClip(nn.Module):
         return self.features(images) if features else self.logits(images)
 
 
-def base_clip(cfg: DirclipConfig) -> TinyCLIP:
-    """The pre-trained tiny CLIP the method starts from (cached under ``$NSHOT_CACHE``)."""
-    from nshot.train.clip import pretrained_clip
-
-    return pretrained_clip(cfg.clip_preset, text=cfg.clip_text, seed=cfg.clip_seed)
-
-
-def build_model(cfg: DirclipConfig, clip: TinyCLIP | None = None) -> DirClip:
-    clip = clip if clip is not None else base_clip(cfg)
-    return DirClip(copy.deepcopy(clip), DIGIT_NAMES, cfg.template, cfg.logit_scale)
+def base_clip(cfg: DirclipConfig, device: torch.device | str | None = None) -> CLIPBackbone:
+    """The pre-trained CLIP the method starts from (:meth:`.config.DirclipConfig.backbone_spec`:
+    the tiny CLIP cached under ``$NSHOT_CACHE``, or the real one at ``clip_path``), frozen."""
+    return load_backbone(cfg.backbone_spec(), device)  # type: ignore[return-value]
 
 
-def model_record(model: DirClip) -> dict[str, Any]:
-    """What a checkpoint keeps to rebuild the model without the cache: the CLIP config, the
-    training label set and template."""
-    return {"clip": model.cfg.to_dict(), "class_names": model.class_names,
+def build_model(
+    cfg: DirclipConfig,
+    backbone: CLIPBackbone | None = None,
+    class_names: Sequence[str] = DIGIT_NAMES,
+) -> DirClip:
+    """The model on a copy of ``backbone`` (default: :func:`base_clip`), which stays as it is."""
+    backbone = backbone if backbone is not None else base_clip(cfg)
+    return DirClip(backbone.copy(), class_names, cfg.template, cfg.logit_scale)
+
+
+def model_record(model: DirClip, cfg: DirclipConfig) -> dict[str, Any]:
+    """What a checkpoint keeps to rebuild the model: the backbone's record (taken before any
+    weight is tuned: the real CLIP's fingerprint is of the CLIP as read), the training label
+    set and the template."""
+    backbone = {"backbone": "clip"} if cfg.backbone == "clip" else {}
+    return {**backbone, **model.original.record(), "class_names": model.class_names,
             "template": model.template}  # fmt: skip
 
 
-#: what a CLIP recorded in a dirclip checkpoint may be (every preset is far inside): a model is
-#: built from these sizes before its weights are read, so a crafted record cannot ask for more
-CLIP_BOUNDS = {
-    "img_size": (1, 64), "patch": (1, 16), "in_chans": (1, 4), "vision_width": (1, 1024),
-    "vision_depth": (1, 48), "vision_heads": (1, 64), "context": (3, 256),
-    "text_width": (1, 1024), "text_depth": (1, 48), "text_heads": (1, 64),
-    "text_hidden": (0, 4096), "embed_dim": (1, 2048),
-}  # fmt: skip
+def checkpoint_state(model: DirClip) -> dict[str, torch.Tensor]:
+    """The current weights a checkpoint holds: all of them where the backbone is not re-read
+    from a path (the tiny CLIP), else g's (a real CLIP's frozen parts are re-read)."""
+    if model.backbone.weights_in_checkpoint:
+        return model.state_dict()
+    return trainable_state(model)
 
 
-def _check_size(clip_cfg: CLIPConfig, rec: dict[str, Any], path: Any) -> None:
-    for name, (lo, hi) in CLIP_BOUNDS.items():
-        v = getattr(clip_cfg, name)
-        if not lo <= v <= hi:
-            raise NshotError(f"{path}: CLIP field {name} = {v} is outside [{lo}, {hi}]")
+def trainable_state(model: DirClip) -> dict[str, torch.Tensor]:
+    """g's weights, cloned."""
+    prefixes = model.trainable_prefixes()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()
+            if k.startswith(prefixes)}  # fmt: skip
+
+
+def _check_record(rec: dict[str, Any], path: Any) -> None:
     names = rec.get("class_names")
-    if len(clip_cfg.vocab) > 100_000 or not isinstance(names, list) or not 2 <= len(names) <= 1000:
-        raise NshotError(f"{path}: the CLIP vocabulary or the class names are out of range")
+    if not isinstance(names, list) or not 2 <= len(names) <= 100_000:
+        raise CheckpointError(f"{path}: the model record's class names are invalid")
     if not isinstance(rec.get("template"), str) or "{}" not in rec["template"]:
-        raise NshotError(f"{path}: the model record's template has no '{{}}'")
+        raise CheckpointError(f"{path}: the model record's template has no '{{}}'")
 
 
 def load_model(checkpoint: LoadedCheckpoint) -> tuple[DirClip, DirclipConfig, dict[str, Any]]:
     """The fine-tuned model of a dirclip checkpoint (the validation-selected weights), its
-    config and its ``extra`` record, in eval mode."""
+    config and its ``extra`` record, in eval mode. The backbone comes from the record
+    (:func:`nshot.nn.backbone.backbone_from_record`: a real CLIP re-read from its recorded
+    ``clip_path`` and checked against its fingerprint; the error names ``clip_path`` when this
+    machine lacks it), then the checkpoint's weights: all of them (the tiny CLIP), or g's
+    selected ``best.*`` ones (a real CLIP)."""
     extra = checkpoint.extra
     rec = extra.get("model")
-    if not isinstance(rec, dict) or "clip" not in rec:
-        raise NshotError(f"{checkpoint.path}: not a dirclip checkpoint (no model record)")
+    if not isinstance(rec, dict):
+        raise CheckpointError(f"{checkpoint.path}: not a dirclip checkpoint (no model record)")
     cfg = DirclipConfig.validated(checkpoint.config)
-    try:
-        clip_cfg = CLIPConfig.from_dict(rec["clip"])
-    except Exception as err:  # noqa: BLE001 - a bad record is a bad checkpoint
-        raise NshotError(f"{checkpoint.path}: bad CLIP config ({err})") from None
-    _check_size(clip_cfg, rec, checkpoint.path)
-    model = DirClip(TinyCLIP(clip_cfg), rec["class_names"], rec["template"], cfg.logit_scale)
+    _check_record(rec, checkpoint.path)
+    backbone = backbone_from_record(rec, checkpoint.path)
+    model = DirClip(backbone, rec["class_names"], rec["template"], cfg.logit_scale)  # type: ignore[arg-type]
     state = dict(checkpoint.weights())
     best = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
-    state = {k: v for k, v in state.items() if not k.startswith("best.")}
-    state.update(best)
+    current = {k: v for k, v in state.items() if not k.startswith("best.")}
+    if backbone.weights_in_checkpoint:
+        want, have = set(model.state_dict()), set(current)
+    else:
+        want, have = set(trainable_state(model)), set(best)
+    if have != want:
+        odd = sorted(have ^ want)
+        raise CheckpointError(f"{checkpoint.path}: weights do not fit the model (e.g. {odd[0]!r})")
     try:
-        model.load_state_dict(state)
+        model.load_state_dict({**model.state_dict(), **current, **best})
     except RuntimeError as err:
-        raise NshotError(f"{checkpoint.path}: weights do not fit the model: {err}") from None
+        raise CheckpointError(f"{checkpoint.path}: weights do not fit the model: {err}") from None
     return model.eval(), cfg, extra

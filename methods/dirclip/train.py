@@ -15,7 +15,8 @@ current trainable tower g (pixel space, random start, clamped), then
 Batches and attack starts are functions of (seed, step, rank), so a resumed run repeats an
 uninterrupted one. Every ``val_every`` steps the held-out training images are scored (clean
 and PGD accuracy, harmonic mean ``val_h``); the best tower so far is kept (``best.*`` weights
-of the checkpoint) and is the one evaluated and served.
+of the checkpoint) and is the one evaluated and served. The backbone (the tiny CLIP, or a real
+one for ``paper``) and its data come from the config; the recipe is the same for both.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nshot.errors import ConfigError
 from nshot.train.trainer import Recipe, train
 
 from .attacks import ce_loss, pgd
 from .config import DirclipConfig
-from .data import Splits, load_splits
+from .data import Splits, splits_of
 from .dirichlet import alpha_train, dirichlet_kl
 from .evaluation import validation
-from .model import DirClip, build_model, model_record
+from .model import DirClip, base_clip, build_model, checkpoint_state, model_record, trainable_state
 
 
 def batch_rows(n: int, batch: int, step: int, seed: int) -> np.ndarray:
@@ -131,22 +131,16 @@ def lr_at(cfg: DirclipConfig, step: int) -> float:
     return 0.5 * cfg.lr * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
-def trainable_state(model: DirClip) -> dict[str, torch.Tensor]:
-    """g's weights (the model's ``TRAINABLE`` prefixes, ``clip.visual*`` by default), cloned."""
-    prefixes = getattr(model, "TRAINABLE", ("clip.visual",))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()
-            if k.startswith(prefixes)}  # fmt: skip
-
-
 class DirclipRecipe(Recipe):
     """UCAT's fine-tuning (one row, ``cfg.loss``) as :mod:`nshot.train.trainer` runs it: per
     step the lr of :func:`lr_at`, this rank's shard of the global batch (the next step's images
     read in a thread while this one computes), the attack and :func:`step_loss`, one optimiser
-    step; ``validate(model, splits, cfg, step)`` every ``val_every`` steps and at the end (and
-    at step 0 of a fresh run: the starting point is a candidate too), the best tower so far
-    kept. Reports the window's means of the loss terms, the clean accuracy on the step's batch
-    and the validation scores; a checkpoint holds the current and the selected (``best.*``)
-    weights of g and the optimiser.
+    step; :func:`.evaluation.validation` every ``val_every`` steps and at the end (and at step
+    0 of a fresh run: the starting point is a candidate too), the best tower so far kept.
+    Reports the window's means of the loss terms, the clean accuracy on the step's batch (its
+    first ``splits.chunk`` images) and the validation scores; a checkpoint holds the current
+    weights (:func:`.model.checkpoint_state`: all, or g's on a backbone re-read from its path),
+    g's selected (``best.*``) ones and the optimiser.
 
     The network is :attr:`net`, not :attr:`model`: a row of the experiments trains the model
     it is given on that model's device (a real CLIP's reproduction: its GPU), so the trainer
@@ -154,11 +148,7 @@ class DirclipRecipe(Recipe):
     the network's device.
 
     Given ``splits`` and ``model``, a row trained in-process (:func:`fit_model`,
-    ``on_step(step, stats, best)`` after every step); a subclass builds another backbone
-    (:meth:`make`, :mod:`.paper`)."""
-
-    #: images of the step's batch that the report's ``clean_acc`` scores (``None``: all)
-    clean_rows: int | None = None
+    ``on_step(step, stats, best)`` after every step)."""
 
     def __init__(
         self,
@@ -166,33 +156,20 @@ class DirclipRecipe(Recipe):
         splits: Any = None,
         model: DirClip | None = None,
         *,
-        validate: Callable[..., dict[str, float]] = validation,
         on_step: Callable[[int, dict[str, float], dict], None] | None = None,
     ) -> None:
         super().__init__(cfg)
         self.splits, self.net = splits, model
-        self.validate, self.on_step = validate, on_step
+        self.validate, self.on_step = validation, on_step
 
-    # -- what a backbone supplies --------------------------------------------------------------
     def make(self) -> None:
-        """Build :attr:`splits` and :attr:`net` from the config (the tiny CLIP's toy)."""
+        """Build :attr:`net` on the config's backbone and :attr:`splits` from its data."""
         cfg = self.cfg
-        if cfg.backbone != "tinyclip":
-            raise ConfigError(
-                "backbone 'clip' trains through the method (nshot.methods.dirclip.paper.train_loop)"
-            )
-        self.splits = load_splits(cfg)
         torch.manual_seed(cfg.seed)
-        self.net = build_model(cfg)
+        backbone = base_clip(cfg)
+        self.splits = splits_of(cfg, backbone.image_size)
+        self.net = build_model(cfg, backbone, self.splits.class_names)
 
-    def current_state(self) -> dict[str, torch.Tensor]:
-        """The current weights a checkpoint holds (the toy: the whole model)."""
-        return self.net.state_dict()
-
-    def model_record(self) -> dict[str, Any]:
-        return model_record(self.net)
-
-    # -- the recipe ---------------------------------------------------------------------------
     def build(self) -> None:
         cfg = self.cfg
         if cfg.batch_size % self.world_size:
@@ -201,6 +178,8 @@ class DirclipRecipe(Recipe):
             self.make()
             self.net.to(self.device)
         self.forward = self.net
+        #: images of the step's batch that the report's ``clean_acc`` scores (``None``: all)
+        self.clean_rows = self.splits.chunk
         self.optimizer = make_optimizer(self.net, cfg)
         self.best: dict[str, Any] = {"step": 0, "val_h": -1.0, "state": None}
         self.y_all = torch.from_numpy(self.splits.y_train)
@@ -212,7 +191,7 @@ class DirclipRecipe(Recipe):
         self.last: dict[str, float] = {}
         self.ckpt_state: dict[str, torch.Tensor] = {}
         self.record = (
-            {"model": self.model_record(), "loss": cfg.loss, "lambda": cfg.lam}
+            {"model": model_record(self.net, cfg), "loss": cfg.loss, "lambda": cfg.lam}
             if self.session
             else {}
         )
@@ -294,7 +273,7 @@ class DirclipRecipe(Recipe):
                 metrics[k] = float(self.last.get(k, best[k]))
         self.ckpt_state = {}
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            self.ckpt_state = {**self.current_state(),
+            self.ckpt_state = {**checkpoint_state(self.net),
                                **{f"best.{k}": v for k, v in best["state"].items()}}  # fmt: skip
         return metrics
 
@@ -311,14 +290,12 @@ def fit_model(
     model: DirClip,
     *,
     on_step: Callable[[int, dict[str, float], dict], None] | None = None,
-    validate: Callable[..., dict[str, float]] = validation,
 ) -> tuple[DirClip, dict]:
     """Train ``cfg.steps`` steps in this process (:class:`DirclipRecipe`, the recipe a worker
     runs) on the model's device; returns the model holding the validation-selected weights and
     the selection record ``{"step", "val_h", "state"}``. ``splits``' training images are any
-    array indexable by a row array (the paper backbone's are read from files per batch);
-    ``validate(model, splits, cfg, step)`` scores the held-out images."""
-    recipe = DirclipRecipe(cfg, splits, model, validate=validate, on_step=on_step)
+    array indexable by a row array (a real CLIP's are read from files per batch)."""
+    recipe = DirclipRecipe(cfg, splits, model, on_step=on_step)
     train(recipe, session=False)
     best = recipe.best
     model.load_state_dict({**model.state_dict(), **best["state"]})
