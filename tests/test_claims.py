@@ -354,6 +354,7 @@ AWAITING_RERUN = {
 # fails once the row appears, so the entry cannot outlive the rerun)
 AWAITING_ROW: set[tuple[str, str]] = {
     ("bsr", "bsr_beats_time_resolved_bandpower"),
+    ("tail", "served_within_1pt_of_nearest_centroid"),
     ("timemode", "frozen_finetune_helps_disc"),
     ("timemode", "longer_pretraining_helps_disc"),
     ("urs", "urs_beats_mtpomo_unseen"),

@@ -26,6 +26,12 @@ SEEN_PAPER = SEEN_SMALL[1:] + ["TSP", "OVRPTW", "VRPBL", "OVRPL", "VRPLTW", "VRP
 
 class URSConfig(MethodConfig):
     # ---- model
+    arch: Literal["urs", "mtpomo"] = Field(
+        "urs",
+        description="'mtpomo': the MTPOMO baseline (POMO with attribute composition, "
+        "mtpomo.py) instead of the URS network; d, layers, ff, heads and clip apply",
+    )
+    heads: int = Field(8, ge=1, le=64, description="attention heads (MTPOMO only)")
     d: int = Field(64, ge=4, le=2048, description="embedding width")
     layers: int = Field(3, ge=1, le=48, description="encoder layers")
     ff: int = Field(256, ge=4, le=16384, description="feed-forward width")
@@ -33,7 +39,9 @@ class URSConfig(MethodConfig):
     mbm: bool = Field(True, description="mixed bias module (False: geometric bias B_1 only)")
     generator: bool = Field(True, description="problem-conditioned parameter generator")
     encoding: Literal["udr", "flags"] = Field(
-        "udr", description="'flags': problem enumeration by attribute flags (MTPOMO-style)"
+        "udr",
+        description="'flags': problem enumeration by attribute flags instead of the UDR's "
+        "global vector (the urs_flags row: URS's backbone, no MBM, no generator)",
     )
     gen_rank: int = Field(4, ge=1, le=64, description="rank of the generated weight deltas")
     gen_hidden: int = Field(64, ge=4, le=4096, description="generator MLP width")
@@ -72,7 +80,9 @@ class URSConfig(MethodConfig):
     )
     ref_time_min: float = Field(0.2, gt=0.0, le=3600.0)
     systems: list[
-        Literal["urs", "urs_no_mbm", "urs_no_generator", "mtpomo", "urs_clustered_train"]
+        Literal[
+            "urs", "urs_no_mbm", "urs_no_generator", "mtpomo", "urs_flags", "urs_clustered_train"
+        ]
     ] = Field(default_factory=lambda: ["urs", "urs_no_mbm", "urs_no_generator"], min_length=1)
     scaling_sizes: list[int] = Field(default_factory=lambda: [50, 100, 200, 500, 1000])
     test_seed: int = Field(
@@ -111,9 +121,9 @@ class URSConfig(MethodConfig):
         "small": dict(
             d=64, layers=3, ff=256, gen_rank=4, batch_size=32, train_sizes=[20],
             train_starts=20, steps=1000, log_every=100, checkpoint_every=250, lr=5e-4,
-            seen_variants=SEEN_SMALL, unseen_variants=UNSEEN_SMALL, eval_sizes=[50, 100],
+            seen_variants=SEEN_SMALL, unseen_variants=UNSEEN_SMALL, eval_sizes=[20, 50],
             eval_instances=8, eval_starts=50, augment=8, clustered_variants=["CVRP", "VRPTW"],
-            systems=["urs", "urs_no_mbm", "urs_no_generator", "urs_clustered_train"],
+            systems=["urs", "urs_no_mbm", "urs_no_generator", "mtpomo"],
             experiment_seeds=3,  # the headline's paired test over training seeds
         ),
         "paper": dict(
@@ -146,6 +156,8 @@ class URSConfig(MethodConfig):
     def _check(self) -> URSConfig:
         if self.augment not in (1, 8):
             raise ValueError("field 'augment': must be 1 or 8")
+        if self.arch == "mtpomo" and self.d % self.heads:
+            raise ValueError(f"field 'heads': d = {self.d} is not a multiple of {self.heads}")
         if any(parse_variant(v).num_depots > 1 for v in self.seen_variants):
             raise ValueError("field 'seen_variants': multi-depot variants are test-only")
         return self

@@ -3,9 +3,11 @@
 Everything runs as Ray tasks (one CPU each) through :func:`nshot.experiment.run_jobs`, in two
 rounds (1-3, then 4 and 6):
 
-1. train ``urs`` and its ablations (``urs_no_mbm``: geometric bias only; ``urs_no_generator``:
-   fixed weights; ``mtpomo``: attribute flags instead of the UDR, no MBM, no generator) through
-   ``nshot.train.fit`` (Ray Train local mode inside each task), once per training seed
+1. train ``urs``, its ablations (``urs_no_mbm``: geometric bias only; ``urs_no_generator``:
+   fixed weights; ``urs_flags``: attribute flags instead of the UDR's global vector, no MBM, no
+   generator) and the MTPOMO baseline (``mtpomo``: POMO with attribute composition,
+   :mod:`.mtpomo`), all with the same recipe, steps, batch, generator and seen variants,
+   through ``nshot.train.fit`` (Ray Train local mode inside each task), once per training seed
    (``experiment_seeds``);
 2. reference solutions (PyVRP 0.14 iterated local search, OR-Tools for classic backhauls) with a
    fixed time limit per instance, one task per (variant, size), cached as Parquet;
@@ -14,11 +16,15 @@ rounds (1-3, then 4 and 6):
    greedy);
 5. an independent checker verifies every solution of every system; gaps are per instance
    against the reference's checked cost;
-6. the inference time/memory curve of ``urs`` over ``scaling_sizes`` (CVRP, one instance each).
+6. the inference time/memory curve of ``urs`` over ``scaling_sizes`` (CVRP, one instance each),
+   then the reference solver on the same instances at its budget (the gap beside the time).
 
 Rows are means over the training seeds, with the per-seed values in ``samples`` (paired by
 seed across systems; the deterministic heuristics and reference repeat their one value) for
-the claims' paired tests (:func:`nshot.experiment.aggregate`).
+the claims' paired tests (:func:`nshot.experiment.aggregate`). One metric is paired over
+instances instead: ``gap_pct_unseen_inst``, the mean over every unseen test instance of its gap
+(averaged over the training seeds), whose ``samples`` hold one value per instance in the same
+order for every system.
 """
 
 from __future__ import annotations
@@ -40,7 +46,11 @@ SYSTEM_OVERRIDES: dict[str, dict[str, Any]] = {
     "urs": {},
     "urs_no_mbm": {"mbm": False},
     "urs_no_generator": {"generator": False},
-    "mtpomo": {"mbm": False, "generator": False, "encoding": "flags"},
+    # MTPOMO (the paper's multi-task baseline): POMO with attribute composition, POMO's
+    # logit clipping C = 10; everything else (recipe, budget, generator, seen variants) as URS
+    "mtpomo": {"arch": "mtpomo", "mbm": False, "generator": False, "clip": 10.0},
+    # URS's backbone with problem enumeration by attribute flags, no MBM, no generator
+    "urs_flags": {"mbm": False, "generator": False, "encoding": "flags"},
     # URS trained on half uniform, half clustered instances (the X benchmark's layouts)
     "urs_clustered_train": {"train_layouts": ["uniform", "clustered"]},
 }
@@ -56,6 +66,8 @@ METRICS = {
     "gap_pct_clustered": False,
     "feasible_pct_clustered": True,
     "time_s": False,
+    # per-instance mean gap on the unseen variants; samples: one value per instance
+    "gap_pct_unseen_inst": False,
 }
 
 
@@ -182,14 +194,19 @@ def _ref_task(cfg_dict: dict, variant: str, n: int) -> list[dict]:
     return reference_results(URSConfig.validated(cfg_dict), variant, n)
 
 
-def _scaling_task(ckpt: str, sizes: list[int], starts: int, aug: int) -> list[dict]:
+def _scaling_task(ckpt: str, sizes: list[int], starts: int, aug: int, cfg_dict: dict) -> list[dict]:
     from nshot.train import load_checkpoint
 
-    from .bench import scaling_benchmark
+    from .bench import reference_gaps, scaling_benchmark
     from .model import load_model
 
+    cfg = URSConfig.validated(cfg_dict)
     net, _ = load_model(load_checkpoint(ckpt, method="urs"))
-    return scaling_benchmark(net, sizes, starts=starts, aug=aug)
+    out = scaling_benchmark(net, sizes, starts=starts, aug=aug)
+    # the reference at its budget on the same instances, after every URS solve (so that the
+    # peak RSS above is URS's alone)
+    return reference_gaps(out, lambda n: max(cfg.ref_time_min, cfg.ref_time_per_node * n),
+                          seed=cfg.seed)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- summaries
@@ -224,6 +241,32 @@ def summarise(res: dict, refs: dict, cfg: URSConfig) -> dict[str, float | None]:
         out[f"gap_pct_{split}"] = float(np.mean(gaps)) if gaps else None
         out[f"feasible_pct_{split}"] = float(np.mean(feas)) if feas else None
     out["time_s"] = float(np.mean(times)) if times else None
+    inst = instance_gaps([res], refs, cfg.unseen_variants, cfg.eval_sizes)
+    out["gap_pct_unseen_inst"] = float(np.mean(inst)) if inst else None
+    return out
+
+
+def instance_gaps(
+    per_seed: list[dict], refs: dict, variants: list[str], sizes: list[int]
+) -> list[float] | None:
+    """Per test instance of ``variants`` × ``sizes`` (in that order, instances whose reference
+    is feasible): the system's gap (%) averaged over its training seeds (``per_seed``: one
+    results dict per seed). ``None`` when the system has no solution for some instance (savings
+    on multi-depot variants), so that every system's list pairs by position."""
+    out: list[float] = []
+    for v in variants:
+        for n in sizes:
+            ref = refs[(v, n)]
+            runs = [res.get((v, n)) for res in per_seed]
+            if any(rows is None or len(rows) != len(ref) for rows in runs):
+                return None
+            for i, r in enumerate(ref):
+                if not r["feasible"] or r["cost"] <= 0:
+                    continue
+                if any(rows[i] is None for rows in runs):
+                    return None
+                out.append(float(np.mean([100.0 * (rows[i]["cost"] - r["cost"]) / r["cost"]
+                                          for rows in runs])))  # fmt: skip
     return out
 
 
@@ -326,7 +369,8 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     second = [Job(("eval", s, seed, i), _eval_task, (cfg_dict, s, ckpts[(s, seed)], c))
               for s, seed, (i, c) in grid(cfg.systems, seeds, enumerate(chunks))]  # fmt: skip
     if "urs" in cfg.systems and cfg.scaling_sizes:  # the first seed's model
-        args = (ckpts[("urs", seeds[0])], cfg.scaling_sizes, cfg.eval_starts, cfg.augment)
+        first_urs = ckpts[("urs", seeds[0])]
+        args = (first_urs, cfg.scaling_sizes, cfg.eval_starts, cfg.augment, cfg_dict)
         second.append(Job(("scaling",), _scaling_task, args))
     done = run_jobs(second, description="urs: decoding the test sets")
     # per training seed: the trained systems' results; the heuristics and the reference are
@@ -341,6 +385,14 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
     order = [*cfg.systems, *HEURISTICS, "pyvrp"]
     per = {(s, seed): summarise(by_seed[seed][s], refs, cfg) for s, seed in grid(order, seeds)}
     rows, stds, samples = aggregate(per, spread="sample_std")
+    # the paired-over-instances metric: one value per unseen instance (mean over the seeds)
+    for s in order:
+        inst = instance_gaps([by_seed[seed][s] for seed in seeds], refs, cfg.unseen_variants,
+                             cfg.eval_sizes)  # fmt: skip
+        if inst is None:
+            samples[s].pop("gap_pct_unseen_inst", None)
+        else:
+            samples[s]["gap_pct_unseen_inst"] = inst
     per_variant = _mean_cells([_per_variant(by_seed[seed], refs, cfg, order) for seed in seeds],
                               order)  # fmt: skip
     solvers = sorted({r["solver"] for rs in refs.values() for r in rs})
@@ -361,6 +413,12 @@ def run_experiments(cfg: URSConfig, workdir: Path) -> ResultsTable:
         "cells_lost_by_urs": cells_lost(
             per_variant, "urs", [s for s in order if s not in ("urs", "pyvrp")]
         ),
+        # the seen variants alone: at the training size (the claim) and at every size (reported)
+        **seen_cells_lost(per_variant, cfg, [s for s in order if s not in ("urs", "pyvrp")]),
+        # the gap of the scaling curve's urs solve to the reference at its budget, per size
+        "scaling_gap_pct": {
+            str(s["n"]): s["gap_pct"] for s in scaling if s.get("gap_pct") is not None
+        },
     }
     _plot_per_variant(per_variant, cfg, order, workdir / "per_variant.png")
     if scaling:
@@ -429,6 +487,19 @@ def cells_lost(per_variant: list[dict], system: str, baselines: list[str]) -> di
     }  # fmt: skip
 
 
+def seen_cells_lost(per_variant: list[dict], cfg: URSConfig, baselines: list[str]) -> dict:
+    """``cells_lost_by_urs_seen`` (every evaluation size) and, when the first training size is
+    an evaluation size, ``cells_lost_by_urs_seen_at_train_size``: :func:`cells_lost` over the
+    seen variants' cells."""
+    seen = [r for r in per_variant if r["split"] == "seen"]
+    out = {"cells_lost_by_urs_seen": cells_lost(seen, "urs", baselines)}
+    n0 = cfg.train_sizes[0]
+    if n0 in cfg.eval_sizes:
+        at = [r for r in seen if r["n"] == n0]
+        out["cells_lost_by_urs_seen_at_train_size"] = cells_lost(at, "urs", baselines)
+    return out
+
+
 def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str]:
     notes = [
         f"{cfg.eval_instances} test instances per variant and size (sizes {cfg.eval_sizes}); "
@@ -461,13 +532,21 @@ def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str
         "(variant, size) cells where urs's mean cost is not below nearest neighbour's: "
         + (", ".join(lost) if lost else "none")
     )
+    lost_sav = [f"{r['variant']}/{r['n']}" for r in per_variant
+                if r["split"] == "seen" and r["urs"] and r.get("savings")
+                and r["urs"]["cost"] >= r["savings"]["cost"]]  # fmt: skip
+    notes.append(
+        "seen (variant, size) cells where urs's mean cost is not below savings': "
+        + (", ".join(lost_sav) if lost_sav else "none")
+    )
     g = {s: rows[s].get("gap_pct_unseen") for s in rows}
     if g.get("urs") is not None:
-        for ab in ("urs_no_mbm", "urs_no_generator", "mtpomo"):
+        for ab in ("urs_no_mbm", "urs_no_generator", "urs_flags", "mtpomo"):
             if g.get(ab) is not None:
                 d = g[ab] - g["urs"]
+                kind = "baseline" if ab == "mtpomo" else "ablation"
                 notes.append(
-                    f"ablation {ab}: unseen gap {g[ab]:.2f}% vs urs {g['urs']:.2f}% "
+                    f"{kind} {ab}: unseen gap {g[ab]:.2f}% vs urs {g['urs']:.2f}% "
                     f"({'+' if d >= 0 else ''}{d:.2f} points)"
                 )
     by_n = gap_by_size(per_variant, "urs", cfg.eval_sizes)["unseen"]
@@ -476,8 +555,11 @@ def _notes(cfg, rows, per_variant, solvers, ref_infeasible, scaling) -> list[str
                      + ", ".join(f"N={n}: {v:.2f}%" for n, v in by_n.items()))  # fmt: skip
     notes += _clustered_notes(cfg, per_variant)
     if scaling:
-        notes.append("inference scaling (CVRP, one instance, urs): " + ", ".join(
+        notes.append("inference scaling (CVRP, one instance, urs; gap to the reference at its "
+                     "budget): " + ", ".join(
             f"N={s['n']}: {s['time_s']:.1f}s, peak RSS {s['peak_rss_mb']:.0f} MB"
+            + (f", gap {s['gap_pct']:.2f}% ({s['ref_solver']}, {s['ref_budget_s']:g}s)"
+               if s.get("gap_pct") is not None else "")
             for s in scaling))  # fmt: skip
     return notes
 
@@ -526,11 +608,16 @@ def _markdown(per_variant: list[dict], cfg: URSConfig, order: list[str], scaling
                      f"{ref:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
     if scaling:
         lines += ["", "## Inference scaling (urs, CVRP, 1 instance)", "",
-                  "| N | POMO starts × aug | time (s) | peak RSS (MB) | cost | feasible |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "| N | POMO starts × aug | time (s) | peak RSS (MB) | cost | feasible | "
+                  "reference cost (budget s) | gap (%) |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for s in scaling:
+            ref = (f"{s['ref_cost']:.3f} ({s['ref_budget_s']:g})"
+                   if s.get("ref_cost") is not None else "n/a")  # fmt: skip
+            gap = f"{s['gap_pct']:.2f}" if s.get("gap_pct") is not None else "n/a"
             lines.append(f"| {s['n']} | {s['starts']} × {s['aug']} | {s['time_s']:.2f} | "
-                         f"{s['peak_rss_mb']:.0f} | {s['cost']:.3f} | {s['feasible']} |")  # fmt: skip
+                         f"{s['peak_rss_mb']:.0f} | {s['cost']:.3f} | {s['feasible']} | "
+                         f"{ref} | {gap} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ class URSMethod(Method):
         return URSPredictor.from_checkpoint(checkpoint)
 
     def model_budget(self, cfg: URSConfig, extra: dict[str, Any] | None = None) -> ModelBudget:
-        """URSNet of the config, counted on the meta device; activations: the encoder on the
+        """The network of the config, counted on the meta device; activations: the encoder on the
         largest request (``MAX_NODES`` customers and 100 depots, 8 augmentations, its ``V x V``
         bias and AAFM factors), and the decoder's ``eval_starts`` rollouts over every node."""
         from . import serve

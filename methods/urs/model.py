@@ -153,6 +153,17 @@ class EncoderLayer(nn.Module):
         return self.n2(h + self.ff(h))
 
 
+class RoutingNet(nn.Module):
+    """A policy the rollout decodes with: ``encode(inst, dist, aug)`` once per instance batch,
+    then ``logits(encoded, env, mask)`` per step (URS here; MTPOMO in :mod:`.mtpomo`)."""
+
+    def encode(self, inst: Instances, dist: torch.Tensor, aug: int = 1):  # noqa: ANN201
+        raise NotImplementedError
+
+    def logits(self, enc, env: Env, mask: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        raise NotImplementedError
+
+
 @dataclass
 class Encoded:
     h: torch.Tensor  # [B, A, V, d]
@@ -164,7 +175,7 @@ class Encoded:
     log2n: float
 
 
-class URSNet(nn.Module):
+class URSNet(RoutingNet):
     def __init__(
         self,
         d: int = 64,
@@ -276,7 +287,7 @@ def start_nodes(env: Env, starts: int) -> torch.Tensor:
 
 
 def rollout(
-    model: URSNet,
+    model: RoutingNet,
     inst: Instances,
     starts: int,
     aug: int = 1,
@@ -323,7 +334,7 @@ def rollout(
 
 @torch.no_grad()
 def solve(
-    model: URSNet | None,
+    model: RoutingNet | None,
     inst: Instances,
     starts: int,
     aug: int = 8,
@@ -348,8 +359,14 @@ def solve(
     return out
 
 
-def build_model(cfg: URSConfig) -> URSNet:
+def build_model(cfg: URSConfig) -> RoutingNet:
+    """The config's network: URS (``arch="urs"``) or the MTPOMO baseline (``arch="mtpomo"``:
+    ``d``, ``layers``, ``ff``, ``heads`` and ``clip`` apply)."""
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    if cfg.arch == "mtpomo":
+        from .mtpomo import MTPOMONet
+
+        return MTPOMONet(d=cfg.d, layers=cfg.layers, ff=cfg.ff, heads=cfg.heads, clip=cfg.clip)
     return URSNet(
         d=cfg.d,
         layers=cfg.layers,
@@ -363,8 +380,8 @@ def build_model(cfg: URSConfig) -> URSNet:
     )
 
 
-def load_model(checkpoint: LoadedCheckpoint) -> tuple[URSNet, URSConfig]:
-    """The URSNet of a urs checkpoint (in eval mode) and the config it was trained with."""
+def load_model(checkpoint: LoadedCheckpoint) -> tuple[RoutingNet, URSConfig]:
+    """The network (URS or MTPOMO) of a urs checkpoint (in eval mode) and the config it was trained with."""
     if checkpoint.method != "urs":
         raise NshotError(f"{checkpoint.path}: a {checkpoint.method!r} checkpoint, not urs")
     cfg = URSConfig.validated(checkpoint.config)

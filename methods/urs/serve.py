@@ -23,7 +23,7 @@ from nshot.train.checkpoint import LoadedCheckpoint
 
 from .checker import check
 from .config import URSConfig
-from .model import URSNet, load_model, solve
+from .model import RoutingNet, load_model, solve
 from .representation import Instances, generate, variant_name
 
 MAX_NODES = 1000
@@ -203,7 +203,7 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
     Request = URSRequest
     Response = URSResponse
 
-    def __init__(self, net: URSNet, cfg: URSConfig) -> None:
+    def __init__(self, net: RoutingNet, cfg: URSConfig) -> None:
         self.net = net.eval()
         self.cfg = cfg
 
@@ -217,6 +217,7 @@ class URSPredictor(Predictor[URSRequest, URSResponse]):
             "seen_variants": self.cfg.seen_variants,
             "max_nodes": MAX_NODES,
             "pomo_starts": self.cfg.eval_starts,
+            "arch": self.cfg.arch,
             "mbm": self.cfg.mbm,
             "generator": self.cfg.generator,
         }

@@ -18,7 +18,7 @@ import torch
 from nshot.train.trainer import Recipe, train
 
 from .config import URSConfig
-from .model import URSNet, build_model, rollout, solve
+from .model import RoutingNet, build_model, rollout, solve
 from .representation import Instances, generate, generate_mixed
 
 
@@ -46,7 +46,7 @@ def rollout_loss(
     inst = generate_mixed(cfg.seen_variants, n, batch, rng, cfg.train_layouts)
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(int(rng.integers(2**31)))
-    if isinstance(model, URSNet):
+    if isinstance(model, RoutingNet):
         env, logp = rollout(model, inst, cfg.train_starts, 1, mode="sample", generator=gen)
     else:  # RolloutModule, possibly inside DDP: its forward is the rollout
         env, logp = model(inst, cfg.train_starts, gen)
@@ -71,9 +71,9 @@ def train_step(
 
 
 class RolloutModule(torch.nn.Module):
-    """Wraps URSNet so that DDP's ``forward`` is the sampled rollout (gradient sync on backward)."""
+    """Wraps the network so that DDP's ``forward`` is the sampled rollout (gradient sync on backward)."""
 
-    def __init__(self, net: URSNet) -> None:
+    def __init__(self, net: RoutingNet) -> None:
         super().__init__()
         self.net = net
 
@@ -87,7 +87,7 @@ def validation_set(cfg: URSConfig) -> list[Instances]:
     return [generate(v, n, per, cfg.test_seed + 7) for v in cfg.seen_variants]
 
 
-def validate(net: URSNet, sets: list[Instances], starts: int) -> float:
+def validate(net: RoutingNet, sets: list[Instances], starts: int) -> float:
     net.eval()
     costs = [s["cost"] for inst in sets for s in solve(net, inst, starts, aug=1)]
     net.train()
@@ -95,7 +95,7 @@ def validate(net: URSNet, sets: list[Instances], starts: int) -> float:
 
 
 class URSRecipe(Recipe):
-    """POMO REINFORCE on URSNet: Adam at the step's learning rate (:func:`lr_at`), the gradient
+    """POMO REINFORCE on the config's network (URS, or MTPOMO with ``arch="mtpomo"``): Adam at the step's learning rate (:func:`lr_at`), the gradient
     clipped to ``grad_clip``; at each report the validation cost on the seen variants, the
     learning rate and a history of the reports (kept in the checkpoint's extra state)."""
 
@@ -157,7 +157,7 @@ def train_loop(cfg: URSConfig) -> None:
     train(URSRecipe(cfg))
 
 
-def train_in_process(cfg: URSConfig, log=None) -> tuple[URSNet, list]:
+def train_in_process(cfg: URSConfig, log=None) -> tuple[RoutingNet, list]:
     """The same training without Ray Train (benchmarks, notebooks): the net and every step's
     numbers."""
     recipe = train(URSRecipe(cfg, log), session=False)
