@@ -19,7 +19,8 @@ from nshot.methods.auxbo import taskstore as TS
 
 @pytest.fixture(scope="module")
 def syn():
-    return S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+    """The first synthetic family (version 1), kept reproducible by ``synthetic_version=1``."""
+    return S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0, version=1)
 
 
 def test_synthetic_shapes_and_encoding(syn):
@@ -42,13 +43,13 @@ def test_synthetic_shapes_and_encoding(syn):
 
 def test_synthetic_deterministic_and_seeded(syn):
     train, test = syn
-    train2, test2 = S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0)
+    train2, test2 = S.synthetic_family(n_train=20, n_test=10, n_candidates=300, seed=0, version=1)
     for a, b in zip(train + test, train2 + test2):
         assert np.array_equal(a.f, b.f) and np.array_equal(a.h, b.h) and np.array_equal(a.X, b.X)
     # a task does not depend on how many tasks are drawn
-    more, _ = S.synthetic_family(n_train=25, n_test=1, n_candidates=300, seed=0)
+    more, _ = S.synthetic_family(n_train=25, n_test=1, n_candidates=300, seed=0, version=1)
     assert np.array_equal(more[5].h, train[5].h)
-    other, _ = S.synthetic_family(n_train=2, n_test=1, n_candidates=300, seed=1)
+    other, _ = S.synthetic_family(n_train=2, n_test=1, n_candidates=300, seed=1, version=1)
     assert not np.allclose(other[0].X, train[0].X)
     assert not np.allclose(other[0].info["tau"], train[0].info["tau"])
 
@@ -64,7 +65,7 @@ def test_synthetic_train_test_disjoint(syn):
 
 def test_synthetic_f_peaks_near_tau(syn):
     train, test = syn
-    clean_train, _ = S.synthetic_family(n_train=20, n_test=0, seed=0, noise=False)
+    clean_train, _ = S.synthetic_family(n_train=20, n_test=0, seed=0, noise=False, version=1)
     for noisy, clean in zip(train, clean_train):
         tau = np.asarray(noisy.info["tau"])
         x = noisy.X * 2.0 - 1.0
@@ -85,10 +86,94 @@ def test_synthetic_h_depends_on_tau(syn):
     a, b = train[0], train[1]
     assert np.abs(a.h - b.h).mean() > 0.1
     # clean h = tanh(A (x - tau)) spans the informative range of tanh, not just its tails
-    clean, _ = S.synthetic_family(n_train=1, n_test=0, seed=0, noise=False)
+    clean, _ = S.synthetic_family(n_train=1, n_test=0, seed=0, noise=False, version=1)
     t = clean[0]
     assert np.abs(t.h).max() < 1.0
     assert t.h.std() > 0.2
+
+
+def test_synthetic_version_1_is_the_first_family():
+    """Version 1 stays what it was: f = exp(-|x - τ|^2 / 0.5), h = tanh(A (x - τ)) on the cube,
+    drawing τ and then the noise from each task's stream."""
+    (t,), _ = S.synthetic_family(n_train=1, n_test=0, n_candidates=50, seed=4, version=1)
+    rng = S._rng(4, (S._STREAM_TRAIN, 0))
+    tau = rng.uniform(-1.0, 1.0, size=4)
+    x = t.X.astype(np.float64) * 2.0 - 1.0
+    f = np.exp(-((x - tau) ** 2).sum(1) / 0.5) + rng.normal(0.0, 0.01, size=50)
+    h = np.tanh(np.einsum("tkd,nd->ntk", S.synthetic_maps(4), x - tau))
+    h = h + rng.normal(0.0, 0.05, size=h.shape)
+    np.testing.assert_allclose(t.f, f, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(t.h, h, rtol=1e-6, atol=1e-6)
+    assert t.info["version"] == 1 and "gains" not in t.info
+    with pytest.raises(ValueError, match="version"):
+        S.synthetic_family(n_train=1, n_test=0, version=3)
+
+
+def test_synthetic_v2_lives_on_a_torus_and_h_hides_the_side():
+    """Version 2 (the default): f and h are functions of the offset to the optimum on the torus
+    [-1, 1)^4; h shows how far each coordinate is from the optimum's (the mirror image of a
+    design about τ has the same h), through the task's own gains c."""
+    (t, u), _ = S.synthetic_family(n_train=2, n_test=0, n_candidates=200, seed=0, noise=False)
+    assert t.info["version"] == 2 and len(t.info["gains"]) == 4
+    gains = np.asarray(t.info["gains"])
+    assert np.all((gains >= 0.5) & (gains <= 2.0))
+    assert not np.allclose(gains, u.info["gains"])  # a task-level latent
+    tau, A = np.asarray(t.info["tau"]), S.synthetic_maps(0)
+    x = t.X.astype(np.float64) * 2.0 - 1.0
+    delta = S.wrap(x - tau)
+    np.testing.assert_allclose(t.f, np.exp(-(delta**2).sum(1) / 0.5), rtol=1e-5, atol=1e-6)
+    # periodic: a design shifted by a whole period has the same f and h
+    f_shift, h_shift = S.synthetic_values(x + np.array([2.0, 0, -2.0, 0]), tau, A, 2, gains)
+    np.testing.assert_allclose(f_shift, t.f, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h_shift, t.h, rtol=1e-5, atol=1e-6)
+    # the mirror image about τ of any coordinate: same f and same h (h hides the side) ...
+    mirror = x.copy()
+    mirror[:, 1] = 2.0 * tau[1] - x[:, 1]
+    f_m, h_m = S.synthetic_values(mirror, tau, A, 2, gains)
+    np.testing.assert_allclose(h_m, t.h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f_m, t.f, rtol=1e-5, atol=1e-6)
+    # ... but not how far each coordinate is: the same total distance, split otherwise, moves h
+    swap = tau + np.roll(delta, 1, axis=1)
+    f_s, h_s = S.synthetic_values(swap, tau, A, 2, gains)
+    np.testing.assert_allclose(f_s, t.f, rtol=1e-5, atol=1e-6)
+    assert np.abs(h_s - t.h).mean() > 0.05
+    # the noisy family draws the same τ and gains
+    (noisy, _), _ = S.synthetic_family(n_train=2, n_test=0, n_candidates=200, seed=0)
+    assert noisy.info == t.info
+    assert 0.005 < (noisy.f - t.f).std() < 0.02 and 0.03 < (noisy.h - t.h).std() < 0.07
+
+
+def test_synthetic_v2_set_of_h_does_not_reveal_the_optimum_and_h_stays_informative():
+    """The family's preconditions (claims ``synthetic_h_does_not_reveal_optimum`` and
+    ``synthetic_h_informative``), on a few generated tasks: from the mean h of 5 random designs
+    a ridge regression locates version 1's optimum (the leak) but not version 2's, and one
+    design's h predicts its own f within the task above the declared floor."""
+    from nshot.methods.auxbo.claims import INFORMATIVE_FLOOR, LEAK_BOUND
+    from nshot.methods.auxbo.experiments import design_information, set_information
+
+    leak = {}
+    for version in (1, 2):
+        train, test = S.synthetic_family(n_train=120, n_test=40, seed=0, version=version)
+        leak[version] = set_information(train, test, sizes=(5,), draws=8)["optimum"][5]
+        if version == 2:
+            assert design_information(train, test) >= INFORMATIVE_FLOOR
+            # the mean h of a whole task is the same for every task: 0
+            means = np.array([t.h.mean(0) for t in train])
+            assert np.abs(means).max() < 0.1
+    assert leak[1] > 0.5  # the statistic sees a leak where there is one
+    assert leak[2] <= LEAK_BOUND
+
+
+def test_the_config_picks_the_synthetic_version():
+    from nshot.method import get
+
+    method = get("auxbo")
+    for preset in ("smoke", "small", "paper"):
+        assert method.config(preset).synthetic_version == 2
+    train, _, _ = D.load_family(method.config("smoke", synthetic_version=1), "synthetic")
+    assert train[0].info["version"] == 1
+    train, _, _ = D.load_family(method.config("smoke"), "synthetic")
+    assert train[0].info["version"] == 2
 
 
 # ------------------------------------------------------------------------------- mini-LCBench

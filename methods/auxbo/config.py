@@ -47,6 +47,13 @@ class AuxBOConfig(MethodConfig):
     n_train_tasks: int = Field(500, ge=1, le=100_000, description="synthetic history tasks")
     n_test_tasks: int = Field(100, ge=1, le=100_000, description="synthetic held-out tasks")
     n_candidates: int = Field(300, ge=8, le=100_000, description="synthetic designs per task")
+    synthetic_version: Literal[1, 2] = Field(
+        2,
+        description="synthetic family: 2 (designs on a torus, h shows how far each coordinate "
+        "is from the optimum's with task-level gains, and the set of a task's h values says "
+        "nothing of where its optimum lies) or 1 (the first family: h = tanh(A (x - tau)) on "
+        "the cube, whose mean over random designs reveals the optimum)",
+    )
     lcbench_configs: int = Field(100, ge=8, le=10_000, description="mini-LCBench designs")
     lcbench_variant: Literal["perturbed", "clean"] = Field(
         "clean",

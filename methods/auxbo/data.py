@@ -93,6 +93,7 @@ def load_family(
             n_test=cfg.n_test_tasks,
             n_candidates=cfg.n_candidates,
             seed=cfg.seed,
+            version=cfg.synthetic_version,
         )
         return train, test, {"space": None, "space_hash": None}
     if family == "lcbench":

@@ -23,6 +23,12 @@ remove), and aux-BO against it shows the per-design reading. The synthetic
 family's metrics are ``regret_at_{5,10,20}`` and ``nll_ctx5``; mini-LCBench's are prefixed
 ``lc_``.
 
+Preconditions of a family, measured on every run: ``extra["set_information"]`` (what the set of
+a task's h values says about where its optimum lies, :func:`set_information`) and
+``extra["h_information"]`` (what one design's h says about its own f,
+:func:`design_information`); the synthetic family's checks in claims.py read them, with
+``extra["synthetic_version"]``.
+
 Seeds. On the ``seeded_families`` (mini-LCBench in ``small``) aux-BO and the f-only TNP are
 meta-trained ``train_seeds`` times on the same tasks (seeds ``seed``, ``seed + 1``, ...; each
 further seed's BO runs start from its own random designs, the same for both rows), and
@@ -265,6 +271,34 @@ def set_information(
     return out
 
 
+def design_information(
+    train: list[Any], test: list[Any], per_task: int = 40, seed: int = 0
+) -> float:
+    """How much one design's h says about that design's f, within its task.
+
+    R² on ``test`` of a ridge regression (alpha by cross-validation) from a design's h and its
+    squares (a quadratic read-out, flattened over frames) to the design's f standardised within
+    its task, fitted on ``per_task`` random designs of each ``train`` task and scored on as many
+    of each held-out task. The synthetic family's precondition that h is informative about f's
+    landscape (``synthetic_h_informative`` in claims.py) reads it."""
+    from sklearn.linear_model import RidgeCV
+
+    rng = np.random.default_rng([seed, 8191])
+
+    def design_rows(tasks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        feats, ys = [], []
+        for task in tasks:
+            h = np.nan_to_num(np.asarray(task.h, np.float64).reshape(len(task.f), -1))
+            idx = rng.choice(len(task.f), size=min(per_task, len(task.f)), replace=False)
+            feats.append(np.concatenate([h[idx], h[idx] ** 2], axis=1))
+            ys.append(task_profile(task)[idx])
+        return np.concatenate(feats), np.concatenate(ys)
+
+    (xa, ya), (xb, yb) = design_rows(train), design_rows(test)
+    ridge = RidgeCV(alphas=np.logspace(-4, 3, 15)).fit(xa, ya)
+    return float(1.0 - ((ridge.predict(xb) - yb) ** 2).sum() / ((yb - yb.mean()) ** 2).sum())
+
+
 def _wilcoxon(a: np.ndarray, b: np.ndarray, alternative: str = "less") -> float:
     """Paired Wilcoxon signed-rank p; by default one-sided, that ``a`` (aux-BO regret) is lower
     than ``b``."""
@@ -384,7 +418,17 @@ def _family(cfg: AuxBOConfig, family: str, names: tuple[str, ...], out: dict[str
     extra.setdefault("set_information", {})[family] = {
         name: {str(k): v for k, v in r2.items()} for name, r2 in info.items()
     }
+    f_r2 = design_information(train, test, seed=cfg.seed)
+    extra.setdefault("h_information", {})[family] = {"f_r2": f_r2}
+    if family == "synthetic":
+        extra["synthetic_version"] = cfg.synthetic_version
     out["measured"] += _measured(family, rows, p, pred, pv, ctrl_pv, info, "h_set" in regrets)
+    out["measured"].append(
+        f"{family}: what one design's h says about its own f: a quadratic ridge read-out "
+        f"(fitted on the history tasks) predicts the design's within-task standardised f on "
+        f"the held-out tasks with R² {f_r2:.2f}"
+        + (f" (synthetic family version {cfg.synthetic_version})" if family == "synthetic" else "")
+    )
     out["notes"].append(_family_note(cfg, family, len(train), n, trained, pv))
     if family in cfg.seeded_families:
         _seeded(cfg, family, names, out, regrets, reseeded, train, test)
