@@ -158,6 +158,7 @@ STALE = {
     "auxbo": "no run record",
     "bsr": "code changed since",
     "cfr": "dirty tree",
+    "dirclip": "code changed since",
     "front": "no run record",
     "tail": "no run record",
     "tgdt": "dirty tree",
