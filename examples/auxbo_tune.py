@@ -39,7 +39,11 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="nshot-auxbo-")
     cfg = get("auxbo").config(
-        "small", steps=args.steps, log_every=max(1, args.steps // 6), checkpoint_every=args.steps
+        "small",
+        steps=args.steps,
+        log_every=max(1, args.steps // 6),
+        checkpoint_every=args.steps,
+        synthetic_version=1,  # the family's first version, whose objective the sweep below uses
     )
     res = fit("auxbo", cfg, storage=work, name="surrogate")
     print(f"surrogate: {res.checkpoint} (val_nll {res.metrics.get('val_nll'):.3f})")
