@@ -39,24 +39,23 @@ from nshot.method import get
 
 def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
     from nshot.methods.atha.data import domain_pool, sample_episode
-    from nshot.methods.atha.model import Backbone, EpisodeModel
-    from nshot.nn.clip import load_clip
-    from nshot.train.clip import ensure_clip
+    from nshot.methods.atha.model import EpisodeModel, backbone_inverse
+    from nshot.nn.backbone import load_backbone
 
     cfg = get("atha").config(preset)
     if clip_preset is not None:
         cfg = cfg.replace(clip_preset=clip_preset)
     # the reproduction's own tiny CLIP (cached by how it was trained: clip_workers)
-    clip_dir = ensure_clip(cfg.clip_preset, text=cfg.text, seed=cfg.seed, workers=cfg.clip_workers)
-    bb = Backbone(load_clip(clip_dir))
-    proj = bb.clip.visual_proj.detach().double()  # [W, E]
+    bb = load_backbone(cfg.backbone_spec())
+    clip = bb.model
+    proj = clip.visual_proj.detach().double()  # [W, E]
     u_basis, sing, _ = torch.linalg.svd(proj, full_matrices=False)  # u_basis [W, min(W, E)]
     weak = u_basis[:, sing.argsort()[:3]]
     out: dict = {
         "preset": preset,
         "clip_preset": cfg.clip_preset,
         "text": cfg.text,
-        "pool": bb.cfg.pool,
+        "pool": clip.cfg.pool,
         "visual_proj_shape": list(proj.shape),
         "proj_condition": float(sing.max() / sing.min()),
         "domains": {},
@@ -68,7 +67,7 @@ def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
         model = EpisodeModel(bb, ep.names, cfg, "atha", shots=1, seed=cfg.seed)
         with torch.no_grad():
             text, anchor_text = model.text_features()
-            u = (anchor_text @ bb.inverse).double()
+            u = (anchor_text @ backbone_inverse(bb)).double()
             anchors = model.anchors(anchor_text)
             an = F.normalize(anchors, dim=-1)
             cos = an @ an.T
@@ -77,8 +76,8 @@ def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
             tcos = (tn @ tn.T)[~torch.eye(len(tn), dtype=torch.bool)]
             images = torch.from_numpy(ep.support_x).float()
             images = torch.cat([images, torch.from_numpy(ep.query_x).float()])
-            x = (images - bb.cfg.pixel_mean) / bb.cfg.pixel_std
-            v = bb.clip.visual
+            x = (images - clip.cfg.pixel_mean) / clip.cfg.pixel_std
+            v = clip.visual
             t = v.patch_embed(x)
             t = torch.cat([v.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + v.pos_embed
             modal, token_norm = [], []
@@ -88,7 +87,7 @@ def measure(preset: str, clip_preset: str | None, domains: list[str]) -> dict:
                 best = sim.argmax(dim=1).flatten()
                 modal.append(float(torch.bincount(best, minlength=len(an)).max() / best.numel()))
                 t = blk(t)
-            image_norm = float(bb.clip.encode_image(images).norm(dim=-1).mean())
+            image_norm = float(clip.encode_image(images).norm(dim=-1).mean())
         anchor_norm = float(anchors.norm(dim=-1).mean())
         out["domains"][domain] = {
             "names": ep.names,

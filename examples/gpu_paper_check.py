@@ -122,13 +122,11 @@ def _clip(root: Path, arch: str, tiny: bool) -> Path:
 
 def atha_part(root: Path, tiny: bool) -> dict:
     from nshot.method import get
-    from nshot.methods.atha.clip_backbone import (
-        folder_pool,
-        load_hf_backbone,
-        sample_folder_episode,
-    )
-    from nshot.methods.atha.paper import episode_seed, unit_checks
-    from nshot.methods.atha.train import run_episode
+    from nshot.methods.atha.data import sample_episode
+    from nshot.methods.atha.experiments import unit_checks
+    from nshot.methods.atha.paper_data import folder_pool
+    from nshot.methods.atha.train import episode_seed, run_episode
+    from nshot.nn.backbone import load_backbone
 
     atha = get("atha")
     names = list(CLASSES)
@@ -143,14 +141,14 @@ def atha_part(root: Path, tiny: bool) -> dict:
     )  # fmt: skip
     device = _device()
     t0 = _now()
-    bb = load_hf_backbone(cfg, device)
+    bb = load_backbone(cfg.backbone_spec(), device)
     pool = folder_pool(cfg, "shapes", bb.image_size)
     load_s = _now() - t0
     seconds: dict[str, dict[str, float]] = {}
     acc: dict[str, dict[str, float]] = {}
     for shots, systems in ((1, list(cfg.systems)), (5, list(cfg.systems_5shot))):
-        ep = sample_folder_episode(pool, seed=cfg.seed, episode=0, n_way=cfg.n_way,
-                                   shots=shots, queries=cfg.queries)  # fmt: skip
+        ep = sample_episode(pool, seed=cfg.seed, episode=0, n_way=cfg.n_way, shots=shots,
+                            queries=cfg.queries)  # fmt: skip
         for s in systems:
             t1 = _now()
             r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, 0))
@@ -159,8 +157,8 @@ def atha_part(root: Path, tiny: bool) -> dict:
     unit = unit_checks(bb, cfg, names[:2])
     tf32 = None
     if device.type == "cuda":
-        ep = sample_folder_episode(pool, seed=cfg.seed, episode=0, n_way=cfg.n_way, shots=1,
-                                   queries=cfg.queries)  # fmt: skip
+        ep = sample_episode(pool, seed=cfg.seed, episode=0, n_way=cfg.n_way, shots=1,
+                            queries=cfg.queries)  # fmt: skip
         with _tf32():
             t1 = _now()
             run_episode(bb, ep, cfg, "atha", shots=1, seed=episode_seed(cfg, pool, 0))

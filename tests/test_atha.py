@@ -25,9 +25,9 @@ def smoke_clip(nshot_cache):
 
 @pytest.fixture(scope="module")
 def backbone(smoke_clip):
-    from nshot.methods.atha.model import Backbone
+    from nshot.nn.backbone import backbone_of
 
-    return Backbone(smoke_clip)
+    return backbone_of(smoke_clip).freeze()
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +47,12 @@ def test_config_validation_names_the_field():
 
 
 def test_paper_preset_validates_and_names_what_is_missing():
-    from nshot.methods.atha.train import check_backbone
+    from nshot.methods.atha.paper_data import check_paper
 
     cfg = get("atha").config("paper")
     assert cfg.backbone == "clip" and cfg.epochs == 100 and cfg.episodes_1shot == 800
     with pytest.raises(ConfigError, match="'clip_path' is not set") as err:
-        check_backbone(cfg)
+        check_paper(cfg)
     assert "'data_path' is not set" in str(err.value)
 
 
@@ -67,7 +67,7 @@ def test_rho_zero_forward_equals_coop_lora_bit_for_bit(backbone, cfg):
         a.rho_plus.zero_()
         assert torch.equal(a(x), b(x))
         # and the untouched model is the pre-trained CLIP's image tower, bit for bit
-        assert torch.equal(b.image_features(x), backbone.clip.encode_image(x))
+        assert torch.equal(b.image_features(x), backbone.encode_image(x))
 
 
 def test_head_and_tail_sets_are_disjoint_and_the_update_acts_on_them_only():
@@ -105,7 +105,7 @@ def test_inverted_anchors_reconstruct(backbone, cfg):
     with torch.no_grad():
         _, t = m.text_features()
         a = m.anchors(t)
-        back = (a * m.visual.norm.weight + m.visual.norm.bias) @ m.visual_proj
+        back = (a * m.image.norm.weight + m.image.norm.bias) @ backbone.image_projection()
     assert ((back - t).norm(dim=-1) <= 1e-4 * t.norm(dim=-1)).all()
 
 
@@ -113,20 +113,21 @@ def test_peft_lora_has_the_rslora_scaling_and_starts_at_zero(backbone, cfg):
     from nshot.methods.atha.model import EpisodeModel
 
     m = EpisodeModel(backbone, NAMES, cfg, "clip_lora", shots=1, seed=0)
-    qkv = m.visual.blocks[0].attn.qkv
+    qkv = m.image.blocks[0].attn.qkv
     assert qkv.scaling["default"] == pytest.approx(cfg.lora_alpha / cfg.lora_r**0.5)
     assert all(not p.requires_grad for n, p in m.named_parameters() if "lora_" not in n)
     assert float(qkv.lora_B["default"].weight.abs().sum()) == 0.0
     assert not m.ctx.requires_grad and not m.rho_plus.requires_grad  # CLIP-LoRA only
     # the backbone stays pristine: LoRA went into a copy
-    assert not any("lora_" in n for n, _ in backbone.clip.named_parameters())
+    assert not any("lora_" in n for n, _ in backbone.model.named_parameters())
 
 
 def test_minilm_prompt_route_reproduces_the_sentence_embedding(nshot_cache):
     """[CLS] + the word embeddings of "a photo of a" as context + the name + [SEP] through
     MiniLM's BERT, mean-pooled and normalised, equals sentence-transformers' embedding of
     "a photo of a {name}" (then the same projection)."""
-    from nshot.methods.atha.model import Backbone, EpisodeModel
+    from nshot.methods.atha.model import EpisodeModel
+    from nshot.nn.backbone import backbone_of
     from nshot.nn.clip import TinyCLIP
     from nshot.train.clip import clip_config
 
@@ -134,7 +135,7 @@ def test_minilm_prompt_route_reproduces_the_sentence_embedding(nshot_cache):
     clip = TinyCLIP(clip_config("smoke", "minilm")).eval()
     cfg = get("atha").config("smoke", text="minilm", txtlayer=4)
     names = ["circle", "plus sign", "zero"]
-    m = EpisodeModel(Backbone(clip), names, cfg, "coop_lora", shots=1, seed=0)
+    m = EpisodeModel(backbone_of(clip).freeze(), names, cfg, "coop_lora", shots=1, seed=0)
     with torch.no_grad():
         got, _ = m.text_features()
         want = clip.encode_text([f"a photo of a {n}" for n in names])
@@ -413,8 +414,8 @@ def test_example_on_two_ray_train_workers(ray_session, tmp_path, run_example, ca
     ckpt = load_checkpoint(tmp_path / "example-atha-smoke", method="atha")
     assert ckpt.step == 20 and 0.0 <= ckpt.metrics["acc_1shot_avg"] <= 1.0
     assert "acc_src_8way" in ckpt.metrics and ckpt.extra["clip_preset"] == "smoke"
-    clip, _ = load_model(ckpt)
-    assert clip.cfg.vision_depth == 2
+    backbone, _ = load_model(ckpt)
+    assert backbone.model.cfg.vision_depth == 2 and backbone.vision_depth == 2
 
 
 def test_anchor_diagnostic_example(smoke_clip, tmp_path, run_example, capsys):

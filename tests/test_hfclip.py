@@ -354,18 +354,16 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     text features; ρ = 0 is CoOp + LoRA; the ATHA hooks act and are removed; one report under
     Ray Train (in-process), evaluation and the reproduction's table."""
     from nshot.method import ConfigError, get
-    from nshot.methods.atha.clip_backbone import (
-        folder_pool,
-        load_hf_backbone,
-        sample_folder_episode,
-    )
-    from nshot.methods.atha.train import check_backbone
+    from nshot.methods.atha.data import sample_episode
+    from nshot.methods.atha.model import EpisodeModel
+    from nshot.methods.atha.paper_data import check_paper, folder_pool
+    from nshot.nn.backbone import load_backbone
     from nshot.train import Scaling, fit, load_checkpoint
 
     folder, _ = tiny
     atha = get("atha")
     with pytest.raises(ConfigError) as err:
-        check_backbone(atha.config("paper"))
+        check_paper(atha.config("paper"))
     assert "'clip_path' is not set" in str(err.value) and "'data_path' is not set" in str(err.value)
     names = ["cat", "dog", "circle", "square", "ring"]
     _image_folder(tmp_path / "data" / "shapes", names, 12, 2)
@@ -374,21 +372,21 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
         txtlayer=0, rho_block=1, epochs=2, queries=2, eval_episodes=1, episodes_1shot=2,
         episodes_5shot=1, job_gpus=0.0,
     )  # fmt: skip
-    bb = load_hf_backbone(cfg)
-    zero = bb.episode_model(names[:2], cfg, "zero_shot", shots=1, seed=0)
-    a = bb.episode_model(names[:2], cfg, "atha", shots=1, seed=3)
-    b = bb.episode_model(names[:2], cfg, "coop_lora", shots=1, seed=3)
+    bb = load_backbone(cfg.backbone_spec())
+    zero = EpisodeModel(bb, names[:2], cfg, "zero_shot", shots=1, seed=0)
+    a = EpisodeModel(bb, names[:2], cfg, "atha", shots=1, seed=3)
+    b = EpisodeModel(bb, names[:2], cfg, "coop_lora", shots=1, seed=3)
     x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = bb.pre.encode_text([f"a photo of a {n}" for n in names[:2]])
+        ref = bb.encode_text([f"a photo of a {n}" for n in names[:2]])
         assert float((zero.text_features()[0] - ref).abs().max()) <= 1e-5
         assert not torch.equal(a(x), b(x))  # ρ⁺ = 0.8 at rho_block: the hooks act
-        assert all(not layer._forward_pre_hooks for layer in a.vision.encoder.layers)
+        assert all(not layer._forward_pre_hooks for layer in a.image.encoder.layers)
         a.rho_plus.zero_()
         assert torch.equal(a(x), b(x))
     assert a.lora_parameters() and not zero.lora_parameters()
     pool = folder_pool(cfg, "shapes", 32)
-    ep = sample_folder_episode(pool, seed=0, episode=0, n_way=5, shots=1, queries=2)
+    ep = sample_episode(pool, seed=0, episode=0, n_way=5, shots=1, queries=2)
     assert ep.support_x.shape == (5, 3, 32, 32) and ep.query_x.shape == (10, 3, 32, 32)
     res = fit("atha", cfg, scaling=Scaling(workers=0), storage=tmp_path / "runs", name="p")
     ckpt = load_checkpoint(res.checkpoint, method="atha")
@@ -408,7 +406,7 @@ def test_atha_paper_path_adapts_evaluates_and_reproduces_on_a_tiny_clip(
     assert table.rows["coop_lora"]["paired_gain_vs_coop_lora"] == 0.0
     unit = table.extra["unit"]
     assert unit["rho0_max_abs_logit_diff"] == 0.0 and unit["prompt_max_abs_diff"] <= 1e-5
-    assert unit["anchor_rel_error"] <= 1e-3
+    assert unit["anchor_rel_error"] <= 1e-3 and unit["head_tail_overlap"] == 0.0
     # the predictor reads the CLIP the checkpoint records and adapts on the request's support:
     # over HTTP, the probabilities of the same episode run in this process
     from fastapi.testclient import TestClient

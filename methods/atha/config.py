@@ -4,7 +4,8 @@
 name: ``small`` with the frozen MiniLM text tower, ``smoke`` with the word tower); ``paper`` is
 CLIP ViT-B/16 read by path with ``transformers``' CLIP (``clip_path``: a Hugging Face folder or
 an OpenAI-format safetensors file) on target domains in image folders (``data_path``), for a
-GPU (the paper's setting: 800 / 400 episodes of 100 epochs; :mod:`.clip_backbone`).
+GPU (the paper's setting: 800 / 400 episodes of 100 epochs; :mod:`.paper_data`). The two differ
+in the backbone (:meth:`AthaConfig.backbone_spec`) and the data, not in the method's code.
 
 A step of ``nshot train atha`` is one step of the tiny CLIP's contrastive pre-training; the
 episodes (adaptation on a support set, classification of its queries) run in ``evaluate``,
@@ -13,12 +14,15 @@ episodes (adaptation on a support set, classification of its queries) run in ``e
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, TuneSpec
+
+if TYPE_CHECKING:
+    from nshot.nn.backbone import BackboneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -204,6 +208,22 @@ class AthaConfig(MethodConfig):
             "job_gpus": 1.0,
         },
     }  # fmt: skip
+
+    def backbone_spec(self, seed: int | None = None) -> BackboneSpec:
+        """The backbone this config names (:mod:`nshot.nn.backbone`): the tiny CLIP of
+        ``clip_preset`` / ``text`` pre-trained with training seed ``seed`` (default: the
+        config's) on ``clip_workers`` workers and cached (``tiny``), or the real CLIP at
+        ``clip_path`` (``clip``)."""
+        from nshot.nn.backbone import BackboneSpec
+
+        if self.backbone == "clip":
+            return BackboneSpec("hfclip", {"clip_path": self.clip_path,
+                                           "clip_tokenizer": self.clip_tokenizer,
+                                           "clip_arch": self.clip_arch})  # fmt: skip
+        return BackboneSpec("tinyclip", {
+            "preset": self.clip_preset, "text": self.text,
+            "seed": self.seed if seed is None else seed, "workers": self.clip_workers,
+        })  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> AthaConfig:

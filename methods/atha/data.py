@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,8 @@ from nshot.data.cache import cached_table
 from nshot.data.shapes import BACKGROUNDS, COLOURS, SHAPES, shape_alpha
 from nshot.errors import NshotError
 from nshot.train.clip import DIGIT_NAMES
+
+from .config import AthaConfig
 
 DOMAINS: tuple[str, ...] = ("textured", "sketch", "digits", "mnist", "textile")
 # conformal-clip-data's folders, in label order, and the class names the text tower reads
@@ -238,10 +241,14 @@ def domain_table(domain: str, n_per_class: int, seed: int = 0) -> pa.Table:
 
 @dataclass(frozen=True)
 class Pool:
+    """A domain's images: ``images[rows]`` is ``float32 [k, 3, S, S]`` in [0, 1] (an array, or
+    image files read per episode: :mod:`.paper_data`); ``index`` seeds its episodes."""
+
     domain: str
-    images: np.ndarray  # float32 [n, 3, 32, 32] in [0, 1]
+    images: Any  # float32 [n, 3, 32, 32] in [0, 1], or indexable by a row array
     labels: np.ndarray  # int64 [n]
     names: tuple[str, ...]
+    index: int
 
 
 def domain_pool(domain: str, n_per_class: int, seed: int = 0) -> Pool:
@@ -249,7 +256,8 @@ def domain_pool(domain: str, n_per_class: int, seed: int = 0) -> Pool:
     raw = b"".join(table.column("image").to_pylist())
     hwc = np.frombuffer(raw, dtype=np.uint8).reshape(-1, SIDE, SIDE, 3)
     images = np.ascontiguousarray(hwc.transpose(0, 3, 1, 2)).astype(np.float32) / 255.0
-    return Pool(domain, images, table.column("label").to_numpy(), class_names(domain))
+    return Pool(domain, images, table.column("label").to_numpy(), class_names(domain),
+                _DOMAIN_INDEX[domain])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -266,7 +274,7 @@ def sample_episode(
 ) -> Episode:
     """Episode ``episode`` of ``pool`` (a function of ``seed``, the domain and ``episode``
     only: the shots take the first images of each class's permutation)."""
-    rng = np.random.default_rng([seed, _DOMAIN_INDEX[pool.domain], episode])
+    rng = np.random.default_rng([seed, pool.index, episode])
     n_cls = len(pool.names)
     classes = np.sort(rng.choice(n_cls, min(n_way, n_cls), replace=False))  # textile: 3 classes
     sx, sy, qx, qy = [], [], [], []
@@ -284,3 +292,39 @@ def sample_episode(
         query_x=np.concatenate(qx),
         query_y=np.asarray(qy, dtype=np.int64),
     )
+
+
+def pool_of(cfg: AthaConfig, domain: str, image_size: int, seed: int | None = None) -> Pool:
+    """Domain ``domain`` of the config as a pool: a generated domain (a cached table), or with
+    ``backbone='clip'`` an image folder of ``data_path`` at the backbone's ``image_size``
+    (:func:`.paper_data.folder_pool`)."""
+    if cfg.backbone == "clip":
+        from .paper_data import folder_pool
+
+        return folder_pool(cfg, domain, image_size)
+    return domain_pool(domain, cfg.pool_per_class, cfg.seed if seed is None else seed)
+
+
+def domains_of(cfg: AthaConfig) -> list[str]:
+    """The config's target domains: ``domains``, or with ``backbone='clip'`` the image folders
+    of ``data_path`` (:func:`.paper_data.paper_domains`)."""
+    if cfg.backbone == "clip":
+        from .paper_data import paper_domains
+
+        return paper_domains(cfg)
+    return list(cfg.domains)
+
+
+def pools_of(cfg: AthaConfig, image_size: int) -> dict[str, Pool]:
+    """Every target domain of the config as a pool (:func:`pool_of`)."""
+    return {d: pool_of(cfg, d, image_size) for d in domains_of(cfg)}
+
+
+def prepare_data(cfg: AthaConfig) -> None:
+    """Before episodes on a real CLIP: one :class:`~nshot.errors.ConfigError` naming everything
+    missing (the CLIP's files and the image folders: :func:`.paper_data.check_paper`). The
+    generated domains need nothing."""
+    if cfg.backbone == "clip":
+        from .paper_data import check_paper
+
+        check_paper(cfg)

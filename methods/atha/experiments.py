@@ -1,11 +1,14 @@
 """`nshot reproduce atha`: ATHA against CoOp + LoRA, its ablations and the random-token control.
 
-The tiny CLIP comes from the cache (:func:`nshot.train.clip.ensure_clip`), pre-trained on first
-use on ``clip_workers`` Ray Train workers (two in ``small``: a cold cache's pre-training then
-uses both cores). One Ray task per (system, seed, domain, shots, block of episodes); every
-system sees the same episodes (:func:`.data.sample_episode` depends on the seed, the domain and
-the episode only) and, within an episode, the same LoRA initialisation, so the differences are
-paired.
+The backbone is the config's (:meth:`.config.AthaConfig.backbone_spec`): the tiny CLIP from the
+cache (:func:`nshot.train.clip.ensure_clip`), pre-trained on first use on ``clip_workers`` Ray
+Train workers (two in ``small``: a cold cache's pre-training then uses both cores), or for
+``paper`` the real CLIP at ``clip_path`` on image-folder domains (:mod:`.paper_data`). One Ray
+task per (seed, domain, shots, block of ``episodes_per_job`` episodes) runs every system on
+each episode of its block (an episode's images read once), on the task's device (``job_gpus``
+GPUs reserved each; a fraction shares a GPU); every system sees the same episodes
+(:func:`.data.sample_episode` depends on the seed, the domain and the episode only) and, within
+an episode, the same LoRA initialisation, so the differences are paired.
 
 With one seed, means are over episodes, the spread is the 95 % interval 1.96 · sd / √episodes
 and the claims' samples are per episode. With ``seeds`` > 1 (``small``: 3) each training seed
@@ -19,6 +22,7 @@ seed (:func:`nshot.experiment.aggregate`); each seed's own table is kept in
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from pathlib import Path
@@ -27,13 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from nshot.experiment import Job, aggregate, run_jobs
+from nshot.experiment import Job, aggregate, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
+from nshot.nn.backbone import BackboneSpec, CLIPBackbone, load_backbone, prepare_backbone
 
 from .config import AthaConfig
-from .data import domain_pool
-from .model import Backbone, EpisodeModel, select_tokens
-from .train import check_backbone, run_block
+from .data import Pool, domain_pool, domains_of, pool_of, prepare_data
+from .model import EpisodeModel, select_tokens
+from .train import run_block
 
 ATHA_VARIANTS = ("atha", "atha_head_only", "atha_tail_only", "random_tokens")
 
@@ -46,23 +51,26 @@ def metrics_of(cfg: AthaConfig) -> dict[str, bool]:
 
 
 @functools.cache
-def _backbone(clip_dir: str) -> Backbone:
-    from nshot.nn.clip import load_clip
+def _backbone(spec: str) -> CLIPBackbone:
+    """The backbone of a spec (JSON), once per process, on this process's device."""
+    from nshot.train.trainer import local_device
 
-    return Backbone(load_clip(clip_dir))
+    return load_backbone(BackboneSpec.from_dict(json.loads(spec)), local_device())  # type: ignore[return-value]
 
 
 def episodes_job(
     cfg_dict: dict[str, Any],
-    clip_dir: str,
-    system: str,
+    spec: str,
     domain: str,
     shots: int,
     episodes: list[int],
+    systems: list[str],
 ) -> list[dict[str, Any]]:
+    """One task: every system on each of ``episodes`` of ``domain`` at ``shots``
+    (:func:`.train.run_block`) on this task's device (its GPU when it reserved one)."""
     cfg = AthaConfig.validated(cfg_dict)
-    bb = _backbone(clip_dir)
-    return run_block(bb, cfg, system, domain, shots, episodes)
+    bb = _backbone(spec)
+    return run_block(bb, cfg, pool_of(cfg, domain, bb.image_size), shots, episodes, systems)
 
 
 def _ci(vals: list[float]) -> float:
@@ -70,7 +78,7 @@ def _ci(vals: list[float]) -> float:
     return 1.96 * float(np.std(vals, ddof=1)) / math.sqrt(n) if n > 1 else 0.0
 
 
-def domain_references(bb: Backbone, cfg: AthaConfig) -> dict[str, dict[str, float]]:
+def domain_references(bb: CLIPBackbone, cfg: AthaConfig) -> dict[str, dict[str, float]]:
     """Many-shot references per domain, not few-shot results: 5-fold cross-validated logistic
     regression on the whole pool (48 of its 60 images per class train each fold) from (a) the
     frozen tiny CLIP's image embeddings and (b) six grey-level statistics of each 32 × 32 image
@@ -87,8 +95,8 @@ def domain_references(bb: Backbone, cfg: AthaConfig) -> dict[str, dict[str, floa
         pool = domain_pool(d, cfg.pool_per_class, cfg.seed)
         x = torch.from_numpy(pool.images)
         with torch.no_grad():
-            emb = torch.cat([bb.clip.encode_image(x[i : i + 256], normalize=True)
-                             for i in range(0, len(x), 256)]).numpy()  # fmt: skip
+            emb = torch.cat([bb.encode_image(x[i : i + 256], normalize=True)
+                             for i in range(0, len(x), 256)]).cpu().numpy()  # fmt: skip
         g = pool.images.mean(1)
         stats = np.stack([g.mean((1, 2)), g.std((1, 2)), g.min((1, 2)), g.max((1, 2)),
                           np.abs(np.diff(g, axis=2)).mean((1, 2)),
@@ -103,13 +111,22 @@ def domain_references(bb: Backbone, cfg: AthaConfig) -> dict[str, dict[str, floa
     return out
 
 
-def unit_checks(bb: Backbone, cfg: AthaConfig) -> dict[str, float]:
-    """The unit checks (claim `unit_checks`) on the backbone of the run: rho = 0 forward against CoOp + LoRA (max abs
-    difference of logits), head/tail overlap, anchor reconstruction error (relative)."""
-    names = list(bb.clip.tokenizer.vocab[:2]) if bb.bert is None else ["circle", "square"]
-    x = torch.rand(
-        3, 3, bb.cfg.img_size, bb.cfg.img_size, generator=torch.Generator().manual_seed(0)
-    )
+def unit_names(bb: CLIPBackbone, pools: dict[str, Pool]) -> list[str]:
+    """The two classes of the unit checks: the tiny CLIP's first two words (word tower) or
+    "circle" and "square" (MiniLM tower), a real CLIP's first domain's first two classes."""
+    if bb.kind == "tinyclip":
+        ccfg = bb.model.cfg
+        return list(ccfg.vocab[:2]) if ccfg.text == "word" else ["circle", "square"]
+    return list(next(iter(pools.values())).names[:2])
+
+
+def unit_checks(bb: CLIPBackbone, cfg: AthaConfig, names: list[str]) -> dict[str, float]:
+    """The unit checks (claim `unit_checks`) on the backbone of the run: rho = 0 forward against
+    CoOp + LoRA (max abs difference of logits), head/tail overlap, anchor reconstruction error
+    (relative), and the prompt route with the initial context against the backbone's own text
+    features of "a photo of a {name}" (max abs difference)."""
+    s = bb.image_size
+    x = torch.rand(3, bb.in_chans, s, s, generator=torch.Generator().manual_seed(0))
     a = EpisodeModel(bb, names, cfg, "atha", shots=1, seed=0)
     b = EpisodeModel(bb, names, cfg, "coop_lora", shots=1, seed=0)
     with torch.no_grad():
@@ -118,91 +135,90 @@ def unit_checks(bb: Backbone, cfg: AthaConfig) -> dict[str, float]:
         diff = float((a(x) - b(x)).abs().max())
         t, anchor_text = a.text_features()
         anchors = a.anchors(anchor_text)
-        norm = a.visual.norm
-        back = (anchors * norm.weight + norm.bias) @ a.visual_proj
+        norm = bb.image_norm(a.image)
+        back = bb.project_image(anchors * norm.weight + norm.bias)
         rel = float(((back - anchor_text).norm(dim=-1) / anchor_text.norm(dim=-1)).max())
-    s = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
-    head, tail = select_tokens(s, 19, 12)
+        zero = EpisodeModel(bb, names, cfg, "zero_shot", shots=1, seed=0).text_features()[0]
+        ref = bb.encode_text([f"{cfg.ctx_init} {n}" for n in names])
+        prompt = float((zero - ref).abs().max())
+    s_ = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
+    head, tail = select_tokens(s_, 19, 12)
     overlap = sum(len(set(h.tolist()) & set(t_.tolist())) for h, t_ in zip(head, tail))
     return {
         "rho0_max_abs_logit_diff": diff,
         "head_tail_overlap": float(overlap),
         "anchor_rel_error": rel,
+        "prompt_max_abs_diff": prompt,
     }
 
 
 def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
-    from nshot.nn.clip import read_clip_meta
-    from nshot.train.clip import ensure_clip
-
-    check_backbone(cfg)
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
+    check_gpus(cfg.job_gpus)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     cfgs = {s: cfg.replace(seed=s) for s in seeds}
-    clip_dirs = {  # one tiny CLIP per training seed, pre-trained in turn on a cold cache
-        s: ensure_clip(cfg.clip_preset, text=cfg.text, seed=s, workers=cfg.clip_workers)
-        for s in seeds
-    }
-    metas = {s: read_clip_meta(clip_dirs[s]) for s in seeds}
-    for s in seeds:
-        for d in cfg.domains:  # build the cached pools once, here
-            domain_pool(d, cfg.pool_per_class, s)
+    specs = {s: json.dumps(cfgs[s].backbone_spec().to_dict(), sort_keys=True) for s in seeds}
+    if is_planning():  # a dry run lists the grid from the config: no weights, no images read
+        domains = domains_of(cfg) if cfg.backbone == "tiny" else (
+            list(cfg.data_domains) or ["<each domain folder of data_path>"])  # fmt: skip
+    else:
+        prepare_data(cfg)  # a missing CLIP or image folder fails here, before any task
+        for s in seeds:  # one tiny CLIP per training seed, pre-trained in turn on a cold cache
+            prepare_backbone(cfgs[s].backbone_spec())
+        bbs = {s: _backbone(specs[s]) for s in seeds}
+        domains = domains_of(cfg)
+        pools = {
+            s: {d: pool_of(cfgs[s], d, bbs[s].image_size) for d in domains} for s in seeds
+        }  # the cached pools built (every image folder checked) once, here
     t_data = time.time() - t0
-    settings = [(s, 1, cfg.episodes_1shot) for s in cfg.systems]
-    if cfg.episodes_5shot:
-        settings += [(s, 5, cfg.episodes_5shot) for s in cfg.systems_5shot]
-    jobs = []
+    runs = [(5, cfg.episodes_5shot, list(cfg.systems_5shot))] if cfg.episodes_5shot else []
+    runs.append((1, cfg.episodes_1shot, list(cfg.systems)))  # the 5-shot tasks, longer, first
     block = cfg.episodes_per_job
-    # the 5-shot and LoRA systems first (the long tasks), zero-shot last
-    order = sorted(settings, key=lambda s: (-s[1], s[0] in ("zero_shot", "coop")))
-    for system, shots, n_ep in order:
-        for seed in seeds:
-            for d in cfg.domains:
-                for start in range(0, n_ep, block):
-                    eps = list(range(start, min(n_ep, start + block)))
-                    jobs.append(
-                        Job(
-                            (system, seed, d, shots, start),
-                            episodes_job,
-                            (cfgs[seed].model_dump(), str(clip_dirs[seed]), system, d, shots, eps),
-                            trains=system != "zero_shot",
-                        )
-                    )
+    jobs = [
+        Job((seed, d, shots, start), episodes_job,
+            (cfgs[seed].model_dump(), specs[seed], d, shots,
+             list(range(start, min(n_ep, start + block))), systems),
+            num_gpus=cfg.job_gpus, trains=any(s != "zero_shot" for s in systems))
+        for shots, n_ep, systems in runs if systems
+        for seed in seeds for d in domains for start in range(0, n_ep, block)
+    ]  # fmt: skip
     done = run_jobs(jobs, description=f"atha {cfg.preset}")
     tables: dict[int, ResultsTable] = {}
     for seed in seeds:
         acc: dict[tuple[str, str, int], list[float]] = {}
-        rates: dict[tuple[str, str, int], list[dict[str, list[float]]]] = {}
-        for (system, s, d, shots, _), res in done.items():
+        rates: dict[str, list[dict[str, list[float]]]] = {}
+        for (s, d, shots, _), res in done.items():  # the jobs' order: episodes in order
             if s == seed:
-                acc.setdefault((system, d, shots), []).extend(r["acc"] for r in res)
-                rates.setdefault((system, d, shots), []).extend(r["rates"] for r in res)
-        zero_shot = metas[seed].get("zero_shot", {})
-        table = summarise(cfgs[seed], acc, zero_shot.get("acc_src_8way"))
-        bb = _backbone(str(clip_dirs[seed]))
+                for r in res:
+                    acc.setdefault((r["system"], d, shots), []).append(r["acc"])
+                    rates.setdefault(r["system"], []).append(r["rates"])
+        bb = bbs[seed]
+        meta = _tiny_meta(bb)
+        zero_shot = meta.get("zero_shot", {})
+        run_cfg = cfgs[seed].model_copy(update={"domains": domains})
+        table = summarise(run_cfg, acc, zero_shot.get("acc_src_8way"))
         extra = table.extra
-        extra["unit"] = unit_checks(bb, cfgs[seed])
-        extra["domain_references"] = domain_references(bb, cfgs[seed])
+        extra["unit"] = unit_checks(bb, cfgs[seed], unit_names(bb, pools[seed]))
+        if cfg.backbone == "tiny":  # the generated pools, whole: many-shot references
+            extra["domain_references"] = domain_references(bb, cfgs[seed])
         extra["rates_per_block"] = {
-            s: {
-                "head": np.mean([r["head"] for k, v in rates.items() if k[0] == s for r in v], 0)
-                .round(4)
-                .tolist(),
-                "tail": np.mean([r["tail"] for k, v in rates.items() if k[0] == s for r in v], 0)
-                .round(4)
-                .tolist(),
-            }
+            s: {k: np.mean([r[k] for r in rates[s]], 0).round(4).tolist() for k in ("head", "tail")}
             for s in ATHA_VARIANTS
-            if s in cfg.systems
+            if s in rates
         }
-        extra["tiny_clip"] = {
-            "folder": clip_dirs[seed].name,
-            "text": cfg.text,
-            "world_size": metas[seed].get("world_size"),
-            "zero_shot": zero_shot,
-            "pretrain_wall_s": metas[seed].get("wall_s"),
-        }
+        if cfg.backbone == "tiny":
+            extra["tiny_clip"] = {
+                "folder": bb.folder.name,
+                "text": cfg.text,
+                "world_size": meta.get("world_size"),
+                "zero_shot": zero_shot,
+                "pretrain_wall_s": meta.get("wall_s"),
+            }
+        else:
+            extra["clip"] = {"path": str(cfg.clip_path), "arch": cfg.clip_arch, "domains": domains}
+            table.notes.append(f"backbone: CLIP {cfg.clip_arch} from {cfg.clip_path}; "
+                               f"domains {domains}")  # fmt: skip
         tables[seed] = table
     table = tables[seeds[0]] if len(seeds) == 1 else combine_seeds(cfg, tables)
     extra = table.extra
@@ -212,13 +228,23 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         "epochs": cfg.epochs,
         "n_way": cfg.n_way,
         "queries_per_class": cfg.queries,
-        "domains": list(cfg.domains),
+        "domains": domains,
         "systems_5shot": list(cfg.systems_5shot),
         "seeds": seeds,
     }
     extra["seconds"] = {"data": round(t_data, 1), "total": round(time.time() - t0, 1)}
     table.runtime_s = time.time() - t0
     return table
+
+
+def _tiny_meta(bb: CLIPBackbone) -> dict[str, Any]:
+    """The tiny CLIP's cache record (``clip.json``: pre-training and zero-shot report)."""
+    folder = getattr(bb, "folder", None)
+    if folder is None:
+        return {}
+    from nshot.nn.clip import read_clip_meta
+
+    return read_clip_meta(folder)
 
 
 def combine_seeds(cfg: AthaConfig, tables: dict[int, ResultsTable]) -> ResultsTable:

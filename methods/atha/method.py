@@ -1,5 +1,7 @@
-"""ATHA as an nshot Method: the tiny CLIP's pre-training under Ray Train, episodes of CoOp +
-LoRA with the tail-head token update in evaluation, experiments and serving."""
+"""ATHA as an nshot Method: the backbone's preparation under Ray Train (the tiny CLIP's
+pre-training), episodes of CoOp + LoRA with the tail-head token update in evaluation,
+experiments and serving, on the backbone the config names (the tiny CLIP, or a real one for
+``paper``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from nshot.train.limits import ModelBudget
 
 from .claims import CLAIMS
 from .config import VERSION, AthaConfig
-from .model import Backbone, load_model
+from .model import load_model
 from .serve import AthaPredictor
 from .train import episode_accuracy, train_loop
 
@@ -28,7 +30,8 @@ class AthaMethod(Method):
     claims = CLAIMS
 
     def data(self, cfg: AthaConfig) -> dict[str, pa.Table]:
-        """The target domains' image pools (``image`` bytes 32 × 32 × 3, ``label``)."""
+        """The target domains' image pools (``image`` bytes 32 × 32 × 3, ``label``; a real
+        CLIP's image folders stay on disk)."""
         from .data import domain_table
 
         return {d: domain_table(d, cfg.pool_per_class, cfg.seed) for d in cfg.domains}
@@ -36,23 +39,20 @@ class AthaMethod(Method):
     def train_loop(self, cfg: AthaConfig) -> None:
         """Contrastive pre-training of the tiny CLIP the episodes start from; ``backbone='clip'``:
         the real CLIP's episode accuracy (nothing to pre-train)."""
-        if cfg.backbone == "clip":
-            from .paper import train_loop as paper_train_loop
-
-            return paper_train_loop(cfg)
         train_loop(cfg)
 
     def evaluate(self, checkpoint, cfg: AthaConfig) -> dict[str, float]:
         """1-shot accuracy of ATHA and of CoOp + LoRA on ``eval_episodes`` episodes per
-        domain (the same episodes), their paired gain, and the zero-shot precondition."""
-        if checkpoint.config.get("backbone") == "clip":
-            from .paper import evaluate
+        domain (the same episodes), their paired gain, and the zero-shot precondition (the tiny
+        CLIP's)."""
+        from nshot.train.trainer import local_device
 
-            return evaluate(checkpoint, cfg)
-        clip, ckpt_cfg = load_model(checkpoint)
+        backbone, ckpt_cfg = load_model(checkpoint)
         fixed = set(AthaConfig.EVAL_FIELDS)
+        if ckpt_cfg.backbone == "clip":  # the domains are data_path's folders
+            fixed.discard("domains")
         run_cfg = ckpt_cfg.replace(**{k: getattr(cfg, k) for k in fixed})
-        out = episode_accuracy(Backbone(clip), run_cfg, ["atha", "coop_lora"])
+        out = episode_accuracy(backbone.to(local_device()), run_cfg, ["atha", "coop_lora"])  # type: ignore[arg-type]
         if "acc_src_8way" in checkpoint.metrics:
             out["acc_src_8way"] = float(checkpoint.metrics["acc_src_8way"])
         return out
@@ -92,10 +92,6 @@ class AthaMethod(Method):
         return ModelBudget(params=params, activation_bytes=per_block * images, weights_numel=state)
 
     def experiments(self, cfg: AthaConfig, workdir: Path) -> ResultsTable:
-        if cfg.backbone == "clip":
-            from .paper import run_experiments as paper_experiments
-
-            return paper_experiments(cfg, workdir)
         from .experiments import run_experiments
 
         return run_experiments(cfg, workdir)

@@ -1,20 +1,25 @@
 """ATHA's episode model: CoOp + CLIP-LoRA on a CLIP, with the tail-head token update.
 
-One :class:`EpisodeModel` is built per episode from the frozen :class:`Backbone` (paper §4.1:
-a fresh model per episode):
+One :class:`EpisodeModel` is built per episode from a frozen CLIP backbone
+(:class:`nshot.nn.backbone.CLIPBackbone`: nshot's tiny CLIP, or for ``paper`` a real CLIP read
+by path; paper §4.1: a fresh model per episode). It is written once against the backbone's
+interface (its towers as modules, prompt learning, block hooks):
 
-* **CoOp** (Zhou et al. 2022): ``n_ctx`` learnable context vectors, initialised from the word
-  embeddings of ``ctx_init`` ("a photo of a"), stand before each class name in the prompt.
-  With the word tower they replace token embeddings of :class:`nshot.nn.clip.TextTransformer`;
-  with the MiniLM tower the prompt runs through MiniLM's own BERT here, ``inputs_embeds`` =
-  [CLS] + context + the class name's word pieces + [SEP], mean-pooled and normalised as
-  sentence-transformers does, then the tiny CLIP's trained projection. With the context equal
-  to the embeddings of "a photo of a" this reproduces the memoised sentence embedding of
-  "a photo of a {name}" (tested to 1e-5).
+* **CoOp** (Zhou et al. 2022): ``n_ctx`` learnable context vectors, initialised from the token
+  embeddings of ``ctx_init`` ("a photo of a"), stand before each class name in the prompt
+  (:meth:`~nshot.nn.backbone.CLIPBackbone.encode_prompt`). With the tiny CLIP's word tower they
+  replace token embeddings of :class:`nshot.nn.clip.TextTransformer`; with its MiniLM tower the
+  prompt runs through MiniLM's own BERT, [CLS] + context + the class name's word pieces +
+  [SEP], mean-pooled and normalised as sentence-transformers does, then the tiny CLIP's
+  trained projection; with a real CLIP through ``CLIPTextEmbeddings(inputs_embeds=...)``, the
+  causal encoder, the final norm and the end-token pooling. With the context equal to the
+  embeddings of "a photo of a" each reproduces the text features of "a photo of a {name}"
+  (tested to 1e-5).
 * **CLIP-LoRA** (Zanella & Ben Ayed 2024): PEFT ``LoraConfig(use_rslora=True)`` (scaling
-  α/√r) on the attention input projections of both towers: BERT's ``query``/``key``/``value``;
-  the tiny CLIP's towers fuse q, k, v into one linear (``qkv``, timm's layout), which gets one
-  LoRA (one A shared by q, k and v).
+  α/√r) on the attention input projections of both towers (the backbone's ``lora_targets``):
+  BERT's ``query``/``key``/``value``, a real CLIP's ``q_proj``/``k_proj``/``v_proj``; the tiny
+  CLIP's towers fuse q, k, v into one linear (``qkv``, timm's layout), which gets one LoRA (one
+  A shared by q, k and v). LoRA goes into copies of the towers; the backbone stays pristine.
 * **ATHA** (paper §3): at the input of every visual block, the patch tokens X (not the class
   token) are compared by cosine with the text anchors A (the class prompts' text features at
   text block ``txtlayer``, mapped back into the visual residual stream by the minimum-norm
@@ -22,7 +27,8 @@ a fresh model per episode):
   The ``k_h = ⌊L·add_ratio⌋`` tokens most similar to their best class get ``ρ⁺_i · A[c⁺]``
   added (head); the ``k_t = ⌊L·minus_ratio⌋`` least similar get ``ρ⁻_i · A[c⁻]`` of their
   *least* similar class subtracted (tail). ρ⁺ (0.8 at the middle block, 0 elsewhere) and ρ⁻
-  (0) are learnable per block. The selection uses no labels, so queries get it too.
+  (0) are learnable per block. The selection uses no labels, so queries get it too. The update
+  runs as a block hook of the image tower (:func:`nshot.nn.backbone.block_hooks`).
 
 Logits are ``s · cos(image, text)`` with ``s = 2`` at 1 shot and 4 above (paper §4.1).
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,18 +46,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nshot.data.cache import MissingExtraError
 from nshot.errors import CheckpointError, ConfigError
-from nshot.nn.clip import CLIPConfig, TextTransformer, TinyCLIP
+from nshot.nn.backbone import CLIPBackbone, backbone_from_record
 
 from .config import AthaConfig
 
 __all__ = [
-    "Backbone",
     "EpisodeModel",
     "SYSTEM_SPEC",
     "anchor_inverse",
     "atha_update",
+    "backbone_from_weights",
     "load_model",
     "select_tokens",
 ]
@@ -148,71 +154,16 @@ def text_anchors(
     return (u - ln_bias) / w
 
 
-# --------------------------------------------------------------------------------------------
-# the frozen backbone
+_INVERSES: weakref.WeakKeyDictionary[CLIPBackbone, torch.Tensor] = weakref.WeakKeyDictionary()
 
 
-class Backbone:
-    """The frozen pre-trained CLIP an episode starts from (never modified; episodes copy what
-    they adapt). For the MiniLM text tower it also holds MiniLM's BERT and tokenizer."""
-
-    def __init__(self, clip: TinyCLIP) -> None:
-        self.clip = clip.eval()
-        for p in clip.parameters():
-            p.requires_grad_(False)
-        self.cfg: CLIPConfig = clip.cfg
-        self.bert: nn.Module | None = None
-        self.tokenizer: Any = None
-        if clip.cfg.text == "minilm":
-            self.bert, self.tokenizer = _load_bert()
-        self.inverse = anchor_inverse(clip.visual_proj)
-
-    @property
-    def text_depth(self) -> int:
-        if self.bert is not None:
-            return int(self.bert.config.num_hidden_layers)
-        return len(self.clip.text.transformer.blocks)  # type: ignore[union-attr]
-
-    @property
-    def vision_depth(self) -> int:
-        return len(self.clip.visual.blocks)
-
-    def unknown_words(self, names: Sequence[str]) -> int:
-        """Words (word tower) or word pieces (MiniLM) of ``names`` that map to unknown."""
-        if self.bert is None:
-            tok = self.clip.tokenizer
-            return 0 if tok is None else tok.unknown_words(list(names))
-        unk = self.tokenizer.unk_token_id
-        return sum(
-            i == unk for n in names for i in self.tokenizer(n, add_special_tokens=False).input_ids
-        )
-
-
-def _load_bert() -> tuple[nn.Module, Any]:
-    from nshot.data.sources import hf_offline, minilm_model_path
-
-    try:
-        with hf_offline():
-            from transformers import AutoTokenizer, BertModel
-    except ImportError:
-        raise MissingExtraError("transformers is needed for the MiniLM text tower") from None
-    from transformers.utils import logging as hf_logging
-
-    path = str(minilm_model_path())
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the checkpoint's unused pooler is expected
-    hf_logging.disable_progress_bar()
-    try:
-        with hf_offline():
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            bert = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-    bert.eval()
-    for p in bert.parameters():
-        p.requires_grad_(False)
-    return bert, tok
+def backbone_inverse(backbone: CLIPBackbone) -> torch.Tensor:
+    """:func:`anchor_inverse` of the backbone's image projection, once per backbone, on its
+    device."""
+    if backbone not in _INVERSES:
+        proj = backbone.image_projection().detach().cpu()
+        _INVERSES[backbone] = anchor_inverse(proj).to(backbone.device)
+    return _INVERSES[backbone]
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,9 +184,8 @@ def _inject_lora(module: nn.Module, targets: list[str], cfg: AthaConfig) -> nn.M
     return inject_adapter_in_model(lora, module)
 
 
-def check_episode_model(backbone: Any, cfg: AthaConfig, system: str) -> None:
-    """Refuse a system name or block indices the backbone cannot take (any backbone with
-    ``text_depth`` and ``vision_depth``: the tiny CLIP's or a real CLIP's)."""
+def check_episode_model(backbone: CLIPBackbone, cfg: AthaConfig, system: str) -> None:
+    """Refuse a system name or block indices the backbone cannot take."""
     if system not in SYSTEM_SPEC:
         raise ConfigError(f"system: unknown {system!r}; choose from {sorted(SYSTEM_SPEC)}")
     if cfg.txtlayer >= backbone.text_depth:
@@ -250,11 +200,14 @@ def check_episode_model(backbone: Any, cfg: AthaConfig, system: str) -> None:
 
 
 class EpisodeModel(nn.Module):
-    """One episode's adapted CLIP for the classes ``names`` (see the module docstring)."""
+    """One episode's adapted CLIP for the classes ``names`` (see the module docstring):
+    ``text`` and ``image`` are the backbone's towers (copies with LoRA where the system adapts
+    them), ``ctx`` the context vectors, ``rho_plus`` / ``rho_minus`` the rates per image
+    block. Logits come back on the device of the images."""
 
     def __init__(
         self,
-        backbone: Backbone,
+        backbone: CLIPBackbone,
         names: Sequence[str],
         cfg: AthaConfig,
         system: str,
@@ -269,36 +222,33 @@ class EpisodeModel(nn.Module):
         self.names = list(names)
         self.cfg = cfg
         self.bb = backbone
-        self.ccfg = backbone.cfg
         self.scale = cfg.scale_1shot if shots == 1 else cfg.scale_kshot
+        text, image = backbone.text_tower(), backbone.image_tower()
         torch.manual_seed(seed)
-        clip = backbone.clip
         # what LoRA adapts is copied (the backbone stays pristine); the rest is shared, frozen
-        self.visual = copy.deepcopy(clip.visual) if self.spec.lora else clip.visual
-        self.visual_proj = clip.visual_proj
-        if backbone.bert is not None:
-            self.bert = copy.deepcopy(backbone.bert) if self.spec.lora else backbone.bert
-            self.text_tower = clip.text  # its projection (with the tower's minilm_scale)
-            if self.spec.lora:
-                _inject_lora(self.bert, ["query", "key", "value"], cfg)
-        else:
-            self.word = copy.deepcopy(clip.text) if self.spec.lora else clip.text
-            if self.spec.lora:
-                _inject_lora(self.word, ["qkv"], cfg)
+        self.text = copy.deepcopy(text) if self.spec.lora else text
+        self.image = copy.deepcopy(image) if self.spec.lora else image
         if self.spec.lora:
-            _inject_lora(self.visual, ["qkv"], cfg)
+            for tower, part in ((self.text, "text"), (self.image, "image")):
+                _inject_lora(tower, backbone.lora_targets[part], cfg)
+                tower.to(backbone.device)
         for name, p in self.named_parameters():
             p.requires_grad_("lora_" in name)
-        self.ctx = nn.Parameter(
-            self._ctx_init(cfg.ctx_init, cfg.n_ctx), requires_grad=self.spec.ctx
-        )
-        self._prepare_prompts()
+        ctx = backbone.context_embeddings(cfg.ctx_init)
+        if len(ctx) != cfg.n_ctx:
+            raise ConfigError(
+                f"field 'ctx_init': {cfg.ctx_init!r} gives {len(ctx)} tokens, n_ctx is {cfg.n_ctx}"
+            )
+        self.ctx = nn.Parameter(ctx, requires_grad=self.spec.ctx)
+        self.prompt = backbone.prompt(self.names, cfg.n_ctx)
         depth = backbone.vision_depth
         plus = torch.zeros(depth)
         if self.spec.head:
             plus[cfg.rho_block] = cfg.rho_plus_init
-        self.rho_plus = nn.Parameter(plus, requires_grad=self.spec.head)
-        self.rho_minus = nn.Parameter(torch.zeros(depth), requires_grad=self.spec.tail)
+        self.rho_plus = nn.Parameter(plus.to(backbone.device), requires_grad=self.spec.head)
+        self.rho_minus = nn.Parameter(
+            torch.zeros(depth, device=backbone.device), requires_grad=self.spec.tail
+        )
         self.generator = torch.Generator().manual_seed(seed) if self.spec.mode == "random" else None
         self.eval()
 
@@ -320,151 +270,79 @@ class EpisodeModel(nn.Module):
 
     def rates(self) -> dict[str, list[float]]:
         return {
-            "head": [round(float(v), 6) for v in self.rho_plus.detach()],
-            "tail": [round(float(v), 6) for v in self.rho_minus.detach()],
+            "head": [round(float(v), 6) for v in self.rho_plus.detach().cpu()],
+            "tail": [round(float(v), 6) for v in self.rho_minus.detach().cpu()],
         }
 
     # ---- text
 
-    def _ctx_init(self, words: str, n_ctx: int) -> torch.Tensor:
-        if self.bb.bert is not None:
-            ids = self.bb.tokenizer(words, add_special_tokens=False).input_ids
-            emb = self.bb.bert.embeddings.word_embeddings.weight
-        else:
-            tok = self.bb.clip.tokenizer
-            ids = [tok.index.get(w, tok.UNK) for w in tok.words(words)]
-            emb = self.bb.clip.text.token_embedding.weight  # type: ignore[union-attr]
-        if len(ids) != n_ctx:
-            raise ConfigError(
-                f"field 'ctx_init': {words!r} gives {len(ids)} tokens, n_ctx is {n_ctx}"
-            )
-        return emb[torch.tensor(ids)].detach().clone()
-
-    def _prepare_prompts(self) -> None:
-        """Token ids of the class names (fixed), the prompt layout and the padding mask."""
-        n_ctx = self.cfg.n_ctx
-        if self.bb.bert is not None:
-            tok = self.bb.tokenizer
-            names = [tok(n, add_special_tokens=False).input_ids[:200] for n in self.names]
-            length = max(len(n) for n in names) + n_ctx + 2
-            ids = torch.zeros(len(names), length, dtype=torch.long)  # [PAD] = 0
-            mask = torch.zeros(len(names), length, dtype=torch.long)
-            for i, n in enumerate(names):
-                row = [tok.cls_token_id] + [0] * n_ctx + n + [tok.sep_token_id]
-                ids[i, : len(row)] = torch.tensor(row)
-                mask[i, : len(row)] = 1
-            self.register_buffer("prompt_ids", ids, persistent=False)
-            self.register_buffer("prompt_mask", mask, persistent=False)
-        else:
-            tok = self.bb.clip.tokenizer
-            context = self.ccfg.context
-            ids = torch.full((len(self.names), context), tok.PAD, dtype=torch.long)
-            eot = torch.empty(len(self.names), dtype=torch.long)
-            for i, n in enumerate(self.names):
-                words = [tok.index.get(w, tok.UNK) for w in tok.words(n)]
-                row = [tok.SOS, *([tok.PAD] * n_ctx), *words[: context - 2 - n_ctx], tok.EOS]
-                ids[i, : len(row)] = torch.tensor(row)
-                eot[i] = len(row) - 1
-            self.register_buffer("prompt_ids", ids, persistent=False)
-            self.register_buffer("prompt_eot", eot, persistent=False)
-
     def text_features(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(features, anchor features)`` ``[n, E]`` of the class prompts: the final text
         features and those read at text block ``txtlayer``."""
-        n_ctx, layer = self.cfg.n_ctx, self.cfg.txtlayer
-        if self.bb.bert is not None:
-            emb = self.bert.embeddings.word_embeddings(self.prompt_ids)
-            ctx = self.ctx[None].expand(len(self.names), -1, -1)
-            emb = torch.cat([emb[:, :1], ctx, emb[:, 1 + n_ctx :]], dim=1)
-            out = self.bert(
-                inputs_embeds=emb, attention_mask=self.prompt_mask, output_hidden_states=True
-            )
-            m = self.prompt_mask[..., None].to(emb.dtype)
-
-            def pool(h: torch.Tensor) -> torch.Tensor:  # sentence-transformers' mean + norm
-                return F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
-
-            final = self.text_tower.project(pool(out.last_hidden_state))
-            anchor = self.text_tower.project(pool(out.hidden_states[layer + 1]))
-            return final, anchor
-        word: TextTransformer = self.word  # type: ignore[assignment]
-        emb = word.token_embedding(self.prompt_ids)
-        ctx = self.ctx[None].expand(len(self.names), -1, -1)
-        x = torch.cat([emb[:, :1], ctx, emb[:, 1 + n_ctx :]], dim=1)
-        x = x + word.positional_embedding[: x.shape[1]]
-        rows = torch.arange(len(self.names))
-        anchor = None
-        for i, blk in enumerate(word.transformer.blocks):
-            x = blk(x, word.causal_mask)
-            if i == layer:
-                anchor = word.transformer.ln_out(x)[rows, self.prompt_eot] @ word.text_projection
-        final = word.transformer.ln_out(x)[rows, self.prompt_eot] @ word.text_projection
-        assert anchor is not None
-        return final, anchor
+        return self.bb.encode_prompt(self.text, self.prompt, self.ctx, self.cfg.txtlayer)
 
     def anchors(self, anchor_features: torch.Tensor) -> torch.Tensor:
-        norm = self.visual.norm
-        return text_anchors(anchor_features, self.bb.inverse, norm.weight, norm.bias)
+        norm = self.bb.image_norm(self.image)
+        return text_anchors(anchor_features, backbone_inverse(self.bb), norm.weight, norm.bias)
 
     # ---- image
 
     def image_features(
         self, images: torch.Tensor, anchors: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Image features ``[B, E]`` of pixels in [0, 1]; with ``anchors`` the ATHA update runs
-        at every block input (the class token is left alone)."""
-        self.bb.clip.check_images(images)
-        x = (images - self.ccfg.pixel_mean) / self.ccfg.pixel_std
-        v = self.visual
-        t = v.patch_embed(x)
-        t = torch.cat([v.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + v.pos_embed
-        for i, blk in enumerate(v.blocks):
-            if anchors is not None:
+        """Image features ``[B, E]`` of pixels in [0, 1] (on the backbone's device); with
+        ``anchors`` the ATHA update runs at every block input (the class token is left
+        alone)."""
+        hook = None
+        if anchors is not None:
+
+            def hook(i: int, t: torch.Tensor) -> torch.Tensor:
                 patches = atha_update(
-                    t[:, 1:],
-                    anchors,
-                    self.rho_plus[i],
-                    self.rho_minus[i],
-                    add_ratio=self.cfg.add_ratio,
-                    minus_ratio=self.cfg.minus_ratio,
-                    generator=self.generator,
-                    use_all_texts=self.cfg.use_all_texts,
+                    t[:, 1:], anchors, self.rho_plus[i], self.rho_minus[i],
+                    add_ratio=self.cfg.add_ratio, minus_ratio=self.cfg.minus_ratio,
+                    generator=self.generator, use_all_texts=self.cfg.use_all_texts,
                     tau=self.cfg.tau,
-                )
-                t = torch.cat([t[:, :1], patches], dim=1)
-            t = blk(t)
-        pooled = v.norm(t[:, 1:].mean(dim=1)) if self.ccfg.pool == "avg" else v.norm(t[:, 0])
-        return pooled @ self.visual_proj
+                )  # fmt: skip
+                return torch.cat([t[:, :1], patches], dim=1)
+
+        return self.bb.encode_image(images, tower=self.image, block_hook=hook)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, n]``: ``s · cos(image, class prompt)``."""
+        """Logits ``[B, n]``: ``s · cos(image, class prompt)``, on the device of ``images``."""
         text, anchor_text = self.text_features()
         anchors = self.anchors(anchor_text) if self.spec.mode != "off" else None
         img = F.normalize(self.image_features(images, anchors), dim=-1)
-        return self.scale * img @ F.normalize(text, dim=-1).T
+        return (self.scale * img @ F.normalize(text, dim=-1).T).to(images.device)
 
 
 # --------------------------------------------------------------------------------------------
 # checkpoints
 
 
-def clip_from_state(config: dict[str, Any], state: dict[str, torch.Tensor]) -> TinyCLIP:
+def backbone_from_weights(
+    clip_config: dict[str, Any], state: dict[str, torch.Tensor]
+) -> CLIPBackbone:
+    """The tiny CLIP of a config record and its weights, frozen."""
+    backbone = backbone_from_record({"clip": clip_config}, "extra.clip_config")
     try:
-        cfg = CLIPConfig.from_dict(config)
-    except (ConfigError, TypeError, KeyError) as e:
-        raise CheckpointError(f"extra.clip_config: bad tiny CLIP config ({e})") from None
-    model = TinyCLIP(cfg)
-    try:
-        model.load_state_dict(state, strict=True)
+        backbone.model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise CheckpointError(f"model.safetensors: does not match its tiny CLIP ({e})") from None
-    return model.eval()
+    return backbone.freeze()  # type: ignore[return-value]
 
 
-def load_model(checkpoint: Any) -> tuple[TinyCLIP, AthaConfig]:
-    """The pre-trained tiny CLIP of an nshot checkpoint of ``nshot train atha`` and its config."""
+def load_model(checkpoint: Any) -> tuple[CLIPBackbone, AthaConfig]:
+    """The backbone of an nshot checkpoint of ``nshot train atha`` and its config: the tiny
+    CLIP it pre-trained (its weights and ``extra.clip_config``), or the real CLIP it records
+    (``extra.clip``), read from the recorded ``clip_path`` and checked against its
+    fingerprint (the error names ``clip_path`` when this machine lacks it)."""
     cfg = AthaConfig.validated(checkpoint.config)
-    clip_config = checkpoint.extra.get("clip_config")
+    extra = checkpoint.extra
+    if cfg.backbone == "clip":
+        if not isinstance(extra.get("clip"), dict):
+            raise CheckpointError(f"{checkpoint.path}: extra.clip is missing")
+        return backbone_from_record(extra["clip"], checkpoint.path), cfg  # type: ignore[return-value]
+    clip_config = extra.get("clip_config")
     if not isinstance(clip_config, dict):
         raise CheckpointError(f"{checkpoint.path}: extra.clip_config is missing")
-    return clip_from_state(clip_config, checkpoint.weights()), cfg
+    return backbone_from_weights(clip_config, checkpoint.weights()), cfg

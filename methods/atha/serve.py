@@ -6,12 +6,14 @@ classifies the queries. The cost is bounded: at most ``max_epochs`` steps over a
 ``20 × 10`` support images, and 500 queries. Answers are deterministic (a fixed seed).
 
 Images are base64 PNG strings or ``H × W × 3`` arrays of integers in [0, 255], any size up to
-1024 × 1024. The tiny CLIP's checkpoints hold its weights; images are resized (bilinear) to
-its 32 × 32. A ``paper`` checkpoint (``backbone='clip'``) holds no weights: it records the
-real CLIP (``clip_path``, tokenizer and architecture in its config, a parameter fingerprint in
-``extra.clip``), which the predictor reads from that path (the error names ``clip_path`` when
-this machine lacks it); images get CLIP's preprocessing (the shorter side resized bicubic to
-its resolution, the centre crop).
+1024 × 1024, given the backbone's preprocessing
+(:meth:`nshot.nn.backbone.CLIPBackbone.preprocess`). The tiny CLIP's checkpoints hold its
+weights; images are resized (bilinear) to its 32 × 32. A ``paper`` checkpoint
+(``backbone='clip'``) holds no weights: it records the real CLIP (``clip_path``, tokenizer and
+architecture in its config, a parameter fingerprint in ``extra.clip``), which the predictor
+reads from that path (:func:`.model.load_model`; the error names ``clip_path`` when this
+machine lacks it); images get CLIP's preprocessing (the shorter side resized bicubic to its
+resolution, the centre crop).
 """
 
 from __future__ import annotations
@@ -22,15 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, Field, model_validator
 
 from nshot.method import Predictor
 from nshot.serve.images import check_rgb_array, decode_base64_image
 from nshot.serve.schema import StrictRequest
 
-from .config import AthaConfig
-from .model import Backbone, load_model
+from .model import load_model
 from .train import adapt
 
 MAX_CLASSES = 20
@@ -48,17 +48,6 @@ def decode_image(image: Image, where: str) -> np.ndarray:
     if isinstance(image, str):
         return decode_base64_image(image, where, formats=("PNG",), rgb_only=True, max_side=MAX_SIDE)
     return check_rgb_array(image, where, scale=255, max_side=MAX_SIDE)
-
-
-def to_tensor(images: list[np.ndarray], side: int) -> torch.Tensor:
-    """Pixels in [0, 1] ``[n, 3, side, side]`` (bilinear resize where the size differs)."""
-    out = []
-    for im in images:
-        t = torch.from_numpy(im.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
-        if t.shape[-2:] != (side, side):
-            t = F.interpolate(t, size=(side, side), mode="bilinear", align_corners=False)
-        out.append(t.clamp(0, 1))
-    return torch.cat(out)
 
 
 class SupportImage(StrictRequest):
@@ -126,24 +115,11 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
     Response = AthaResponse
 
     def __init__(self, checkpoint: Any) -> None:
-        self.real_clip = checkpoint.config.get("backbone") == "clip"
-        if self.real_clip:
-            from nshot.nn.hfclip import load_recorded_clip
+        from nshot.train.trainer import local_device
 
-            from .clip_backbone import HFBackbone
-
-            self.cfg = AthaConfig.validated(checkpoint.config)
-            pre = load_recorded_clip(checkpoint.config, checkpoint.extra.get("clip"),
-                                     checkpoint.path)  # fmt: skip
-            from nshot.train.trainer import local_device
-
-            device = local_device()
-            self.backbone = HFBackbone(pre, device)
-            self.side = self.backbone.image_size
-            return
-        clip, self.cfg = load_model(checkpoint)
-        self.backbone = Backbone(clip)
-        self.side = clip.cfg.img_size
+        self.backbone, self.cfg = load_model(checkpoint)
+        self.backbone.to(local_device())
+        self.side = self.backbone.image_size
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any) -> AthaPredictor:
@@ -151,7 +127,7 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
 
     def metadata(self) -> dict[str, Any]:
         return {
-            "text": "clip" if self.real_clip else self.backbone.cfg.text,
+            "text": "clip" if self.cfg.backbone == "clip" else self.cfg.text,
             "image_side": self.side,
             "epochs": self.cfg.epochs,
             "max_epochs": self.cfg.max_epochs,
@@ -191,13 +167,9 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
         }
 
     def images(self, images: list[np.ndarray]) -> torch.Tensor:
-        """Pixels in [0, 1] ``[n, 3, side, side]``: the tiny CLIP's bilinear resize, or the real
-        CLIP's preprocessing."""
-        if not self.real_clip:
-            return to_tensor(images, self.side)
-        from nshot.nn.hfclip import preprocess_image
-
-        return torch.from_numpy(np.stack([preprocess_image(im, self.side) for im in images]))
+        """Pixels in [0, 1] ``[n, 3, side, side]``: the backbone's preprocessing (the tiny
+        CLIP's bilinear resize, or the real CLIP's)."""
+        return torch.from_numpy(np.stack([self.backbone.preprocess(im) for im in images]))
 
     def _resized(self, images: list[Image], field: str) -> torch.Tensor:
         """Each image decoded and brought to the model's side before the next is decoded: a
@@ -249,12 +221,7 @@ class AthaPredictor(Predictor[AthaRequest, AthaResponse]):
         from nshot.serve.conformal import OneShotEpisode
 
         sx, sy, qx = self._tensors(request)
-        if self.real_clip:
-            pre = self.backbone.pre
-            x = torch.cat([sx, qx]).to(self.backbone.device)
-            emb = pre.encode_image(x, normalize=True).cpu().numpy()
-        else:
-            emb = self.backbone.clip.encode_image(torch.cat([sx, qx]), normalize=True).numpy()
+        emb = self.backbone.encode_image(torch.cat([sx, qx]), normalize=True).cpu().numpy()
         n = len(sx)
         return OneShotEpisode(
             support_emb=emb[:n],

@@ -1,16 +1,21 @@
 """ATHA's two kinds of training.
 
-* :func:`train_loop` (``nshot train atha``): the contrastive pre-training of the tiny CLIP that
-  every episode starts from (:class:`PretrainRecipe` on :mod:`nshot.train.trainer`), run by
+* :func:`train_loop` (``nshot train atha``): the backbone every episode starts from. The tiny
+  CLIP is pre-trained contrastively (:class:`PretrainRecipe` on :mod:`nshot.train.trainer`), run by
   :func:`nshot.train.clip.pretrain` in this worker (on a worker group its loop all-gathers the
   image features and averages the gradients over the workers). It runs in chunks of
   ``checkpoint_every`` steps; after each chunk rank 0 reports an nshot checkpoint (the tiny
   CLIP's weights, its config in ``extra``). The pre-training's own
   resume state (weights, optimizer, losses) lives in a work folder beside the run, so a resumed
-  run continues from it and ends with the weights of an uninterrupted run.
-* :func:`run_episode`: one episode (paper §4.1): a fresh :class:`~.model.EpisodeModel`, trained
-  ``epochs`` full-support steps (AdamW on LoRA, SGD with momentum on the context and on the
-  rates, cross-entropy at the small logit scale), then its queries classified.
+  run continues from it and ends with the weights of an uninterrupted run. A real CLIP
+  (``paper``) is pre-trained already (:class:`PretrainedRecipe`): nothing is trained, and the
+  run reports its episode accuracy once, with a checkpoint that records the CLIP.
+* :func:`run_episode`: one episode (paper §4.1): a fresh :class:`~.model.EpisodeModel` on the
+  backbone, trained ``epochs`` full-support steps (AdamW on LoRA, SGD with momentum on the
+  context and on the rates, cross-entropy at the small logit scale), then its queries
+  classified; :func:`run_block` every system on a block of a domain's episodes (an episode's
+  images read once) and :func:`episode_accuracy` the 1-shot accuracy over the config's domains,
+  the same on either backbone.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,31 +33,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nshot.errors import ConfigError
+from nshot.nn.backbone import CLIPBackbone, load_backbone
 from nshot.train import session
 from nshot.train.trainer import Recipe, train
 
 from .config import AthaConfig
-from .data import DOMAINS, Episode, domain_pool, sample_episode
-from .model import Backbone, EpisodeModel
+from .data import Episode, Pool, pools_of, prepare_data, sample_episode
+from .model import EpisodeModel, backbone_from_weights
 
 # --------------------------------------------------------------------------------------------
-# pre-training (nshot train atha)
-
-
-def check_backbone(cfg: AthaConfig) -> None:
-    """``backbone='clip'`` (the paper preset): raise a ``ConfigError`` naming what is missing
-    (``clip_path``, the tokenizer, ``data_path``); with everything present, say that this loop
-    pre-trains the tiny CLIP only (the method runs the real CLIP through ``.paper``)."""
-    if cfg.backbone != "clip":
-        return
-    from .clip_backbone import check_clip_backbone
-
-    check_clip_backbone(cfg)
-    raise ConfigError(
-        "backbone=clip: this loop pre-trains the tiny CLIP; the real CLIP is run by the "
-        "method (nshot.methods.atha.paper)"
-    )
+# the backbone (nshot train atha)
 
 
 def _work_dir(cfg: AthaConfig) -> Path:
@@ -94,7 +84,6 @@ class PretrainRecipe(Recipe):
 
     def build(self) -> None:
         cfg = self.cfg
-        check_backbone(cfg)
         from nshot.train.clip import clip_config
 
         self.work = _work_dir(cfg)
@@ -169,9 +158,52 @@ class PretrainRecipe(Recipe):
         return self.clip_extra
 
 
+class PretrainedRecipe(Recipe):
+    """A backbone pre-trained already (a real CLIP) as :mod:`nshot.train.trainer` runs it:
+    nothing is trained; the last step measures ATHA's and CoOp + LoRA's 1-shot accuracy on
+    ``eval_episodes`` episodes per domain (the Tune objective ``acc_1shot_avg``), and the run
+    reports it once, with a checkpoint that holds no weights (every episode, and every request
+    to the predictor, adapts a fresh copy) and records the backbone (``extra.clip``: its path
+    and fingerprint, which :func:`.model.load_model` reads back). A resumed run that reached
+    ``steps`` does nothing."""
+
+    def build(self) -> None:
+        self.metrics: dict[str, float] = {}
+        self.clip_extra: dict[str, Any] = {}
+
+    def schedule(self) -> tuple[int, int, int]:
+        steps = int(self.cfg.steps)
+        return steps, steps, steps
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        if step < cfg.steps:
+            return {}
+        t0 = time.time()
+        prepare_data(cfg)
+        bb = load_backbone(cfg.backbone_spec(), self.device)
+        record = bb.record()  # the CLIP the predictor must find at clip_path
+        pools = pools_of(cfg, bb.image_size)
+        self.metrics = episode_accuracy(bb, cfg, ["atha", "coop_lora"], pools)  # type: ignore[arg-type]
+        self.clip_extra = {"backbone": "clip", "clip_path": str(cfg.clip_path), "clip": record,
+                           "domains": list(pools)}  # fmt: skip
+        print(f"[nshot atha] pre-trained backbone: {time.time() - t0:.0f}s", flush=True)
+        return {}
+
+    def on_report(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def extra(self) -> dict[str, Any]:
+        return self.clip_extra
+
+
 def train_loop(cfg: AthaConfig) -> None:
-    """Pre-train the tiny CLIP (``clip_preset``, ``text``) for ``steps`` steps, resumable."""
-    train(PretrainRecipe(cfg))
+    """The tiny CLIP (``clip_preset``, ``text``) pre-trained for ``steps`` steps, resumable; or
+    one report of a real CLIP's episode accuracy (nothing to pre-train)."""
+    train(PretrainRecipe(cfg) if cfg.backbone == "tiny" else PretrainedRecipe(cfg))
 
 
 def _final_metrics(
@@ -181,11 +213,10 @@ def _final_metrics(
     ATHA's 1-shot accuracy on ``eval_episodes`` episodes per domain (the Tune objective)."""
     from nshot.train.clip import zero_shot_report
 
-    from .model import clip_from_state
-
-    clip = clip_from_state(clip_cfg, state)
-    out = {"acc_src_8way": float(zero_shot_report(clip, cfg.clip_preset, cfg.seed)["acc_src_8way"])}
-    out.update(episode_accuracy(Backbone(clip), cfg, ["atha"]))
+    bb = backbone_from_weights(clip_cfg, state)
+    report = zero_shot_report(bb.model, cfg.clip_preset, cfg.seed)  # type: ignore[arg-type]
+    out = {"acc_src_8way": float(report["acc_src_8way"])}
+    out.update(episode_accuracy(bb, cfg, ["atha"]))
     return out
 
 
@@ -194,9 +225,7 @@ def _episode_metrics(
 ) -> dict[str, float]:
     """ATHA's 1-shot accuracy on ``eval_episodes`` episodes per domain of the CLIP so far
     (reported at every checkpoint of a Tune trial: its objective and learning curve)."""
-    from .model import clip_from_state
-
-    return episode_accuracy(Backbone(clip_from_state(clip_cfg, state)), cfg, ["atha"])
+    return episode_accuracy(backbone_from_weights(clip_cfg, state), cfg, ["atha"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +241,7 @@ class EpisodeResult:
 
 
 def adapt(
-    backbone: Backbone,
+    backbone: CLIPBackbone,
     names: Sequence[str],
     support_x: torch.Tensor,
     support_y: torch.Tensor,
@@ -226,11 +255,7 @@ def adapt(
 ) -> EpisodeResult:
     """Adapt a fresh episode model on the support set and classify the queries."""
     epochs = cfg.epochs if epochs is None else epochs
-    make = getattr(backbone, "episode_model", None)  # a real CLIP's backbone builds its own
-    if make is not None:
-        model = make(names, cfg, system, shots=shots, seed=seed)
-    else:
-        model = EpisodeModel(backbone, names, cfg, system, shots=shots, seed=seed)
+    model = EpisodeModel(backbone, names, cfg, system, shots=shots, seed=seed)
     opts: list[torch.optim.Optimizer] = []
     if model.lora_parameters():
         opts.append(torch.optim.AdamW(model.lora_parameters(), lr=cfg.lr_lora))
@@ -272,7 +297,7 @@ def adapt(
 
 
 def run_episode(
-    backbone: Backbone, ep: Episode, cfg: AthaConfig, system: str, *, shots: int, seed: int
+    backbone: CLIPBackbone, ep: Episode, cfg: AthaConfig, system: str, *, shots: int, seed: int
 ) -> dict[str, Any]:
     """Accuracy (and the learned rates) of ``system`` on one episode."""
     res = adapt(
@@ -290,41 +315,54 @@ def run_episode(
     return {"acc": acc, "rates": res.rates, "loss": res.loss}
 
 
-def episode_seed(cfg: AthaConfig, domain: str, episode: int) -> int:
+def episode_seed(cfg: AthaConfig, pool: Pool, episode: int) -> int:
     """The seed of an episode's model (LoRA init, dropout, random tokens): the same for every
     system."""
-    return cfg.seed * 1_000_003 + DOMAINS.index(domain) * 100_003 + episode
+    return cfg.seed * 1_000_003 + pool.index * 100_003 + episode
 
 
 def run_block(
-    bb: Backbone, cfg: AthaConfig, system: str, domain: str, shots: int, episodes: list[int]
+    bb: CLIPBackbone,
+    cfg: AthaConfig,
+    pool: Pool,
+    shots: int,
+    episodes: Iterable[int],
+    systems: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """``system`` on episodes ``episodes`` of ``domain`` (one dict per episode)."""
-    pool = domain_pool(domain, cfg.pool_per_class, cfg.seed)
-    out = []
+    """Every system on each of ``episodes`` of ``pool`` at ``shots`` (an episode's images read
+    once for all systems): ``[{"system", "episode", "acc", "rates"}]``, episodes in order."""
+    out: list[dict[str, Any]] = []
     for e in episodes:
-        ep = sample_episode(
-            pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=shots, queries=cfg.queries
-        )
-        out.append(run_episode(bb, ep, cfg, system, shots=shots, seed=episode_seed(cfg, domain, e)))
+        ep = sample_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=shots,
+                            queries=cfg.queries)  # fmt: skip
+        for s in systems:
+            r = run_episode(bb, ep, cfg, s, shots=shots, seed=episode_seed(cfg, pool, e))
+            out.append({"system": s, "episode": e, "acc": r["acc"], "rates": r["rates"]})
     return out
 
 
-def episode_accuracy(bb: Backbone, cfg: AthaConfig, systems: Sequence[str]) -> dict[str, float]:
-    """1-shot accuracy of ``systems`` on ``eval_episodes`` episodes per domain, in this
-    process: ``acc_1shot_<domain>`` and ``acc_1shot_avg`` for the first system, the same with
-    ``_<system>`` appended for the others, and ``paired_gain_vs_<second>`` in points."""
+def episode_accuracy(
+    bb: CLIPBackbone,
+    cfg: AthaConfig,
+    systems: Sequence[str],
+    pools: dict[str, Pool] | None = None,
+) -> dict[str, float]:
+    """1-shot accuracy of ``systems`` on ``eval_episodes`` episodes of each domain (``pools``,
+    default the config's: :func:`.data.pools_of`), in this process: ``acc_1shot_<domain>`` and
+    ``acc_1shot_avg`` for the first system, the same with ``_<system>`` appended for the
+    others, and ``paired_gain_vs_<second>`` in points."""
+    pools = pools_of(cfg, bb.image_size) if pools is None else pools
+    accs: dict[tuple[str, str], list[float]] = {}
+    for d, pool in pools.items():
+        for r in run_block(bb, cfg, pool, 1, range(cfg.eval_episodes), systems):
+            accs.setdefault((r["system"], d), []).append(r["acc"])
     out: dict[str, float] = {}
     per: dict[str, list[float]] = {}
-    eps = list(range(cfg.eval_episodes))
     for i, s in enumerate(systems):
         suffix = "" if i == 0 else f"_{s}"
-        accs = []
-        for d in cfg.domains:
-            a = [r["acc"] for r in run_block(bb, cfg, s, d, 1, eps)]
-            out[f"acc_1shot_{d}{suffix}"] = float(np.mean(a))
-            accs.append(a)
-        per[s] = list(np.mean(accs, axis=0))
+        for d in pools:
+            out[f"acc_1shot_{d}{suffix}"] = float(np.mean(accs[(s, d)]))
+        per[s] = list(np.mean([accs[(s, d)] for d in pools], axis=0))
         out[f"acc_1shot_avg{suffix}"] = float(np.mean(per[s]))
     if len(systems) > 1:
         gain = np.asarray(per[systems[0]]) - np.asarray(per[systems[1]])

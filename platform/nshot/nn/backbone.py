@@ -418,10 +418,15 @@ class TinyCLIPBackbone(CLIPBackbone):
     weights_in_checkpoint = True
     image_prefixes = ("visual",)  # visual.* and visual_proj
 
-    def __init__(self, model: TinyCLIP, spec: BackboneSpec | None = None) -> None:
+    def __init__(
+        self, model: TinyCLIP, spec: BackboneSpec | None = None, folder: Any = None
+    ) -> None:
         self.model = model
         self.cfg: CLIPConfig = model.cfg
         self.spec = spec
+        #: the cache folder it was read from (``clip.json`` beside the weights: its
+        #: pre-training's losses, wall time and zero-shot report), when it was
+        self.folder = folder
         self.embed_dim, self.image_size, self.in_chans = (
             self.cfg.embed_dim, self.cfg.img_size, self.cfg.in_chans)  # fmt: skip
         self.minilm = self.cfg.text == "minilm"
@@ -436,7 +441,7 @@ class TinyCLIPBackbone(CLIPBackbone):
         return {"clip": self.cfg.to_dict()}
 
     def copy(self) -> TinyCLIPBackbone:
-        other = TinyCLIPBackbone(copy.deepcopy(self.model), self.spec)
+        other = TinyCLIPBackbone(copy.deepcopy(self.model), self.spec, self.folder)
         other._bert = self._bert
         return other
 
@@ -617,7 +622,8 @@ def _load_tiny(options: Mapping[str, Any]) -> TinyCLIPBackbone:
     from nshot.train.clip import ensure_clip
 
     preset, text, seed, workers = _tiny_options(options)
-    return TinyCLIPBackbone(load_clip(ensure_clip(preset, text=text, seed=seed, workers=workers)))
+    folder = ensure_clip(preset, text=text, seed=seed, workers=workers)
+    return TinyCLIPBackbone(load_clip(folder), folder=folder)
 
 
 def _prepare_tiny(options: Mapping[str, Any]) -> None:
