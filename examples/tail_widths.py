@@ -8,8 +8,8 @@ serving settings; nearest centroid on standardised features answers the same epi
     python examples/tail_widths.py --checkpoint ~/.cache/nshot/runs/tail-tabular \\
         --episodes 300 --real 200 --seed 1 --out methods/tail/results/widths-tabular.json
 
-(``--preset small`` and ``--checkpoint ~/.cache/nshot/runs/tail-small`` for the quickstart's
-model.)
+(``--preset quickstart`` and ``--checkpoint ~/.cache/nshot/runs/tail-quickstart`` for the
+quickstart's model; ``small``'s own reproduction runs this measurement on its served model.)
 
 Serve starts on 127.0.0.1 for the duration of the script (or pass ``--url`` of a running
 ``nshot serve tail``). ``--variants`` also answers every episode in process with TAIL's other

@@ -177,15 +177,50 @@ def test_learning_rate_warmup_constant_and_final_decay():
         _cfg(steps=100, lr_decay_steps=101)
 
 
+def _differs(a: TailConfig, b: TailConfig) -> set[str]:
+    return {f for f in TailConfig.model_fields if getattr(a, f) != getattr(b, f)} - {"preset"}
+
+
 def test_tabular_preset_is_the_small_model_trained_for_any_input():
-    """`tabular` differs from `small` in training and answering only, never in the model's
+    """`tabular` differs from `small-v1` in training and answering only, never in the model's
     shape, so its checkpoints serve like `small`'s."""
-    small, tabular = TailConfig.from_preset("small"), TailConfig.from_preset("tabular")
-    differs = {f for f in TailConfig.model_fields if getattr(small, f) != getattr(tabular, f)}
+    v1, tabular = TailConfig.from_preset("small-v1"), TailConfig.from_preset("tabular")
     training = {"train_tasks", "steps", "lr_decay_steps", "eval_draws", "checkpoint_every"}
-    assert differs == training | {"preset"}
-    assert 0 < tabular.lr_decay_steps < tabular.steps and tabular.eval_draws > small.eval_draws
-    assert small.lr_decay_steps == 0 and small.train_tasks == "A"  # `small`'s schedule as declared
+    assert _differs(v1, tabular) == training
+    assert 0 < tabular.lr_decay_steps < tabular.steps and tabular.eval_draws > v1.eval_draws
+    assert v1.lr_decay_steps == 0 and v1.train_tasks == "A"  # the earlier `small`'s schedule
+
+
+def test_small_is_the_declared_recipe_and_the_earlier_one_stays():
+    """`small` is `small-v1` with the two measured changes combined (sixteen times the steps,
+    mixed tasks beside modality A), answering with 32 draws by default; its comparison averages
+    4 draws, trains the ablation rows on one seed and checks the served model at every width.
+    `quickstart` is the earlier recipe, unchanged."""
+    v1, small = TailConfig.from_preset("small-v1"), TailConfig.from_preset("small")
+    assert _differs(v1, small) == {
+        "train_tasks", "steps", "eval_draws", "checkpoint_every", "compare_draws",
+        "ablation_seeds", "served_episodes",
+    }  # fmt: skip
+    assert small.steps == 16 * v1.steps and small.train_tasks == "A+mixed"
+    assert small.lr_decay_steps == 0 and small.experiment_seeds == 3
+    assert (small.eval_draws, small.compare_draws, small.ablation_seeds) == (32, 4, 1)
+    assert small.served_episodes > 0 and v1.served_episodes == 0
+    assert v1.compare_draws is None and v1.ablation_seeds is None  # 4 draws, every seed
+    assert _differs(v1, TailConfig.from_preset("quickstart")) == set()
+    with pytest.raises(ValueError, match="ablation_seeds"):
+        TailConfig.from_preset("small", experiment_seeds=1, ablation_seeds=2)
+
+
+def test_ablation_rows_train_on_their_seeds():
+    from nshot.methods.tail.experiments import ABLATIONS, variant_seeds
+
+    variants = {"tail": {}, **ABLATIONS}
+    small = TailConfig.from_preset("small")
+    assert variant_seeds(small, variants, [0, 1, 2]) == {
+        "tail": [0, 1, 2], "no_projection": [0], "fixed_label_slots": [0],
+    }  # fmt: skip
+    v1 = TailConfig.from_preset("small-v1")
+    assert all(s == [0, 1, 2] for s in variant_seeds(v1, variants, [0, 1, 2]).values())
 
 
 def test_modality_dims():
@@ -275,7 +310,7 @@ def test_claims_read_the_comparison_and_can_fail():
         "no_projection": dict(zip(metrics, (0.99, 0.80, 0.95))),
         "fixed_label_slots": dict(zip(metrics, (0.98, 0.92, None))),
     }
-    claims = get("tail").claims
+    claims = [c for c in get("tail").claims if c.id != SERVED]  # its rows: the next test
     kinds = {c.id: c.kind for c in claims}
     headlines = {i for i, k in kinds.items() if k == "headline"}
     assert len(headlines) == 3 and all(c.test == "paired_t" for c in claims if c.kind == "headline")
@@ -303,6 +338,46 @@ def test_claims_read_the_comparison_and_can_fail():
     assert all(c["holds"] is None for c in smoke)
 
 
+SERVED = "served_within_1pt_of_nearest_centroid"
+
+
+def test_served_check_reads_the_served_rows_at_every_width_and_can_fail():
+    """The served-model check: TAIL within 1 point of nearest centroid at every width of
+    widths.WIDTHS (the rows ``small``'s comparison adds with ``served_episodes``); one width
+    short by more fails it; stated for ``small`` only, and a check, not a paper claim."""
+    from nshot.claims import evaluate
+    from nshot.method import get
+    from nshot.methods.tail.widths import WIDTHS
+
+    (claim,) = [c for c in get("tail").claims if c.id == SERVED]
+    assert claim.kind == "check" and claim.presets == ("small",)
+    assert {m for _, m in claim.references()} == {f"acc_width{w}" for w in WIDTHS}
+    nc = {f"acc_width{w}": 0.80 for w in WIDTHS}
+
+    def holds(tail: dict, preset: str = "small"):
+        rows = {"tail": tail, "nearest_centroid": nc}
+        return evaluate([claim], {"preset": preset, "rows": rows})[0]["holds"]
+
+    assert holds({m: v - 0.0095 for m, v in nc.items()}) is True
+    assert holds({**nc, "acc_width4096": 0.789}) is False
+    assert holds({m: v for m, v in nc.items() if m != "acc_width16"}) is None
+    assert holds(nc, preset="small-v1") is None
+
+
+def test_served_check_answers_as_the_server_does(untrained_tail_checkpoint):
+    """``served_check``: the checkpoint loaded as ``nshot serve`` loads it answers generated
+    tasks of a width at its default settings, next to nearest centroid on the same episodes
+    (the same figures twice: seeded); a narrow and a wide width."""
+    from nshot.methods.tail.widths import served_check
+
+    for width in (16, 4096):
+        out = served_check(str(untrained_tail_checkpoint), width, 3, seed=12345)
+        assert set(out) == {"tail", "nearest_centroid"}
+        assert all(0.0 <= mean <= 1.0 and half >= 0.0 for mean, half in out.values())
+        assert served_check(str(untrained_tail_checkpoint), width, 3, seed=12345) == out
+    assert out["nearest_centroid"][0] > 0.4  # chance is 0.2
+
+
 def test_ingredients_change_one_field_each_and_have_their_own_claims():
     """experiment=ingredients: each TAIL row changes one scale ingredient of the config, and
     its four claims read only that experiment's results (and can fail)."""
@@ -310,7 +385,7 @@ def test_ingredients_change_one_field_each_and_have_their_own_claims():
     from nshot.method import get
     from nshot.methods.tail.experiments import ingredients
 
-    cfg = get("tail").config("small").replace(experiment="ingredients")
+    cfg = get("tail").config("small-v1").replace(experiment="ingredients")
     rows = ingredients(cfg)
     assert rows == {
         "tail": {},

@@ -37,6 +37,51 @@ def test_quick_evaluation_is_tail_next_to_protohead(untrained_tail_checkpoint):
     assert any("95 % confidence interval" in n for n in table.notes)
 
 
+def test_the_quickstart_says_what_its_model_is_and_where_small_stands(tmp_path):
+    """Beside its table the quickstart says that its model is a 3-minute model and where the
+    long-trained `small` stands, read from `small`'s results at run time: no file, a file of an
+    earlier recipe ("not yet re-made"), or a re-made one (TAIL minus each baseline, where it
+    wins, the paper's comparisons and the served-model check with their verdicts)."""
+    from nshot.methods.tail.config import TailConfig
+    from nshot.methods.tail.standing import long_trained_lines, model_line
+
+    line = model_line(TailConfig.from_preset("quickstart"))
+    assert line.startswith("This is a 3-minute model: TAIL") and "1,500 steps" in line
+    assert "modality A only" in line and "not where TAIL stands" in line
+    (missing,) = long_trained_lines(tmp_path / "small.json")
+    assert "no results" in missing and "nshot reproduce tail --preset small" in missing
+
+    small = TailConfig.from_preset("small").model_dump(mode="json")
+    v1 = TailConfig.from_preset("small-v1").model_dump(mode="json")
+    metrics = ("acc_seen_5w5s", "acc_unseen_modality_5w5s", "acc_20way")
+    rows = {
+        "tail": dict(zip(metrics, (0.990, 0.950, 0.940))),
+        "protohead": dict(zip(metrics, (0.985, 0.934, 0.952))),
+        "linear_probe": dict(zip(metrics, (0.991, 0.948, 0.969))),
+        "nearest_centroid": {f"acc_width{w}": 0.8 for w in (16, 64, 256, 1024, 4096)},
+    }
+    rows["tail"].update({f"acc_width{w}": 0.795 for w in (16, 64, 256, 1024, 4096)})
+    samples = {
+        name: {m: [v - 0.003, v, v + 0.004] for m, v in r.items()} for name, r in rows.items()
+    }
+    path = tmp_path / "small.json"
+    results = {"method": "tail", "preset": "small", "seeds": 3, "rows": rows, "samples": samples}
+    path.write_text(json.dumps({**results, "run": {"config": v1}}))
+    (earlier,) = long_trained_lines(path)
+    assert "not yet re-made" in earlier and "1,500 steps, 3 training seed(s)" in earlier
+
+    path.write_text(json.dumps({**results, "run": {"config": small, "commit": "abc1234def"}}))
+    text = "\n".join(long_trained_lines(path))
+    assert "24,000 steps on modality A and generated mixed tasks, 3 training seeds" in text
+    assert "abc1234" in text and "held-out classes +0.5 / -0.1" in text
+    assert "unseen modality B +1.6 / +0.2" in text and "20-way -1.2 / -2.9" in text
+    assert "ahead of ProtoHead on held-out classes, unseen modality B;" in text
+    assert "ahead of LinearProbe on unseen modality B;" in text and "behind both on 20-way" in text
+    assert "TAIL is more accurate than LinearProbe" in text and "fails, paired p" in text
+    assert "On the unseen modality B, TAIL is more accurate than ProtoHead" in text
+    assert "within 1 point of nearest centroid" in text and text.endswith("holds.")
+
+
 def test_the_served_example_reads_in_one_line(untrained_tail_checkpoint):
     pred = get("tail").predictor(load_checkpoint(untrained_tail_checkpoint, method="tail"))
     example = pred.example_request()
@@ -89,6 +134,8 @@ def test_quickstart_trains_evaluates_and_serves_at_smoke(ray_session, tmp_path):
     text = out.getvalue()
     assert "1/3 training TAIL" in text and "tail: quick evaluation (preset smoke)" in text
     assert "acc_digits_5w5s ↑" in text and "acc_digits_5w5s: scikit-learn digits" in text
+    assert "What this shows:" in text and "This is TAIL (1 blocks" in text
+    assert "The long-trained model (`small`: 24,000 steps" in text
     assert "support_y: [digit-5 ×5, digit-6 ×5" in text and "n_classes: 5" in text
     assert "equals the in-process predictor: True" in text
     assert res["served_equals_in_process"] is True

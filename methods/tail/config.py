@@ -11,14 +11,29 @@ from nshot.tune.space import Float, Int, TuneSpec
 
 MAX_DRAWS = 32  # (π, ρ) draws averaged per answer, at most
 
-# the `small` preset; `tabular` is it with longer, mixed training and more draws
-_SMALL = dict(
+# the earlier `small` recipe (1,500 steps on modality A only; `results/small-v1.*` and
+# `results/small-ingredients.*` were made with it), kept as the preset `small-v1`; the
+# quickstart's model is the same recipe (`quickstart`: about 1.5 minutes of training on 2 cores)
+_SMALL_V1 = dict(
     depth=4, heads=4, mlp_dim=192, d_data=64, d_label=32, dictionary_size=100,
     steps=1500, lr=1e-3, batch_episodes=32, min_ways=2, max_ways=5, min_shots=1,
     max_shots=5, queries_per_class=5, eval_episodes=500, eval_draws=4,
     curriculum_frac=0.25, warmup_steps=50, log_every=50, checkpoint_every=250,
     experiment_seeds=3,  # the headline claims are paired t-tests over the training seeds
 )  # fmt: skip
+
+# `small`: the two changes measured on `small-v1` combined (README, "The `small` recipe"):
+# sixteen times the steps (24,000; the `tail_steps16x` row of experiment=ingredients) and
+# generated mixed-Gaussian tasks beside modality A (`train_tasks="A+mixed"`,
+# `results/small-mixed.*`), the model measured together as `results/widths-mixed-steps16x*.json`;
+# it answers with 32 (π, ρ) draws by default (the `tabular` preset's default, measured on that
+# model); the comparison's TAIL variants average `compare_draws` = 4 draws, the ablation rows
+# train on one seed (`ablation_seeds`), and the served model is checked against nearest centroid
+# on generated tasks of 16 to 4,096 features (`served_episodes` per width and seed)
+_SMALL = {
+    **_SMALL_V1, "train_tasks": "A+mixed", "steps": 24_000, "eval_draws": 32,
+    "checkpoint_every": 1000, "compare_draws": 4, "ablation_seeds": 1, "served_episodes": 200,
+}  # fmt: skip
 
 
 class TailConfig(MethodConfig):
@@ -74,6 +89,29 @@ class TailConfig(MethodConfig):
     experiment_seeds: int = Field(
         1, ge=1, le=20, description="training seeds per system in experiments()"
     )
+    ablation_seeds: int | None = Field(
+        None,
+        ge=1,
+        le=20,
+        description="training seeds of the ablation rows (no_projection, fixed_label_slots) in "
+        "experiments(): the first ablation_seeds of the experiment's seeds; None: "
+        "experiment_seeds",
+    )
+    compare_draws: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DRAWS,
+        description="(π, ρ) draws the TAIL variants of experiments() average; None: "
+        "max(eval_draws, 4)",
+    )
+    served_episodes: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="experiments() (comparison): episodes per width and seed on which each "
+        "seed's TAIL checkpoint, served at its default settings, answers generated tasks of "
+        "16 to 4,096 features next to nearest centroid (widths.py); 0: not run",
+    )
     # experiments(): the paper's comparison, or the paper's scale ingredients one at a time
     experiment: Literal["comparison", "ingredients"] = Field(
         "comparison",
@@ -117,11 +155,15 @@ class TailConfig(MethodConfig):
             log_every=10, checkpoint_every=25,
         ),
         "small": _SMALL,
+        "small-v1": _SMALL_V1,
+        # `nshot quickstart`'s model: the `small-v1` recipe, a 3-minute model (its printout
+        # says so and where the long-trained `small` stands)
+        "quickstart": _SMALL_V1,
         # the `small` model for serving arbitrary tabular inputs (README: "TAIL on any input"):
         # mixed-Gaussian tasks beside modality A, 28,000 steps (the last 4,000 decaying) and
         # 32 (π, ρ) draws per answer by default; ~23 min of training on 2 cores
         "tabular": {
-            **_SMALL, "train_tasks": "A+mixed", "steps": 28_000, "lr_decay_steps": 4_000,
+            **_SMALL_V1, "train_tasks": "A+mixed", "steps": 28_000, "lr_decay_steps": 4_000,
             "eval_draws": 32, "checkpoint_every": 1000,
         },
         "paper": dict(
@@ -145,6 +187,11 @@ class TailConfig(MethodConfig):
         if self.width % self.heads:
             raise ValueError(
                 f"field 'heads': d_data + d_label = {self.width} is not divisible by heads={self.heads}"
+            )
+        if self.ablation_seeds is not None and self.ablation_seeds > self.experiment_seeds:
+            raise ValueError(
+                f"field 'ablation_seeds': {self.ablation_seeds} exceeds "
+                f"experiment_seeds={self.experiment_seeds}"
             )
         if self.max_ways < self.min_ways:
             raise ValueError("field 'max_ways': must be >= min_ways")

@@ -9,6 +9,11 @@ deviation over seeds (with one seed: the standard deviation of the mean over epi
 ``samples`` keeps the per-seed values, paired across systems. The paper's claims over these
 rows are declared in ``claims.py``; ``extra["paired_vs_protohead"]`` holds each TAIL variant's
 gain over ProtoHead paired over the same episodes.
+
+With ``served_episodes`` (the comparison of ``small``), each seed's TAIL checkpoint is also
+loaded and answered as ``nshot serve`` does, at its default settings, on generated tasks of 16 to
+4,096 raw features (``widths.py``), next to nearest centroid on standardised features over the
+same episodes: the metrics ``acc_width<W>`` of the rows ``tail`` and ``nearest_centroid``.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, grid, run_jobs
+from nshot.experiment import Job, run_jobs
 from nshot.method import ResultsTable
 
 from .baselines import episode_accuracy
 from .config import TailConfig
 from .evaluation import Setting, default_settings, evaluate_systems, tail_system
 from .serve import TailPredictor
+from .widths import WIDTHS, served_check
 
 ABLATIONS = {
     "no_projection": {"projection": "none"},
@@ -62,6 +68,7 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
     else:
         variants, order = {"tail": {}, **ABLATIONS}, ORDER
     seeds = [cfg.seed + i for i in range(cfg.experiment_seeds)]
+    trained = variant_seeds(cfg, variants, seeds)
     runs = str(workdir / "runs")
     jobs = [
         Job(
@@ -70,17 +77,20 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
             (cfg.replace(seed=s, **variants[v]), runs, f"{v}-seed{s}"),
             trains=True,
         )
-        for v, s in grid(variants, seeds)
+        for v in variants
+        for s in trained[v]
     ]
     ckpts = run_jobs(jobs, description=f"tail {cfg.preset}: training {len(jobs)} variants")
     settings = default_settings()
     per_seed: dict[str, dict[str, list[float | None]]] = {}
     ci: dict[str, dict[str, list[float]]] = {}
     paired: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    draws = max(cfg.eval_draws, 4)
+    draws = cfg.compare_draws or max(cfg.eval_draws, 4)
     for s in seeds:
         systems: dict[str, Any] = {"protohead": None, "linear_probe": None}
         for name in variants:
+            if s not in trained[name]:
+                continue  # an ablation row trained on fewer seeds (ablation_seeds)
             ckpt = load_checkpoint(ckpts[(name, s)])
             systems[name] = tail_system(TailPredictor.from_checkpoint(ckpt))
         res = evaluate_systems(
@@ -103,17 +113,22 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
                     paired.setdefault(system, {}).setdefault(metric, []).append(
                         paired_gain(acc, res["protohead"][metric])
                     )
+    metrics = {s.metric: True for s in settings}
+    if cfg.served_episodes and cfg.experiment == "comparison":
+        served = _served(cfg, {s: str(ckpts[("tail", s)]) for s in seeds}, per_seed, ci)
+        metrics.update(dict.fromkeys(served, True))
+        order = (*order, "nearest_centroid")
     rows, stds = _mean_and_spread(per_seed, ci, order)
     return ResultsTable(
         method="tail",
         preset=cfg.preset,
         experiment=None if cfg.experiment == "comparison" else cfg.experiment,
         seeds=len(seeds),
-        metrics={s.metric: True for s in settings},
+        metrics=metrics,
         rows=rows,
         stds=stds,
         runtime_s=time.time() - t0,
-        notes=_notes(rows, settings, cfg, len(seeds), draws, variants, paired),
+        notes=_notes(rows, settings, cfg, len(seeds), draws, variants, paired, trained),
         extra={
             "settings": {s.metric: s.description for s in settings},
             "paired_vs_protohead": paired,
@@ -121,6 +136,46 @@ def run_experiments(cfg: TailConfig, workdir: Path) -> ResultsTable:
         },
         samples={system: per_seed[system] for system in order},
     )
+
+
+def variant_seeds(
+    cfg: TailConfig, variants: dict[str, dict[str, Any]], seeds: list[int]
+) -> dict[str, list[int]]:
+    """The training seeds of each variant: every seed, except the ablation rows, which train
+    on the first ``ablation_seeds`` (all of them when it is ``None``)."""
+    ablation = seeds[: cfg.ablation_seeds or len(seeds)]
+    return {v: ablation if v in ABLATIONS else seeds for v in variants}
+
+
+def width_metric(width: int) -> str:
+    return f"acc_width{width}"
+
+
+def _served(
+    cfg: TailConfig,
+    ckpts: dict[int, str],
+    per_seed: dict[str, dict[str, list[float | None]]],
+    ci: dict[str, dict[str, list[float]]],
+) -> list[str]:
+    """The served-model check: every seed's TAIL checkpoint as ``nshot serve`` answers (its
+    default settings) and nearest centroid on standardised features, on ``served_episodes``
+    generated tasks per width (one job per seed and width; the episodes of seed ``s`` come
+    from ``12345 + s``, the comparison's evaluation seed). Adds ``acc_width<W>`` of ``tail``
+    and ``nearest_centroid`` to ``per_seed``/``ci``; returns the metric names."""
+    jobs = [
+        Job((s, w), served_check, (path, w, cfg.served_episodes, 12345 + s))
+        for s, path in ckpts.items()
+        for w in WIDTHS
+    ]
+    done = run_jobs(
+        jobs, description=f"tail {cfg.preset}: the served model at {len(WIDTHS)} widths"
+    )
+    for s in ckpts:
+        for w in WIDTHS:
+            for system, (mean, half) in done[(s, w)].items():
+                per_seed.setdefault(system, {}).setdefault(width_metric(w), []).append(mean)
+                ci.setdefault(system, {}).setdefault(width_metric(w), []).append(half)
+    return [width_metric(w) for w in WIDTHS]
 
 
 def _mean_and_spread(
@@ -176,6 +231,7 @@ def _notes(
     draws: int,
     variants: dict[str, dict[str, Any]],
     paired: dict[str, dict[str, list[dict[str, Any]]]],
+    trained: dict[str, list[int]] | None = None,
 ) -> list[str]:
     notes = [
         f"{cfg.eval_episodes} episodes per setting and seed, 5 queries per class; TAIL variants "
@@ -184,6 +240,24 @@ def _notes(
         if seeds > 1
         else "± is the standard deviation of the mean over episodes (one training seed)",
     ]
+    fewer = {v: len(s) for v, s in (trained or {}).items() if len(s) < seeds}
+    if fewer:
+        notes.append(
+            "trained on fewer seeds (ablation_seeds; ± over episodes with one seed): "
+            + ", ".join(f"{v} {n}" for v, n in fewer.items())
+        )
+    if "nearest_centroid" in rows:
+        gaps = ", ".join(
+            f"{w} {(rows['tail'][m] - rows['nearest_centroid'][m]) * 100:+.1f}"
+            for w in WIDTHS
+            if (m := width_metric(w)) in rows["tail"]
+        )
+        notes.append(
+            f"acc_width<W>: the served TAIL checkpoint at its defaults ({cfg.eval_draws} (π, ρ) "
+            f"draws, standardised requests) and nearest centroid on standardised features, "
+            f"{cfg.served_episodes} generated 5-way 5-shot tasks of W raw features per seed "
+            f"(MixedGaussianModality); TAIL minus nearest centroid, points: {gaps}"
+        )
     if "fixed_label_slots" in variants:
         notes.append(
             "fixed_label_slots has max_ways label slots and cannot classify 20 classes: n/a."

