@@ -159,7 +159,6 @@ STALE = {
     "bsr": "code changed since",
     "cfr": "dirty tree",
     "dirclip": "code changed since",
-    "front": "no run record",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
