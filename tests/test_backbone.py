@@ -141,3 +141,29 @@ def test_problems_are_named_before_any_weight_is_read(tmp_path):
         load_backbone(BackboneSpec("hfclip", {"path": "x"}))
     with pytest.raises(CheckpointError, match="no backbone recorded"):
         backbone_from_record({"something": 1}, "ckpt")
+
+
+def test_the_minilm_text_backbone_is_memoised(monkeypatch):
+    """Kind ``minilm``: frozen sentence embeddings under the trained projections of the tiny
+    CLIP's MiniLM tower and tgdt's MiniLM text encoder; a text is embedded once per process."""
+    import numpy as np
+
+    from nshot.data import sources
+    from nshot.nn.text import SentenceEncoder
+
+    calls = []
+
+    def fake(texts):
+        calls.append(list(texts))
+        return np.stack([np.full(sources.MINILM_DIM, len(t), np.float32) for t in texts])
+
+    monkeypatch.setattr(sources, "embed_texts", fake)
+    enc = load_backbone(BackboneSpec("minilm"))
+    assert isinstance(enc, SentenceEncoder) and enc.dim == 384 and not enc.weights_in_checkpoint
+    assert enc.fingerprint() == sources.MINILM_SHA256 == enc.record()["sha256"]
+    first = enc.embed(["b", "aa", "b"])
+    again = enc.embed(["aa", "ccc"])
+    assert first.shape == (3, 384) and calls == [["aa", "b"], ["ccc"]]
+    assert torch.equal(first[1], again[0])
+    with pytest.raises(ConfigError, match="unknown option"):
+        load_backbone(BackboneSpec("minilm", {"size": 1}))

@@ -232,8 +232,11 @@ def test_gradient_diagnostic_example(tmp_path, run_example, capsys):
 
 
 def test_minilm_memo_keeps_the_most_recent_descriptions(monkeypatch):
+    """The MiniLM text encoder is the platform's ``minilm`` backbone (memoised, the most
+    recently used descriptions kept) under a trained projection."""
     from nshot.data import sources
     from nshot.methods.tgdt.model import MiniLMEncoder
+    from nshot.nn.text import SentenceEncoder
 
     calls = []
 
@@ -242,11 +245,13 @@ def test_minilm_memo_keeps_the_most_recent_descriptions(monkeypatch):
         return np.stack([np.full(sources.MINILM_DIM, len(t), np.float32) for t in texts])
 
     monkeypatch.setattr(sources, "embed_texts", fake)
-    monkeypatch.setattr(MiniLMEncoder, "MEMO_SIZE", 2)
+    monkeypatch.setattr(SentenceEncoder, "MEMO_SIZE", 2)
     enc = MiniLMEncoder(TGDTConfig.from_preset("smoke"))
+    assert isinstance(enc.encoder, SentenceEncoder) and enc.encoder.spec.kind == "minilm"
     first, _ = enc(["a", "bb", "a"])
     assert calls == [["a", "bb"]] and torch.equal(first[0], first[2])
     enc(["ccc"])  # evicts "a", the least recently used
-    assert list(enc._memo) == ["bb", "ccc"]
+    assert list(enc.encoder._memo) == ["bb", "ccc"]
     again, _ = enc(["bb", "a"])
-    assert calls[-1] == ["a"] and torch.equal(again[1], first[0]) and len(enc._memo) == 2
+    assert calls[-1] == ["a"] and torch.equal(again[1], first[0])
+    assert len(enc.encoder._memo) == 2

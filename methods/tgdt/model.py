@@ -1,7 +1,9 @@
-"""TG-DT's model (paper §3): a character-level text encoder, a decision transformer over
-(return-to-go, state, action) tokens that cross-attends to the description's tokens, and the two
-alignment heads: TBC (contrastive: projected, normalised text and trajectory embeddings with a
-learnable temperature) and TBM (matching: a 2-way head on the text-conditioned trajectory).
+"""TG-DT's model (paper §3): a character-level text encoder (or, ``text_encoder='minilm'``,
+frozen MiniLM sentence embeddings: the backbone ``minilm`` of :mod:`nshot.nn.backbone`), a
+decision transformer over (return-to-go, state, action) tokens that cross-attends to the
+description's tokens, and the two alignment heads: TBC (contrastive: projected, normalised text
+and trajectory embeddings with a learnable temperature) and TBM (matching: a 2-way head on the
+text-conditioned trajectory).
 
 The baselines share the decoder: ``naive_text_dt`` concatenates the pooled text embedding to
 every token, ``oracle_dt`` the true goal, ``agnostic_dt`` nothing, and ``prompt_dt`` prepends
@@ -17,7 +19,6 @@ token sees only R̂_1).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -119,36 +120,22 @@ class TextEncoder(nn.Module):
 
 
 class MiniLMEncoder(nn.Module):
-    """Frozen all-MiniLM-L6-v2 sentence embeddings (the pretrained text encoder of paper §3,
-    in place of BLIP's) and a trained projection: one memory token per description. The
-    encoder is not a submodule (only the projection is in the state dict); embeddings are
-    memoised per text in this process, the ``MEMO_SIZE`` most recently used (a server sees any
-    description)."""
-
-    MEMO_SIZE = 4096
+    """Frozen all-MiniLM-L6-v2 sentence embeddings (the pretrained text encoder of paper §3, in
+    place of BLIP's; the backbone ``minilm`` of :mod:`nshot.nn.backbone`, memoised per text,
+    the most recently used kept) and a trained projection: one memory token per description.
+    The encoder is not a submodule (only the projection is in the state dict)."""
 
     def __init__(self, cfg: TGDTConfig) -> None:
         super().__init__()
-        from nshot.data.sources import MINILM_DIM
+        from nshot.nn.backbone import BackboneSpec, load_backbone
 
+        self.encoder = load_backbone(BackboneSpec("minilm"))
         d = cfg.d_model
-        self.proj = nn.Sequential(nn.Linear(MINILM_DIM, d), nn.GELU(), nn.Linear(d, d))
-        self._memo: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.proj = nn.Sequential(nn.Linear(self.encoder.dim, d), nn.GELU(), nn.Linear(d, d))
 
     def forward(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        missing = sorted({t for t in texts if t not in self._memo})
-        found = {t: self._memo[t] for t in set(texts) - set(missing)}
-        if missing:
-            from nshot.data.sources import embed_texts
-
-            found.update(zip(missing, torch.from_numpy(embed_texts(missing)), strict=True))
-        for t in sorted(found):
-            self._memo[t] = found[t]
-            self._memo.move_to_end(t)
-        while len(self._memo) > self.MEMO_SIZE:
-            self._memo.popitem(last=False)
         dev = self.proj[0].weight.device
-        emb = torch.stack([found[t] for t in texts]).to(dev)
+        emb = self.encoder.embed(texts).to(dev)
         return self.proj(emb)[:, None], torch.ones(len(texts), 1, dtype=torch.bool, device=dev)
 
 

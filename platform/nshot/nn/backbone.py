@@ -14,8 +14,10 @@ of ``smoke`` / ``small``, a real CLIP read by path for ``paper``):
   of its parameters), ``record()`` (what a checkpoint tuned from it keeps to rebuild it) and
   ``copy()``; :func:`backbone_from_record` reads a recorded backbone back.
 
-The family registered here is :class:`CLIPBackbone`, two towers into one joint space (Radford
-et al. 2021), in two kinds:
+Kind ``minilm`` is a text backbone alone: frozen all-MiniLM-L6-v2 sentence embeddings,
+memoised (:class:`nshot.nn.text.SentenceEncoder`: ``embed(texts)``), the pretrained part of the
+tiny CLIP's MiniLM text tower and of a method's MiniLM text encoder. The family registered here
+is :class:`CLIPBackbone`, two towers into one joint space (Radford et al. 2021), in two kinds:
 
 * ``tinyclip`` (:class:`TinyCLIPBackbone`): nshot's tiny CLIP (:mod:`nshot.nn.clip`),
   pre-trained on first use and cached by :mod:`nshot.train.clip`; options ``preset``,
@@ -77,6 +79,7 @@ from torch import nn
 
 from nshot.errors import CheckpointError, ConfigError
 from nshot.nn.clip import CLIPConfig, TinyCLIP
+from nshot.nn.text import SentenceEncoder
 
 __all__ = [
     "KINDS",
@@ -86,6 +89,7 @@ __all__ = [
     "CLIPBackbone",
     "HFCLIPBackbone",
     "Prompt",
+    "SentenceEncoder",
     "TinyCLIPBackbone",
     "backbone_from_record",
     "backbone_of",
@@ -814,3 +818,16 @@ register_backbone(
     "hfclip",
     BackboneKind(load=_load_hf, problems=_hf_problems, from_record=_hf_from_record),
 )
+
+
+# --------------------------------------------------------------------------------------------
+# minilm: frozen sentence embeddings (nshot.nn.text)
+
+
+def _load_minilm(options: Mapping[str, Any]) -> Any:
+    if options:
+        raise ConfigError(f"backbone 'minilm': unknown option(s) {sorted(options)}")
+    return SentenceEncoder()
+
+
+register_backbone("minilm", BackboneKind(load=_load_minilm))

@@ -17,8 +17,8 @@ Two towers map images and texts into one joint space where matching pairs have a
     them), token + position embeddings, a causally masked pre-LN transformer
     (:class:`nshot.nn.transformer.Encoder`, whose final LayerNorm is CLIP's ``ln_final``), the
     features at the end-of-text token times ``text_projection`` (CLIP §2.4);
-  - ``"minilm"``: frozen all-MiniLM-L6-v2 sentence embeddings (``nshot[tail-text]``, computed by
-    :func:`nshot.data.sources.embed_texts` and memoised per text) and a trained linear
+  - ``"minilm"``: frozen all-MiniLM-L6-v2 sentence embeddings (``nshot[tail-text]``,
+    :class:`nshot.nn.text.SentenceEncoder`, memoised per text) and a trained linear
     projection (or a one-hidden-layer MLP with ``text_hidden > 0``);
 
 * a learnable temperature ``logit_scale`` (initialised to ln(1/0.07), the logits' scale clipped
@@ -58,6 +58,7 @@ from torch import nn
 from nshot.errors import CheckpointError, ConfigError
 from nshot.fileio import atomic_path, atomic_write
 from nshot.hashing import sha256_file
+from nshot.nn.text import SentenceEncoder
 from nshot.nn.transformer import Encoder
 from nshot.nn.vit import ViT, stem_error
 
@@ -234,10 +235,10 @@ class TextTransformer(nn.Module):
 
 
 class MiniLMText(nn.Module):
-    """Frozen all-MiniLM-L6-v2 sentence embeddings (384-d, unit length), times
-    ``cfg.minilm_scale``, and a trained projection to the joint space. The encoder is not a
-    submodule: only the projection is in the state dict; embeddings are memoised per text in
-    this process."""
+    """Frozen all-MiniLM-L6-v2 sentence embeddings (384-d, unit length;
+    :class:`nshot.nn.text.SentenceEncoder`), times ``cfg.minilm_scale``, and a trained
+    projection to the joint space. The encoder is not a submodule: only the projection is in
+    the state dict; embeddings are memoised per text in this process."""
 
     def __init__(self, cfg: CLIPConfig) -> None:
         super().__init__()
@@ -250,21 +251,15 @@ class MiniLMText(nn.Module):
         else:
             self.proj = nn.Linear(MINILM_DIM, cfg.embed_dim, bias=False)
         self.scale = float(cfg.minilm_scale)
-        self._memo: dict[str, torch.Tensor] = {}
+        self.encoder = SentenceEncoder()
 
     def sentence_embeddings(self, texts: Sequence[str]) -> torch.Tensor:
         """MiniLM embeddings ``[B, 384]`` of ``texts`` (needs ``nshot[tail-text]``)."""
-        missing = sorted({t for t in texts if t not in self._memo})
-        if missing:
-            from nshot.data.sources import embed_texts
-
-            emb = torch.from_numpy(embed_texts(missing))
-            self._memo.update(zip(missing, emb, strict=True))
-        return torch.stack([self._memo[t] for t in texts])
+        return self.encoder.embed(texts)
 
     def remember(self, texts: Sequence[str], embeddings: torch.Tensor) -> None:
         """Seed the memo with embeddings computed elsewhere (e.g. once by the driver)."""
-        self._memo.update(zip(texts, embeddings.float(), strict=True))
+        self.encoder.remember(texts, embeddings)
 
     def project(self, emb: torch.Tensor) -> torch.Tensor:
         """Text features ``[B, E]`` of sentence embeddings ``[B, 384]`` (unit length)."""
