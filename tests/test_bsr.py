@@ -137,7 +137,8 @@ def _json_with_nan(body: dict) -> str:
 def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_path):
     monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
     from nshot.claims import evaluate
-    from nshot.methods.bsr.experiments import METRICS
+    from nshot.methods.bsr.data import load_dataset
+    from nshot.methods.bsr.experiments import METRICS, RECIPE_GRIDS
 
     bsr = get("bsr")
     cfg = bsr.config("smoke")
@@ -150,8 +151,23 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
         assert row["bacc_k10_A"] is None  # smoke has no k = 10
         assert (row["mae_mse"] is not None) == system.startswith("bsr")
     claims = evaluate(bsr.claims, table.to_json())
-    assert len(claims) == 10 and all(c.get("applies") is False for c in claims)
-    assert [c["id"] for c in claims if c["kind"] == "headline"] == ["bsr_beats_spectrum_methods"]
+    assert len(claims) == 12 and all(c.get("applies") is False for c in claims)
+    assert [c["id"] for c in claims if c["kind"] == "headline"] == [
+        "bsr_beats_spectrum_methods",
+        "bsr_beats_time_resolved_bandpower",
+    ]
+    # every row but EEGNet chose its recipe from its grid on the validation (source) subjects
+    recipes = table.extra["recipes"]
+    assert set(recipes) == set(cfg.systems) - {"eegnet"}
+    ds = load_dataset(cfg)
+    for system, rec in recipes.items():
+        assert rec["subjects"] == ds.names("source")[-cfg.select_subjects :]
+        assert not set(rec["subjects"]) & set(ds.names("target"))
+        assert [c["recipe"] for c in rec["candidates"]] == list(RECIPE_GRIDS[system])
+        best = max(c["val_bacc"] for c in rec["candidates"])
+        first_best = next(c for c in rec["candidates"] if c["val_bacc"] == best)
+        assert rec["chosen"] == first_best["recipe"], system
+    assert "pretrain" in table.extra and table.extra["pretrain"]["mae_mse_position_mean"] > 0
 
 
 def test_example_runs_on_the_smoke_preset(ray_session, tmp_path, run_example, capsys):

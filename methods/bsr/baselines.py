@@ -3,6 +3,9 @@
 * ``bandpower_lr``: log band power (θ, α, β) per channel, averaged over the trial's frames,
   z-scored with the support's statistics, logistic regression on the support — the
   "spectrum-based" method.
+* ``bandpower_frames_lr``: the same log band powers per channel *and frame* (the spectrum
+  video's own values before interpolation: F × 3 × C features), z-scored with the support's
+  statistics, logistic regression on the support — band power that can read the time course.
 * ``riemann_ts_lr``: 4–30 Hz band-passed trials → OAS covariance → tangent space at the
   support's Riemannian mean (pyriemann) → logistic regression.
 * ``topomap_cnn``: the time-averaged spectrum frame (3 × H × W, rendered like BSR's videos) with a
@@ -24,18 +27,27 @@ from .evaluation import scores, subject_clips, support_split
 from .train import raw_powers
 
 
-def _lr_scores(feat: np.ndarray, labels: np.ndarray, sup: np.ndarray, qry: np.ndarray) -> dict:
+def _lr_scores(feat: np.ndarray, labels: np.ndarray, sup: np.ndarray, qry: np.ndarray,
+               c: float = 1.0) -> dict:  # fmt: skip
+    """Features z-scored with the support's statistics, an L2 logistic regression of inverse
+    strength ``c`` fitted on the support; its query scores."""
     from sklearn.linear_model import LogisticRegression
 
     mu, sd = feat[sup].mean(0), feat[sup].std(0) + 1e-6
-    clf = LogisticRegression(max_iter=2000, C=1.0).fit((feat[sup] - mu) / sd, labels[sup])
+    clf = LogisticRegression(max_iter=2000, C=c).fit((feat[sup] - mu) / sd, labels[sup])
     return scores(labels[qry], clf.predict((feat[qry] - mu) / sd))
 
 
 def bandpower_lr(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) -> dict:
     sup, qry = support_split(labels, k, seed)
     feat = raw_powers(cfg, eeg, montage).mean(1).reshape(len(eeg), -1)
-    return _lr_scores(feat, labels, sup, qry)
+    return _lr_scores(feat, labels, sup, qry, cfg.lr_c)
+
+
+def bandpower_frames_lr(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) -> dict:
+    sup, qry = support_split(labels, k, seed)
+    feat = raw_powers(cfg, eeg, montage).reshape(len(eeg), -1)  # (n, F · 3 · C)
+    return _lr_scores(feat, labels, sup, qry, cfg.lr_c)
 
 
 def riemann_ts_lr(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) -> dict:
@@ -49,7 +61,7 @@ def riemann_ts_lr(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) 
     x = sosfiltfilt(sos, np.asarray(x, np.float64) * 1e6, axis=-1)
     cov = Covariances("oas").fit_transform(x)
     ts = TangentSpace().fit(cov[sup])
-    return _lr_scores(ts.transform(cov), labels, sup, qry)
+    return _lr_scores(ts.transform(cov), labels, sup, qry, cfg.lr_c)
 
 
 class TopomapCNN(nn.Module):
@@ -87,7 +99,7 @@ def topomap_cnn(cfg: BsrConfig, eeg, labels, k: int, montage: str, seed: int) ->
     frames = clips.videos(slice(None)).mean(1)  # (n, 3, H, W)
     torch.manual_seed(seed)
     model = _fit(TopomapCNN(), frames[sup], torch.from_numpy(labels[sup]), cfg.topomap_epochs,
-                 3e-3, seed)  # fmt: skip
+                 cfg.topomap_lr, seed)  # fmt: skip
     with torch.no_grad():
         pred = model(frames[qry]).argmax(1).numpy()
     return scores(labels[qry], pred)

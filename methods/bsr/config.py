@@ -5,6 +5,15 @@ a reconstruction from the paper's abstract; the VideoMAE parts follow VideoMAE's
 masking, per-patch normalised targets, AdamW β = (0.9, 0.95), lr = base · B_ref / 256 with B_ref
 the total batch of VideoMAE's runs, warm-up then cosine, layer-wise lr decay and a warm-up in
 fine-tuning). ``small`` is the CPU scale, ``paper`` the ViT-B scale of VideoMAE.
+
+The generated EEG has two declared versions (``generator_version``): 1, stationary trials whose
+class is a static band-power map (4 s); 2 (the default), cue-locked motor-imagery trials with
+event-related desynchronisation and the β rebound (6 s: 1 s before the cue, 3 s of imagery, the
+rebound after it). ``--set generator_version=1 --set trial_s=4`` makes version 1's data again.
+
+Each fine-tuned or fitted row takes its own recipe (learning rate and layer decay, a
+regularisation strength, a CNN's learning rate) from a declared grid, chosen by the same
+validation budget on ``select_subjects`` source subjects (``experiments.RECIPE_GRIDS``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ System = Literal[
     "bsr_linear_probe",
     "videomae_scratch",
     "bandpower_lr",
+    "bandpower_frames_lr",
     "riemann_ts_lr",
     "eegnet",
     "topomap_cnn",
@@ -34,6 +44,11 @@ DATA_FIELDS = (
     "data_seed", "sfreq", "trial_s", "source_spacing_mm", "n_source_subjects",
     "n_source_trials", "n_target_subjects", "n_target_trials", "suppression", "alpha_boost",
     "background_rel", "sensor_noise_rel",
+)  # fmt: skip
+# version 2's fields on top (version 1's key is the fields above alone, as before the versions)
+DATA_FIELDS_V2 = (
+    "generator_version", "cue_s", "imagery_s", "erd_latency_s", "latency_jitter_s",
+    "beta_rebound",
 )  # fmt: skip
 
 
@@ -62,9 +77,37 @@ class BsrConfig(MethodConfig):
         "into $NSHOT_CACHE/eegbci (MNE's downloader; checksums from MNE)",
     )
     # --- the generated EEG (paper §4 protocol, reconstructed; see the README's Data section)
+    generator_version: Literal[1, 2] = Field(
+        2,
+        description="the generated EEG: 1, stationary trials (the class a static band-power "
+        "map; trial_s 4 then); 2, cue-locked motor imagery: μ/β desynchronisation after the "
+        "cue, β rebound after the imagery, subject-level latency jitter",
+    )
     data_seed: int = Field(0, ge=0, description="seed of the EEG generator (subjects, trials)")
     sfreq: float = Field(128.0, ge=64.0, le=1024.0, description="sampling rate of the data (Hz)")
-    trial_s: float = Field(4.0, gt=0.0, le=30.0, description="trial length (s)")
+    trial_s: float = Field(
+        6.0, gt=0.0, le=30.0,
+        description="trial length (s); version 2: cue_s before the cue, the imagery, the rebound",
+    )  # fmt: skip
+    cue_s: float = Field(
+        1.0, ge=0.0, le=30.0, description="version 2: time of the cue in the trial (s)"
+    )
+    imagery_s: float = Field(
+        3.0, gt=0.0, le=30.0, description="version 2: imagery period after the cue (s)"
+    )
+    erd_latency_s: float = Field(
+        0.5, ge=0.0, le=3.0,
+        description="version 2: mean delay of the desynchronisation's onset (and of its end) "
+        "after the cue (after the imagery's end), s",
+    )  # fmt: skip
+    latency_jitter_s: float = Field(
+        0.15, ge=0.0, le=1.0, description="version 2: subject-level s.d. of that latency (s)"
+    )
+    beta_rebound: float = Field(
+        0.5, ge=0.0, le=5.0,
+        description="version 2: β power above baseline at the post-imagery rebound's peak, over "
+        "the area that desynchronised (0.5: +50 %)",
+    )  # fmt: skip
     source_spacing_mm: float = Field(
         15.0, ge=5.0, le=40.0, description="grid spacing of the volume source space (mm)"
     )
@@ -140,6 +183,18 @@ class BsrConfig(MethodConfig):
     ft_batch: int = Field(8, ge=1, le=1024, description="fine-tuning batch")
     layer_decay: float = Field(0.75, gt=0.0, le=1.0, description="layer-wise lr decay")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    lr_c: float = Field(
+        1.0, gt=0.0, le=1e6,
+        description="inverse L2 strength of the logistic regressions (band power, Riemann, the "
+        "linear probe and the predictor's probe)",
+    )  # fmt: skip
+    topomap_lr: float = Field(3e-3, gt=0.0, le=1.0, description="topomap CNN's learning rate")
+    select_subjects: int = Field(
+        2, ge=0, le=500,
+        description="source subjects on which each row's recipe is chosen from its grid (k = "
+        "select_shots, montage A, one support draw); 0: every row keeps the config's recipe",
+    )  # fmt: skip
+    select_shots: int = Field(5, ge=1, le=1000, description="k per class of the recipe choice")
     head_pool: Literal["mean", "position"] = Field(
         "mean",
         description="the read-out of the encoder's last block for the fine-tuning head and the "
@@ -152,8 +207,8 @@ class BsrConfig(MethodConfig):
     eval_subjects: int = Field(6, ge=1, le=200, description="target subjects evaluated")
     seeds: int = Field(2, ge=1, le=20, description="support draws (seeds) per subject")
     systems: list[System] = Field(
-        ["bsr", "bsr_linear_probe", "videomae_scratch", "bandpower_lr", "riemann_ts_lr",
-         "eegnet", "topomap_cnn", "bsr_scrambled_positions"],
+        ["bsr", "bsr_linear_probe", "videomae_scratch", "bandpower_lr", "bandpower_frames_lr",
+         "riemann_ts_lr", "eegnet", "topomap_cnn", "bsr_scrambled_positions"],
         min_length=1, description="rows `experiments` runs",
     )  # fmt: skip
     eegnet_epochs: int = Field(20, ge=1, le=1000, description="EEGNet source-training epochs")
@@ -173,7 +228,8 @@ class BsrConfig(MethodConfig):
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
         "shots", "eval_subjects", "seeds", "ft_epochs", "ft_base_lr", "ft_lr_ref_batch",
-        "ft_warmup_epochs", "ft_batch", "layer_decay", "label_smoothing", "head_pool",
+        "ft_warmup_epochs", "ft_batch", "layer_decay", "label_smoothing", "head_pool", "lr_c",
+        "topomap_lr", "select_subjects", "select_shots",
     }  # fmt: skip
 
     PRESETS: ClassVar[dict[str, dict]] = {
@@ -185,12 +241,12 @@ class BsrConfig(MethodConfig):
             "lr_ref_batch": 256, "warmup_steps": 0, "steps": 4, "log_every": 2,
             "checkpoint_every": 2, "ft_epochs": 2, "ft_warmup_epochs": 0, "shots": [1, 5],
             "eval_subjects": 1, "seeds": 1, "eegnet_epochs": 1, "eegnet_ft_epochs": 2,
-            "topomap_epochs": 5,
+            "topomap_epochs": 5, "select_subjects": 1, "select_shots": 1,
         },
         # pretraining the planned 30 epochs of the 1,440 training clips at batch 32; 4 target
         # subjects x 3 training seeds (support draws and fine-tuning), the planned 3 seeds, so
-        # that the headline's paired test has three seeds (about 11 min on 2 free cores,
-        # README)
+        # that the headline's paired test has three seeds; each row's recipe chosen on 2
+        # source subjects (README, Budget)
         "small": {
             "steps": 1350, "log_every": 50, "checkpoint_every": 450, "ft_epochs": 20,
             "eval_subjects": 4, "seeds": 3, "eegnet_epochs": 10,
@@ -225,7 +281,12 @@ class BsrConfig(MethodConfig):
         return min(self.spatial_patches - 1, math.floor(self.mask_ratio * self.spatial_patches))
 
     def data_key(self) -> dict:
-        fields = EEGBCI_FIELDS if self.dataset == "eegbci" else DATA_FIELDS
+        if self.dataset == "eegbci":
+            fields = EEGBCI_FIELDS
+        elif self.generator_version == 1:
+            fields = DATA_FIELDS
+        else:
+            fields = DATA_FIELDS + DATA_FIELDS_V2
         return {k: getattr(self, k) for k in fields}
 
     @model_validator(mode="after")
@@ -251,10 +312,23 @@ class BsrConfig(MethodConfig):
             raise ValueError("field 'window_s': longer than the trial")
         if self.ft_warmup_epochs >= self.ft_epochs and self.ft_warmup_epochs:
             raise ValueError("field 'ft_warmup_epochs': must be shorter than ft_epochs")
+        if self.select_subjects > self.n_source_subjects:
+            raise ValueError("field 'select_subjects': more than n_source_subjects")
+        if self.select_subjects and self.select_shots >= self.n_source_trials // 4:
+            raise ValueError(
+                "field 'select_shots': a source subject has n_source_trials / 4 trials per "
+                "class; k must leave a query"
+            )
         if self.eval_subjects > self.n_target_subjects:
             raise ValueError("field 'eval_subjects': more than n_target_subjects")
         if any(k < 1 or k >= self.n_target_trials for k in self.shots):
             raise ValueError("field 'shots': each k must lie in [1, n_target_trials - 1]")
+        if self.dataset == "eegbci" and self.trial_s > 4.0:
+            raise ValueError(
+                "field 'trial_s': an eegbci trial starts at its cue, and PhysioNet's task and "
+                "rest periods last about 4 s, so a longer trial reaches into the next cue: set "
+                "trial_s to at most 4 (the generator's version 2 default is 6)"
+            )
         if self.dataset == "eegbci" and self.data_path is None and not self.fetch_data:
             raise ValueError(
                 "field 'data_path': dataset eegbci reads PhysioNet's EDF files: give data_path "

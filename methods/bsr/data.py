@@ -13,7 +13,23 @@ the paper's §4 protocol): a volume source space on a 3-shell sphere head model 
 
 Subjects differ: dipoles move to neighbouring grid points, orientations tilt by up to 20°, the cap
 is rotated by 3–5° about the head centre, the global amplitude is log-normal (σ 0.3) and the α
-peak varies. All trials are stored on montage A's 32 channels; montage B (the classic 19) is a
+peak varies.
+
+Two declared versions (``generator_version``). Version 1: the class effects above hold for the
+whole trial (stationary trials: the class is a static band-power map). Version 2 (the default):
+cue-locked motor imagery, following the event-related (de)synchronisation of the sensorimotor
+rhythms (Pfurtscheller & Lopes da Silva 1999, Clin. Neurophysiol. 110:1842; motor imagery:
+Pfurtscheller et al. 2006, NeuroImage 31:153; the β rebound after imagery: Pfurtscheller et
+al. 2005, Neurosci. Lett. 378:156). The trial holds ``cue_s`` of rest before the cue, identical
+for every class (the subject does not yet know the task); μ and β power over the moving limb's
+area drop by ``suppression`` from about ``erd_latency_s`` after the cue (a logistic onset, time
+constant ``ERD_TAU_S``), stay down for the ``imagery_s`` of imagery and recover with the same
+delay after it; β then overshoots its baseline by ``beta_rebound`` at its peak
+(``REBOUND_DELAY_S`` after the recovery, s.d. ``REBOUND_WIDTH_S``), the post-imagery β rebound;
+at rest the posterior α rise follows the same cue-locked onset. Each subject has its own latency
+(s.d. ``latency_jitter_s``), each trial a small jitter around it (s.d. ``TRIAL_JITTER_S``).
+The random draws of the timing come from their own stream, so the sources, background and noise
+of a version-2 subject are drawn as in version 1. All trials are stored on montage A's 32 channels; montage B (the classic 19) is a
 subset of them, so the same source activity is seen through both layouts. Montage B keeps every
 electrode above a class source (C3, Cz, C4, O1, O2), so it cannot break a model that reads those
 channels; montage C (27 channels) is montage A without those five: the class activity reaches it
@@ -55,7 +71,7 @@ MONTAGE_C = [c for c in MONTAGE_A if c not in CLASS_ELECTRODES]
 MONTAGES = {"A": MONTAGE_A, "B": MONTAGE_B, "C": MONTAGE_C}
 CLASSES = ("left_hand", "right_hand", "feet", "rest")
 BANDS = ((4.0, 8.0), (8.0, 13.0), (13.0, 30.0))  # θ, α, β → the 3 video channels
-DATA_VERSION = "1"
+DATA_VERSION = "1"  # of the cached table's format (the generator's own version is a config field)
 DISC_EDGE = 0.95  # montage A's farthest electrode sits at this radius of the disc
 
 
@@ -323,9 +339,55 @@ def _source_below(head: Head, electrode: str, depth: float = 0.7) -> np.ndarray:
     return np.argsort(np.linalg.norm(head.rr - target, axis=1))[:4]
 
 
+# version 2's fixed shape of the time courses (seconds)
+ERD_TAU_S = (
+    0.15  # logistic time constant of the desynchronisation's onset and end (10-90 %: 0.66 s)
+)
+REBOUND_DELAY_S = 0.5  # the β rebound's peak after the desynchronisation's end
+REBOUND_WIDTH_S = 0.3  # its Gaussian s.d.
+TRIAL_JITTER_S = 0.1  # trial-to-trial s.d. of the onset and the end around the subject's latency
+AREA = {
+    0: 1,
+    1: 0,
+    2: 2,
+}  # class → motor source that desynchronises: left hand → C4, right → C3, feet → Cz
+
+
+def subject_latency(cfg: BsrConfig, timing: np.random.Generator) -> float:
+    """A subject's delay (s) of the desynchronisation after the cue (and of its end after the
+    imagery's end): ``erd_latency_s`` plus a normal of s.d. ``latency_jitter_s``, kept within
+    [0.1, 1.5] s."""
+    return float(np.clip(cfg.erd_latency_s + cfg.latency_jitter_s * timing.normal(), 0.1, 1.5))
+
+
+def erd_courses(cfg: BsrConfig, labels: np.ndarray, latency: float,
+                timing: np.random.Generator) -> dict[str, np.ndarray]:  # fmt: skip
+    """Version 2's power factors over the trial's samples (1: baseline): ``mu`` and ``beta``
+    (n_trials, 3 motor sources C3 / C4 / Cz, T) and ``alpha`` (n_trials, 1, T), for the given
+    labels and subject latency; the trials' jitters are drawn from ``timing``."""
+    t = np.arange(cfg.samples) / cfg.sfreq
+    n = len(labels)
+    on = cfg.cue_s + latency + TRIAL_JITTER_S * timing.normal(size=(n, 1))
+    off = cfg.cue_s + cfg.imagery_s + latency + TRIAL_JITTER_S * timing.normal(size=(n, 1))
+    rise = 0.5 * (1 + np.tanh((t - on) / (2 * ERD_TAU_S)))  # logistic, written stably
+    fall = 0.5 * (1 + np.tanh((t - off) / (2 * ERD_TAU_S)))
+    erd = rise * (1 - fall)  # (n, T): 1 while desynchronised
+    rebound = np.exp(-0.5 * ((t - off - REBOUND_DELAY_S) / REBOUND_WIDTH_S) ** 2)
+    active = np.zeros((n, 3, 1))
+    for i, y in enumerate(labels):
+        if int(y) in AREA:
+            active[i, AREA[int(y)]] = 1.0
+    mu = 1.0 - cfg.suppression * active * erd[:, None, :]
+    beta = mu + cfg.beta_rebound * active * rebound[:, None, :]
+    alpha = 1.0 + cfg.alpha_boost * (labels == 3)[:, None, None] * erd[:, None, :]
+    return {"mu": mu, "beta": beta, "alpha": alpha}
+
+
 def _subject_trials(cfg: BsrConfig, head: Head, rng: np.random.Generator,
-                    labels: np.ndarray) -> np.ndarray:  # fmt: skip
-    """EEG (n_trials, 32, T) in volts of one subject for the given class labels."""
+                    labels: np.ndarray,
+                    timing: np.random.Generator | None = None) -> np.ndarray:  # fmt: skip
+    """EEG (n_trials, 32, T) in volts of one subject for the given class labels (version 2:
+    ``timing`` draws the subject's latency and the trials' jitters)."""
     n, sf = cfg.samples, cfg.sfreq
     g = gain_matrix(head, MONTAGE_A, _rotation(rng, 3.0, 5.0))  # (C, 3N)
     ns = g.shape[1] // 3
@@ -353,15 +415,23 @@ def _subject_trials(cfg: BsrConfig, head: Head, rng: np.random.Generator,
     mu = _narrowband(rng, 3 * n_tr, n, sf, 10.0, 2.0).reshape(n_tr, 3, n)
     beta = _narrowband(rng, 3 * n_tr, n, sf, 20.0, 4.0).reshape(n_tr, 3, n)
     alpha = _narrowband(rng, 2 * n_tr, n, sf, alpha_f, 1.5).reshape(n_tr, 2, n)
-    # power factors: the moving limb's motor area (class 0 → C4, 1 → C3, 2 → Cz) drops
-    gain_m = np.ones((n_tr, 3))
-    area = {0: 1, 1: 0, 2: 2}
-    for i, y in enumerate(labels):
-        if int(y) in area:
-            gain_m[i, area[int(y)]] = np.sqrt(1.0 - cfg.suppression)
-    gain_a = np.where(labels == 3, np.sqrt(1.0 + cfg.alpha_boost), 1.0)[:, None]
-    sig = np.einsum("tsn,sc->tcn", (mu + 0.7 * beta) * gain_m[:, :, None], motor)
-    sig += np.einsum("tsn,sc->tcn", alpha * gain_a[:, :, None], occip)
+    if cfg.generator_version == 1:
+        # power factors for the whole trial: the moving limb's motor area (class 0 → C4,
+        # 1 → C3, 2 → Cz) drops; posterior α rises at rest
+        gain_m = np.ones((n_tr, 3))
+        for i, y in enumerate(labels):
+            if int(y) in AREA:
+                gain_m[i, AREA[int(y)]] = np.sqrt(1.0 - cfg.suppression)
+        gain_a = np.where(labels == 3, np.sqrt(1.0 + cfg.alpha_boost), 1.0)[:, None]
+        sig = np.einsum("tsn,sc->tcn", (mu + 0.7 * beta) * gain_m[:, :, None], motor)
+        sig += np.einsum("tsn,sc->tcn", alpha * gain_a[:, :, None], occip)
+    else:  # cue-locked time courses of the same effects (amplitude: the power's square root)
+        if timing is None:
+            raise ValueError("generator version 2 needs the timing stream")
+        c = erd_courses(cfg, labels, subject_latency(cfg, timing), timing)
+        rhythm = mu * np.sqrt(c["mu"]) + 0.7 * beta * np.sqrt(c["beta"])
+        sig = np.einsum("tsn,sc->tcn", rhythm, motor)
+        sig += np.einsum("tsn,sc->tcn", alpha * np.sqrt(c["alpha"]), occip)
     sig += np.einsum("cd,tdn->tcn", mix_bg, _pink(rng, n_tr * len(cov), n, sf).reshape(n_tr, -1, n))
     sig += cfg.sensor_noise_rel * ref * rng.normal(size=sig.shape)
     return (sig * amp * (20e-6 / ref)).astype(np.float32)  # ≈ 20 µV rhythms
@@ -375,9 +445,12 @@ def generate(cfg: BsrConfig) -> pa.Table:
     subjects += [("target", i, cfg.n_target_trials) for i in range(cfg.n_target_subjects)]
     blocks = []
     for role, i, per_class in subjects:
-        rng = np.random.default_rng([cfg.data_seed, 0 if role == "source" else 1, i])
+        stream = [cfg.data_seed, 0 if role == "source" else 1, i]
+        rng = np.random.default_rng(stream)
+        timing = np.random.default_rng([*stream, 2])  # version 2's latencies and jitters
         labels = rng.permutation(np.repeat(np.arange(4), per_class))
-        blocks.append((f"{role[0]}{i:03d}", role, _subject_trials(cfg, head, rng, labels), labels))
+        eeg = _subject_trials(cfg, head, rng, labels, timing)
+        blocks.append((f"{role[0]}{i:03d}", role, eeg, labels))
     return trials_table(blocks)
 
 
@@ -552,17 +625,29 @@ class Dataset:
         return sorted(set(self.subjects[self.roles == role].tolist()))
 
 
+# the last dataset this process loaded: a Ray worker runs many jobs on the same trials
+_LOADED: dict[str, Dataset] = {}
+
+
 def load_dataset(cfg: BsrConfig) -> Dataset:
+    """The trials as read-only arrays (read from the cache once per process and data key)."""
+    key = json.dumps([str(cache_dir()), cfg.data_path, cfg.data_key()], sort_keys=True)
+    if key in _LOADED:
+        return _LOADED[key]
     t = eeg_table(cfg)
     flat = t.column("eeg").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    eeg = flat.reshape(t.num_rows, len(MONTAGE_A), cfg.samples)
-    return Dataset(
-        eeg=eeg,
+    ds = Dataset(
+        eeg=flat.reshape(t.num_rows, len(MONTAGE_A), cfg.samples),
         labels=t.column("label").to_numpy().astype(np.int64),
         subjects=np.asarray(t.column("subject").to_pylist()),
         roles=np.asarray(t.column("role").to_pylist()),
         sfreq=cfg.sfreq,
     )
+    for a in (ds.eeg, ds.labels, ds.subjects, ds.roles):
+        a.flags.writeable = False
+    _LOADED.clear()
+    _LOADED[key] = ds
+    return ds
 
 
 def montage_channels(montage: str) -> np.ndarray:

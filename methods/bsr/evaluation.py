@@ -108,7 +108,8 @@ def run_videomae(cfg: BsrConfig, system: str, encoder_state: dict | None, eeg: n
         emb = embeddings(
             build_classifier(cfg, encoder_state).eval(), clips.videos(slice(None)), cfg
         )
-        return scores(labels[qry], fit_probe(emb[sup], labels[sup]).predict(emb[qry]))
+        probe = fit_probe(emb[sup], labels[sup], cfg.lr_c)
+        return scores(labels[qry], probe.predict(emb[qry]))
     state = None if system == "videomae_scratch" else encoder_state
     clf = finetune(cfg, state, clips.videos(sup), labels[sup], seed)
     pred = predict_proba(clf, clips.videos(qry)).argmax(1)

@@ -339,12 +339,12 @@ class Probe:
     and std (MAE's probe puts a BatchNorm without affine before its linear layer), then an
     L2-regularised multinomial logistic regression fitted on the support to convergence."""
 
-    def __init__(self, emb: np.ndarray, y: np.ndarray) -> None:
+    def __init__(self, emb: np.ndarray, y: np.ndarray, c: float = 1.0) -> None:
         from sklearn.linear_model import LogisticRegression
 
         emb = np.asarray(emb, np.float64)
         self.mu, self.sd = emb.mean(0), emb.std(0) + 1e-6
-        self.clf = LogisticRegression(max_iter=2000, C=1.0).fit(self._z(emb), y)
+        self.clf = LogisticRegression(max_iter=2000, C=c).fit(self._z(emb), y)
 
     def _z(self, emb: np.ndarray) -> np.ndarray:
         return (np.asarray(emb, np.float64) - self.mu) / self.sd
@@ -359,8 +359,9 @@ class Probe:
         return out
 
 
-def fit_probe(emb: np.ndarray, y: np.ndarray) -> Probe:
-    return Probe(emb, y)
+def fit_probe(emb: np.ndarray, y: np.ndarray, c: float = 1.0) -> Probe:
+    """:class:`Probe` of inverse L2 strength ``c`` (the config's ``lr_c``)."""
+    return Probe(emb, y, c)
 
 
 def smoothed_ce(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:

@@ -174,7 +174,8 @@ class BsrPredictor(Predictor[BsrRequest, BsrResponse]):
         cfg = self.cfg
         rng = np.random.default_rng([99, 1])
         labels = np.array([0, 1, 2, 3, 0, 1, 2, 3, 1])
-        eeg = _subject_trials(cfg, head_model(cfg.source_spacing_mm), rng, labels)
+        timing = np.random.default_rng([99, 1, 2])  # generator version 2's latencies
+        eeg = _subject_trials(cfg, head_model(cfg.source_spacing_mm), rng, labels, timing)
         eeg = eeg[:, montage_channels("B")] * 1e6
         to_list = lambda x: np.round(x.astype(np.float64), 3).tolist()  # noqa: E731
         return {
