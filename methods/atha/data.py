@@ -39,8 +39,6 @@ from nshot.data.shapes import BACKGROUNDS, COLOURS, SHAPES, shape_alpha
 from nshot.errors import NshotError
 from nshot.train.clip import DIGIT_NAMES
 
-from .config import AthaConfig
-
 DOMAINS: tuple[str, ...] = ("textured", "sketch", "digits", "mnist", "textile")
 # conformal-clip-data's folders, in label order, and the class names the text tower reads
 TEXTILE_FOLDERS = ("nominal", "local", "global")
@@ -292,39 +290,3 @@ def sample_episode(
         query_x=np.concatenate(qx),
         query_y=np.asarray(qy, dtype=np.int64),
     )
-
-
-def pool_of(cfg: AthaConfig, domain: str, image_size: int, seed: int | None = None) -> Pool:
-    """Domain ``domain`` of the config as a pool: a generated domain (a cached table), or with
-    ``backbone='clip'`` an image folder of ``data_path`` at the backbone's ``image_size``
-    (:func:`.paper_data.folder_pool`)."""
-    if cfg.backbone == "clip":
-        from .paper_data import folder_pool
-
-        return folder_pool(cfg, domain, image_size)
-    return domain_pool(domain, cfg.pool_per_class, cfg.seed if seed is None else seed)
-
-
-def domains_of(cfg: AthaConfig) -> list[str]:
-    """The config's target domains: ``domains``, or with ``backbone='clip'`` the image folders
-    of ``data_path`` (:func:`.paper_data.paper_domains`)."""
-    if cfg.backbone == "clip":
-        from .paper_data import paper_domains
-
-        return paper_domains(cfg)
-    return list(cfg.domains)
-
-
-def pools_of(cfg: AthaConfig, image_size: int) -> dict[str, Pool]:
-    """Every target domain of the config as a pool (:func:`pool_of`)."""
-    return {d: pool_of(cfg, d, image_size) for d in domains_of(cfg)}
-
-
-def prepare_data(cfg: AthaConfig) -> None:
-    """Before episodes on a real CLIP: one :class:`~nshot.errors.ConfigError` naming everything
-    missing (the CLIP's files and the image folders: :func:`.paper_data.check_paper`). The
-    generated domains need nothing."""
-    if cfg.backbone == "clip":
-        from .paper_data import check_paper
-
-        check_paper(cfg)

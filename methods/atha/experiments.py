@@ -36,9 +36,9 @@ from nshot.method import ResultsTable
 from nshot.nn.backbone import BackboneSpec, CLIPBackbone, load_backbone, prepare_backbone
 
 from .config import AthaConfig
-from .data import Pool, domain_pool, domains_of, pool_of, prepare_data
+from .data import Pool, domain_pool
 from .model import EpisodeModel, select_tokens
-from .train import run_block
+from .train import domains_of, pool_of, prepare_data, run_block
 
 ATHA_VARIANTS = ("atha", "atha_head_only", "atha_tail_only", "random_tokens")
 

@@ -13,15 +13,13 @@ domain, episode)``).
 
 from __future__ import annotations
 
-import functools
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from nshot.errors import CheckpointError, ConfigError
+from nshot.nn.hfclip import FolderImages
 
 from .config import AthaConfig
 from .data import Pool
@@ -32,7 +30,7 @@ def check_paper(cfg: AthaConfig) -> None:
     running: the CLIP (``clip_path`` not set, missing, missing files, not a CLIP; the
     tokenizer) and ``data_path`` (not set, missing, no domain folders, an unknown
     ``data_domains`` entry)."""
-    from nshot.nn.backbone import backbone_problems
+    from nshot.nn.backbone import backbone_problems, raise_problems
 
     missing = backbone_problems(cfg.backbone_spec())
     if not cfg.data_path:
@@ -50,11 +48,8 @@ def check_paper(cfg: AthaConfig) -> None:
             for d in cfg.data_domains:
                 if d not in found:
                     missing.append(f"field 'data_domains': {d!r} is not a folder of {root}")
-    if missing:
-        raise ConfigError(
-            f"atha backbone 'clip' (preset {cfg.preset!r}) needs: " + "; ".join(missing)
-            + ". See methods/atha/README.md (Paper preset)."
-        )  # fmt: skip
+    raise_problems(f"atha backbone 'clip' (preset {cfg.preset!r})", missing,
+                   "methods/atha/README.md (Paper preset)")  # fmt: skip
 
 
 def _domain_folders(root: Path) -> list[str]:
@@ -64,28 +59,6 @@ def _domain_folders(root: Path) -> list[str]:
 def paper_domains(cfg: AthaConfig) -> list[str]:
     """The target domains of ``backbone='clip'``: ``data_domains`` or every subfolder."""
     return list(cfg.data_domains) or _domain_folders(Path(cfg.data_path or ""))
-
-
-@functools.lru_cache(maxsize=4096)
-def _image(path: Path, size: int) -> np.ndarray:
-    from nshot.nn.hfclip import load_image
-
-    return load_image(path, size)
-
-
-class FolderImages:
-    """A domain's image files read on demand: ``x[rows]`` is ``float32 [k, 3, S, S]``."""
-
-    def __init__(self, paths: Sequence[Path], size: int) -> None:
-        self.paths = tuple(paths)
-        self.size = size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, rows: Any) -> np.ndarray:
-        idx = np.atleast_1d(np.arange(len(self.paths))[rows])
-        return np.stack([_image(self.paths[j], self.size) for j in idx])
 
 
 def folder_pool(cfg: AthaConfig, domain: str, size: int) -> Pool:
@@ -110,7 +83,8 @@ def folder_pool(cfg: AthaConfig, domain: str, size: int) -> Pool:
             f"episodes need 10 + queries = {10 + cfg.queries}"
         )
     index = domains.index(domain) if domain in domains else zlib.crc32(domain.encode())
-    return Pool(domain, FolderImages(f.paths, size), f.labels, tuple(f.class_names()), index)
+    images = FolderImages(f.paths, size, cache=True)
+    return Pool(domain, images, f.labels, tuple(f.class_names()), index)
 
 
 def folder_pools(cfg: AthaConfig, size: int) -> dict[str, Pool]:

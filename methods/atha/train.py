@@ -14,8 +14,9 @@
   backbone, trained ``epochs`` full-support steps (AdamW on LoRA, SGD with momentum on the
   context and on the rates, cross-entropy at the small logit scale), then its queries
   classified; :func:`run_block` every system on a block of a domain's episodes (an episode's
-  images read once) and :func:`episode_accuracy` the 1-shot accuracy over the config's domains,
-  the same on either backbone.
+  images read once) and :func:`episode_accuracy` the 1-shot accuracy over the config's domains
+  (:func:`pools_of`: the generated ones, or a real CLIP's image folders), the same on either
+  backbone.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from nshot.train import session
 from nshot.train.trainer import Recipe, train
 
 from .config import AthaConfig
-from .data import Episode, Pool, pools_of, prepare_data, sample_episode
+from .data import Episode, Pool, domain_pool, sample_episode
 from .model import EpisodeModel, backbone_from_weights
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +230,46 @@ def _episode_metrics(
 
 
 # --------------------------------------------------------------------------------------------
+# the config's target domains
+
+
+def pool_of(cfg: AthaConfig, domain: str, image_size: int) -> Pool:
+    """Domain ``domain`` of the config as a pool: a generated domain (a cached table), or with
+    ``backbone='clip'`` an image folder of ``data_path`` at the backbone's ``image_size``
+    (:func:`.paper_data.folder_pool`)."""
+    if cfg.backbone == "clip":
+        from .paper_data import folder_pool
+
+        return folder_pool(cfg, domain, image_size)
+    return domain_pool(domain, cfg.pool_per_class, cfg.seed)
+
+
+def domains_of(cfg: AthaConfig) -> list[str]:
+    """The config's target domains: ``domains``, or with ``backbone='clip'`` the image folders
+    of ``data_path`` (:func:`.paper_data.paper_domains`)."""
+    if cfg.backbone == "clip":
+        from .paper_data import paper_domains
+
+        return paper_domains(cfg)
+    return list(cfg.domains)
+
+
+def pools_of(cfg: AthaConfig, image_size: int) -> dict[str, Pool]:
+    """Every target domain of the config as a pool (:func:`pool_of`)."""
+    return {d: pool_of(cfg, d, image_size) for d in domains_of(cfg)}
+
+
+def prepare_data(cfg: AthaConfig) -> None:
+    """Before episodes on a real CLIP: one :class:`~nshot.errors.ConfigError` naming everything
+    missing (the CLIP's files and the image folders: :func:`.paper_data.check_paper`). The
+    generated domains need nothing."""
+    if cfg.backbone == "clip":
+        from .paper_data import check_paper
+
+        check_paper(cfg)
+
+
+# --------------------------------------------------------------------------------------------
 # episodes
 
 
@@ -348,7 +389,7 @@ def episode_accuracy(
     pools: dict[str, Pool] | None = None,
 ) -> dict[str, float]:
     """1-shot accuracy of ``systems`` on ``eval_episodes`` episodes of each domain (``pools``,
-    default the config's: :func:`.data.pools_of`), in this process: ``acc_1shot_<domain>`` and
+    default the config's: :func:`pools_of`), in this process: ``acc_1shot_<domain>`` and
     ``acc_1shot_avg`` for the first system, the same with ``_<system>`` appended for the
     others, and ``paired_gain_vs_<second>`` in points."""
     pools = pools_of(cfg, bb.image_size) if pools is None else pools

@@ -13,14 +13,13 @@ domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``) have no counterpart
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from nshot.errors import CheckpointError, ConfigError
+from nshot.nn.hfclip import FolderImages
 
 from .config import DirclipConfig
 
@@ -31,7 +30,7 @@ def check_paper(cfg: DirclipConfig) -> None:
     """Raise a :class:`ConfigError` naming everything that keeps ``backbone='clip'`` from
     running: the CLIP (``clip_path`` not set, missing, missing files, not a CLIP; the
     tokenizer) and ``data_path`` (not set, missing, no ``train/`` or ``val/`` class folders)."""
-    from nshot.nn.backbone import backbone_problems
+    from nshot.nn.backbone import backbone_problems, raise_problems
 
     missing = backbone_problems(cfg.backbone_spec())
     if not cfg.data_path:
@@ -45,32 +44,8 @@ def check_paper(cfg: DirclipConfig) -> None:
                 d = root / split
                 if not d.is_dir() or not any(c.is_dir() for c in d.iterdir()):
                     missing.append(f"field 'data_path': {d} has no class folders")
-    if missing:
-        raise ConfigError(
-            f"dirclip backbone 'clip' (preset {cfg.preset!r}) needs: " + "; ".join(missing)
-            + ". See methods/dirclip/README.md (Paper preset)."
-        )  # fmt: skip
-
-
-class FolderImages:
-    """Images of an ImageFolder read on demand: ``x[rows]`` is ``float32 [n, 3, S, S]``."""
-
-    def __init__(self, paths: Sequence[Path], size: int) -> None:
-        self.paths = list(paths)
-        self.size = size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, rows: Any) -> np.ndarray:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from nshot.nn.hfclip import load_image
-
-        idx = np.atleast_1d(np.arange(len(self.paths))[rows])
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(idx)))) as pool:  # PIL frees the GIL
-            images = list(pool.map(lambda i: load_image(self.paths[i], self.size), idx))
-        return np.stack(images)
+    raise_problems(f"dirclip backbone 'clip' (preset {cfg.preset!r})", missing,
+                   "methods/dirclip/README.md (Paper preset)")  # fmt: skip
 
 
 @dataclass(frozen=True)

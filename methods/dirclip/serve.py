@@ -39,6 +39,7 @@ import base64
 import io
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -106,7 +107,52 @@ def _round(v: float | torch.Tensor) -> float:
     return float(f"{float(v):.6g}")
 
 
-class DirclipRequest(StrictRequest):
+class LabelSet(StrictRequest):
+    """What a request gives besides its images: the label set, the prompt template, whether
+    to return the uncertainty; and the checks of the label set and of a support set's labels
+    (``support_labels``, declared by each form with its own limit)."""
+
+    class_names: list[str] = Field(..., description="the label set (2 to 1,000 unique names)")
+    template: str = Field(TEMPLATE, description="prompt with {} for the class name")
+    return_uncertainty: bool = True
+
+    def _check_label_set(self, problem: Callable[[str], str | None]) -> None:
+        """The names (2 to ``MAX_CLASSES``, each without a ``problem``, unique) and the
+        template (``{}`` once)."""
+        names = self.class_names
+        if not 2 <= len(names) <= MAX_CLASSES:
+            raise ValueError(f"class_names: give 2 to {MAX_CLASSES} names, got {len(names)}")
+        for i, n in enumerate(names):
+            if (why := problem(n)) is not None:
+                raise ValueError(f"class_names[{i}]: {why}")
+        dup = sorted(n for n, c in Counter(names).items() if c > 1)
+        if dup:
+            raise ValueError(f"class_names: names must be unique; repeated: {dup[:5]}")
+        if self.template.count("{}") != 1:
+            raise ValueError("template: must contain '{}' exactly once, for the class name")
+
+    def _check_support_labels(self, labels: list[str], n_support: int) -> None:
+        if len(labels) != n_support:
+            raise ValueError(f"support_labels: {len(labels)} labels for {n_support} support images")
+        for i, lab in enumerate(labels):
+            if lab not in self.class_names:
+                raise ValueError(f"support_labels[{i}]: {lab[:80]!r} is not in class_names")
+
+
+def _digit_name_problem(name: str) -> str | None:
+    if name in DIGIT_NAMES:
+        return None
+    return (f"{name[:80]!r} is not a name this model's text tower knows; known names: "
+            f"{', '.join(DIGIT_NAMES)}")  # fmt: skip
+
+
+def _name_problem(name: str) -> str | None:
+    if not name.strip():
+        return "empty"
+    return f"longer than {MAX_NAME} characters" if len(name) > MAX_NAME else None
+
+
+class DirclipRequest(LabelSet):
     """A request to the tiny CLIP on digits."""
 
     MAX_IMAGES: ClassVar[int] = 1024
@@ -117,9 +163,6 @@ class DirclipRequest(StrictRequest):
     images_b64: list[str] | None = Field(
         None, max_length=1024, description="8×8 images as base64 PNG (or JPEG)"
     )
-    class_names: list[str] = Field(..., description="the label set (2 to 1,000 unique names)")
-    template: str = Field(TEMPLATE, description="prompt with {} for the class name")
-    return_uncertainty: bool = True
     support_images: list[list[float]] | None = Field(
         None, max_length=1024, description="labelled images for --conformal caos"
     )
@@ -140,32 +183,12 @@ class DirclipRequest(StrictRequest):
                 raise ValueError("images_b64: at least one image is needed")
             for i, s in enumerate(self.images_b64):
                 decode_png(s, f"images_b64[{i}]")
-        names = self.class_names
-        if not 2 <= len(names) <= MAX_CLASSES:
-            raise ValueError(f"class_names: give 2 to {MAX_CLASSES} names, got {len(names)}")
-        for i, n in enumerate(names):
-            if n not in DIGIT_NAMES:
-                raise ValueError(
-                    f"class_names[{i}]: {n[:80]!r} is not a name this model's text tower "
-                    f"knows; known names: {', '.join(DIGIT_NAMES)}"
-                )
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"class_names: names must be unique; repeated: {dup}")
-        if "{}" not in self.template or self.template.count("{}") != 1:
-            raise ValueError("template: must contain '{}' exactly once, for the class name")
+        self._check_label_set(_digit_name_problem)
         if (self.support_images is None) != (self.support_labels is None):
             raise ValueError("support_labels: give support_images and support_labels together")
         if self.support_images is not None:
             _check_pixels(self.support_images, "support_images")
-            if len(self.support_labels) != len(self.support_images):
-                raise ValueError(
-                    f"support_labels: {len(self.support_labels)} labels for "
-                    f"{len(self.support_images)} support images"
-                )
-            for i, lab in enumerate(self.support_labels):
-                if lab not in names:
-                    raise ValueError(f"support_labels[{i}]: {lab[:80]!r} is not in class_names")
+            self._check_support_labels(self.support_labels or [], len(self.support_images))
         return self
 
     def pixels(self) -> list[list[float]]:
@@ -211,7 +234,7 @@ def check_array(image: list[list[list[float]]], field: str) -> np.ndarray:
     return check_rgb_array(image, field, scale=1, max_side=MAX_SIDE)
 
 
-class DirclipImageRequest(StrictRequest):
+class DirclipImageRequest(LabelSet):
     """A request to a real CLIP (``paper``)."""
 
     MAX_IMAGES: ClassVar[int] = 256
@@ -222,9 +245,6 @@ class DirclipImageRequest(StrictRequest):
     images_b64: list[str] | None = Field(
         None, max_length=256, description="base64 PNG or JPEG images"
     )
-    class_names: list[str] = Field(..., description="the label set (2 to 1,000 unique names)")
-    template: str = Field(TEMPLATE, description="prompt with {} for the class name")
-    return_uncertainty: bool = True
     support_images: list[list[list[list[float]]]] | None = Field(
         None, max_length=256, description="labelled images for --conformal caos (arrays)"
     )
@@ -253,19 +273,7 @@ class DirclipImageRequest(StrictRequest):
         if not queries:
             field = "images" if self.images is not None else "images_b64"
             raise ValueError(f"{field}: at least one image is needed")
-        names = self.class_names
-        if not 2 <= len(names) <= MAX_CLASSES:
-            raise ValueError(f"class_names: give 2 to {MAX_CLASSES} names, got {len(names)}")
-        for i, n in enumerate(names):
-            if not n.strip():
-                raise ValueError(f"class_names[{i}]: empty")
-            if len(n) > MAX_NAME:
-                raise ValueError(f"class_names[{i}]: longer than {MAX_NAME} characters")
-        dup = sorted(n for n, c in Counter(names).items() if c > 1)
-        if dup:
-            raise ValueError(f"class_names: names must be unique; repeated: {dup[:5]}")
-        if self.template.count("{}") != 1:
-            raise ValueError("template: must contain '{}' exactly once, for the class name")
+        self._check_label_set(_name_problem)
         self._decoded = (queries, self._checked_support())
         return self
 
@@ -278,13 +286,7 @@ class DirclipImageRequest(StrictRequest):
         if not given:
             return []
         support = self._decode(self.support_images, self.support_images_b64, "support_images")
-        if len(self.support_labels) != len(support):
-            raise ValueError(
-                f"support_labels: {len(self.support_labels)} labels for {len(support)} images"
-            )
-        for i, lab in enumerate(self.support_labels):
-            if lab not in self.class_names:
-                raise ValueError(f"support_labels[{i}]: {lab[:80]!r} is not in class_names")
+        self._check_support_labels(self.support_labels or [], len(support))
         return support
 
     def arrays(self) -> list[np.ndarray]:

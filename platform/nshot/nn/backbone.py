@@ -96,6 +96,7 @@ __all__ = [
     "backbone_problems",
     "load_backbone",
     "prepare_backbone",
+    "raise_problems",
     "register_backbone",
 ]
 
@@ -214,11 +215,17 @@ def prepare_backbone(spec: BackboneSpec) -> None:
     of :func:`backbone_problems`, then the kind's preparation (the tiny CLIP: trained and
     cached on first use)."""
     kind = _kind(spec)
-    problems = kind.problems(spec.options)
-    if problems:
-        raise ConfigError(f"backbone {spec.kind!r} needs: " + "; ".join(problems))
+    raise_problems(f"backbone {spec.kind!r}", kind.problems(spec.options))
     if kind.prepare is not None:
         kind.prepare(spec.options)
+
+
+def raise_problems(subject: str, problems: list[str], see: str | None = None) -> None:
+    """One :class:`ConfigError` naming every problem (``"<subject> needs: a; b. See <see>."``);
+    nothing when there is none. For a config's check of its backbone and data together."""
+    if problems:
+        more = f". See {see}." if see else ""
+        raise ConfigError(f"{subject} needs: " + "; ".join(problems) + more)
 
 
 def backbone_from_record(record: Mapping[str, Any], where: Any) -> Backbone:
@@ -324,6 +331,17 @@ class CLIPBackbone(Backbone):
         """Image features ``[B, embed_dim]`` of pixels in [0, 1] ``[B, C, S, S]`` (on the
         backbone's device), through ``tower`` (default: :meth:`image_tower`) with
         ``block_hook`` at every block input."""
+        tower = self.image_tower() if tower is None else tower
+        with block_hooks(self.image_blocks(tower), block_hook):
+            f = self.tower_features(tower, pixels.to(self.device))
+        return F.normalize(f, dim=-1) if normalize else f
+
+    def image_blocks(self, tower: nn.Module) -> Sequence[nn.Module]:
+        """The transformer blocks of an image tower, in order."""
+        raise NotImplementedError
+
+    def tower_features(self, tower: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        """Unnormalised features of pixels in [0, 1] through an image tower and the projection."""
         raise NotImplementedError
 
     def encode_text(self, texts: Sequence[str], normalize: bool = False) -> torch.Tensor:
@@ -473,17 +491,11 @@ class TinyCLIPBackbone(CLIPBackbone):
             return int(self.bert[0].config.num_hidden_layers)
         return len(self.model.text.transformer.blocks)
 
-    def encode_image(
-        self,
-        pixels: torch.Tensor,
-        normalize: bool = False,
-        *,
-        tower: nn.Module | None = None,
-        block_hook: BlockHook | None = None,
-    ) -> torch.Tensor:
-        tower = self.model.visual if tower is None else tower
-        with block_hooks(tower.blocks, block_hook):
-            return self.model.encode_image(pixels.to(self.device), normalize, visual=tower)
+    def image_blocks(self, tower: nn.Module) -> Sequence[nn.Module]:
+        return tower.blocks
+
+    def tower_features(self, tower: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(pixels, visual=tower)
 
     def encode_text(self, texts: Sequence[str], normalize: bool = False) -> torch.Tensor:
         return self.model.encode_text(texts, normalize)
@@ -706,20 +718,12 @@ class HFCLIPBackbone(CLIPBackbone):
     def text_depth(self) -> int:
         return int(self.model.config.text_config.num_hidden_layers)
 
-    def encode_image(
-        self,
-        pixels: torch.Tensor,
-        normalize: bool = False,
-        *,
-        tower: nn.Module | None = None,
-        block_hook: BlockHook | None = None,
-    ) -> torch.Tensor:
-        tower = self.model.vision_model if tower is None else tower
-        x = self.pre.normalise(pixels.to(self.device))
-        with block_hooks(tower.encoder.layers, block_hook):
-            pooled = tower(pixel_values=x).pooler_output
-        f = self.model.visual_projection(pooled)
-        return F.normalize(f, dim=-1) if normalize else f
+    def image_blocks(self, tower: nn.Module) -> Sequence[nn.Module]:
+        return tower.encoder.layers
+
+    def tower_features(self, tower: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        pooled = tower(pixel_values=self.pre.normalise(pixels)).pooler_output
+        return self.model.visual_projection(pooled)
 
     def encode_text(self, texts: Sequence[str], normalize: bool = False) -> torch.Tensor:
         return self.pre.encode_text(texts, normalize)

@@ -28,7 +28,8 @@ vocabulary (``eos_token_id = 2`` in the converted config selects transformers' a
 Images are pixels in [0, 1]; :meth:`PretrainedCLIP.encode_image` normalises them with the
 checkpoint's mean and std itself, so attacks and augmentations work in pixel space.
 :func:`load_image` is CLIP's preprocessing (bicubic resize of the shorter side, centre crop)
-written with PIL and numpy; :func:`image_folder` reads class folders of PNG / JPEG files.
+written with PIL and numpy; :func:`image_folder` reads class folders of PNG / JPEG files, and
+:class:`FolderImages` reads their images on demand.
 
 Checked (``tests/test_hfclip.py``): a random ``transformers.CLIPConfig`` model saved both as a
 Hugging Face folder and, through :func:`hf_to_openai`, as an OpenAI-format file loads through
@@ -51,6 +52,7 @@ token ids on five texts; ``tests/test_hfclip.py`` repeats this where open_clip i
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -69,6 +71,7 @@ __all__ = [
     "ARCHS",
     "CLIP_MEAN",
     "CLIP_STD",
+    "FolderImages",
     "ImageFolder",
     "PretrainedCLIP",
     "bpe_tokenizer",
@@ -732,6 +735,35 @@ def preprocess_image(image: Any, size: int = 224) -> np.ndarray:
     im = im.crop((left, top, left + size, top + size))
     arr = np.asarray(im, dtype=np.float32) / 255.0
     return np.ascontiguousarray(arr.transpose(2, 0, 1))
+
+
+class FolderImages:
+    """Image files read on demand with :func:`load_image`: ``x[rows]`` (``rows`` an index array
+    or slice) is ``float32 [k, 3, size, size]``, the files read in threads (PIL frees the GIL).
+    ``cache``: keep every image read in this process (few images read again and again, as
+    few-shot episodes do; at most 4,096)."""
+
+    def __init__(self, paths: Sequence[Path], size: int, cache: bool = False) -> None:
+        self.paths = tuple(paths)
+        self.size = size
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        from concurrent.futures import ThreadPoolExecutor
+
+        idx = np.atleast_1d(np.arange(len(self.paths))[rows])
+        read = _cached_image if self.cache else load_image
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(idx)))) as pool:
+            images = list(pool.map(lambda i: read(self.paths[i], self.size), idx))
+        return np.stack(images)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_image(path: Path, size: int) -> np.ndarray:
+    return load_image(path, size)
 
 
 @dataclass(frozen=True)
