@@ -39,6 +39,8 @@ import pyarrow as pa
 from nshot.data.cache import cached_table
 
 from .config import CfrConfig, generator_classes
+from .sample import Sample
+from .taxonomy import taxonomy_sample
 
 DATA_VERSION = "1"
 DEFECTS = ("good", "geometric", "colour", "both")
@@ -53,14 +55,6 @@ PALETTES = {
     "ring": ((0.80, 0.55, 0.60), (0.60, 0.35, 0.45), (0.85, 0.70, 0.70)),
 }
 STAINS = ((0.10, 0.10, 0.10), (0.95, 0.10, 0.80), (0.10, 0.85, 0.90), (0.95, 0.95, 0.10))
-
-
-@dataclass(frozen=True)
-class Sample:
-    rgb: np.ndarray  # H × W × 3 uint8
-    xyz: np.ndarray  # H × W × 3 float32, zeros off the object
-    mask: np.ndarray  # H × W bool, the defect
-    defect: str
 
 
 def _height(cls: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +255,7 @@ def _rows(cfg: CfrConfig, cls: str) -> list[dict]:
     plan += [("val", cfg.n_val_good + i, DEFECTS[1 + i % 3]) for i in range(cfg.n_val_bad)]
     make = mesh_sample if cfg.generator == "mesh" else heightfield_sample
     if cfg.generator_version == 2:
-        from .taxonomy import taxonomy_sample as make
+        make = taxonomy_sample
     rows = []
     for split, idx, defect in plan:
         stream = {"train": 0, "test": 1, "val": 2}[split]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import TAXONOMY_CLASSES
+from .sample import Sample
 
 DEFECTS = ("good", "geometric", "colour", "both")
 GEOMETRIC_KINDS = ("dent", "hole", "crack")
@@ -181,10 +182,8 @@ def taxonomy_pair(
     pose: tuple[tuple[float, float], float, float] | None = None,
 ):
     """One image of class ``cls`` with the given defect type and its clean twin (the same pose,
-    exposure and noise, without the defect): two :class:`~.data.Sample` objects. ``pose``
+    exposure and noise, without the defect): two :class:`~.sample.Sample` objects. ``pose``
     ((shift u, shift v), rotation, scale) fixes the pose instead of drawing it."""
-    from .data import Sample
-
     if defect not in DEFECTS:
         raise ValueError(f"unknown defect {defect!r}")
     coords = (np.arange(grid) + 0.5) / grid  # pixel centres in (0, 1)

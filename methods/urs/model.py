@@ -33,9 +33,10 @@ from nshot.train.checkpoint import LoadedCheckpoint
 
 from .config import URSConfig
 from .env import Env
+from .layers import STATE_DIM, InstanceNorm, RoutingNet
+from .mtpomo import MTPOMONet
 from .representation import GLOBAL_DIM, NODE_DIM, Instances, flag_features, udr_features
 
-STATE_DIM = 7
 DESC_DIM = 12
 K_BIAS = 5
 W_INIT = (1.0, 0.5, 0.5, 0.5, 0.1)
@@ -123,20 +124,6 @@ def aafm(
     return torch.sigmoid(q) * num / den.clamp_min(1e-30)
 
 
-class InstanceNorm(nn.Module):
-    """InstanceNorm over the nodes of each instance (per channel, affine)."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(d))
-        self.b = nn.Parameter(torch.zeros(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, A, V, d]
-        mu = x.mean(2, keepdim=True)
-        var = x.var(2, keepdim=True, unbiased=False)
-        return (x - mu) / torch.sqrt(var + 1e-5) * self.w + self.b
-
-
 class EncoderLayer(nn.Module):
     def __init__(self, d: int, ff: int) -> None:
         super().__init__()
@@ -151,17 +138,6 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         h = self.n1(x + self.wo(aafm(self.wq(x), self.wk(x), self.wv(x), bias)))
         return self.n2(h + self.ff(h))
-
-
-class RoutingNet(nn.Module):
-    """A policy the rollout decodes with: ``encode(inst, dist, aug)`` once per instance batch,
-    then ``logits(encoded, env, mask)`` per step (URS here; MTPOMO in :mod:`.mtpomo`)."""
-
-    def encode(self, inst: Instances, dist: torch.Tensor, aug: int = 1):  # noqa: ANN201
-        raise NotImplementedError
-
-    def logits(self, enc, env: Env, mask: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        raise NotImplementedError
 
 
 @dataclass
@@ -364,8 +340,6 @@ def build_model(cfg: URSConfig) -> RoutingNet:
     ``d``, ``layers``, ``ff``, ``heads`` and ``clip`` apply)."""
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     if cfg.arch == "mtpomo":
-        from .mtpomo import MTPOMONet
-
         return MTPOMONet(d=cfg.d, layers=cfg.layers, ff=cfg.ff, heads=cfg.heads, clip=cfg.clip)
     return URSNet(
         d=cfg.d,

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .env import Env
-from .model import STATE_DIM, InstanceNorm, RoutingNet
+from .layers import STATE_DIM, InstanceNorm, RoutingNet
 from .representation import Instances, udr_features
 
 CUSTOMER_DIM = 6
