@@ -157,7 +157,7 @@ STALE = {
     "atha": "code changed since",
     "auxbo": "no run record",
     "bsr": "code changed since",
-    "cfr": "dirty tree",
+    "cfr": "code changed since",
     "dirclip": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
