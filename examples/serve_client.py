@@ -1,7 +1,7 @@
 """Call a served TAIL model over HTTP.
 
-nshot train tail --preset small
-nshot serve tail --checkpoint ~/.cache/nshot/runs/tail-small --port 8000 &
+nshot train tail --preset quickstart
+nshot serve tail --checkpoint ~/.cache/nshot/runs/tail-quickstart --port 8000 &
 python examples/serve_client.py --url http://127.0.0.1:8000/tail
 """
 

@@ -1,10 +1,11 @@
 """Train TAIL through the Python API, evaluate it, and classify real digits with it.
 
     python examples/tail_api.py --preset smoke     # seconds
-    python examples/tail_api.py --preset small     # a few minutes on 2 cores
+    python examples/tail_api.py --preset quickstart   # about two minutes on 2 cores
+    python examples/tail_api.py --preset small        # the reproduction's recipe: 24,000 steps
 
-The same run from the command line: `nshot train tail --preset small`, then
-`nshot eval tail --checkpoint ~/.cache/nshot/runs/tail-small`. docs/python-api.md describes
+The same run from the command line: `nshot train tail --preset quickstart`, then
+`nshot eval tail --checkpoint ~/.cache/nshot/runs/tail-quickstart`. docs/python-api.md describes
 every function used here.
 """
 
