@@ -214,12 +214,142 @@ def test_gd_variant_and_ablations_run():
     hp = E.EditHParams(layers=(0,), gd_steps=5, null_threshold=1e9)  # whole space is "null"
     prep = E.prepare(model, tok, reqs, ["{}"], stats, hp, E.DeltaHParams(steps=2), 1)
     w0 = E.mlp(model, 0).down_proj.weight.detach().clone()
-    for variant in ("gd", "wo_op", "wo_ut"):
+    for variant in ("gd", "wo_op", "wo_ut", "memit", "alphaedit"):
         E.load_edited_weights(model, {"layers.0.down_proj": w0})
         E.apply_edit(model, tok, reqs, prep, hp, variant)
         assert not torch.equal(E.mlp(model, 0).down_proj.weight, w0), variant
     with pytest.raises(ValueError, match="variant"):
         E.apply_edit(model, tok, reqs, prep, hp, "nope")
+
+
+def test_memit_update_solves_its_normal_equations():
+    """MEMIT: ΔW minimises ‖ΔW K_f − R‖² + λ_w tr(ΔW KKT_w ΔWᵀ), so ΔW (K_f K_fᵀ + λ_w KKT_w)
+    = R K_fᵀ; a larger λ_w (more weight on the preserved keys) moves them less."""
+    g = torch.Generator().manual_seed(3)
+    d, m, n_w, n_f = 5, 12, 30, 3
+    Kw = torch.randn(m, n_w, generator=g, dtype=torch.float64)
+    Kf = torch.randn(m, n_f, generator=g, dtype=torch.float64)
+    R = torch.randn(d, n_f, generator=g, dtype=torch.float64)
+    kkt = Kw @ Kw.T / n_w
+    delta = E.memit_update(R, Kf, kkt, 2.0)
+    lhs = delta @ (Kf @ Kf.T + 2.0 * kkt)
+    assert torch.allclose(lhs, R @ Kf.T, atol=1e-10)
+    moved = [float((E.memit_update(R, Kf, kkt, lam) @ Kw).norm()) for lam in (0.1, 10.0)]
+    assert moved[1] < moved[0]
+
+
+def test_alphaedit_update_stays_in_the_null_space_of_the_preserved_keys():
+    """AlphaEdit: ΔW's rows lie in the null space of KKT_w (so ΔW leaves every preserved key's
+    output unchanged), it solves ΔW (K_f K_fᵀ Pn + L2 I) = R K_fᵀ Pn, and it fits the forget
+    targets when they are reachable from the null space."""
+    g = torch.Generator().manual_seed(4)
+    d, m, r, n_f = 5, 12, 7, 3
+    basis, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    Kw = basis[:, :r] @ torch.randn(r, 40, generator=g, dtype=torch.float64)  # rank r
+    kkt = Kw @ Kw.T / 40
+    u0 = E.null_space_projector(kkt, 1e-8)
+    assert u0.shape[1] == m - r
+    Kf = torch.randn(m, n_f, generator=g, dtype=torch.float64)
+    R = torch.randn(d, n_f, generator=g, dtype=torch.float64)
+    l2 = 1e-6
+    delta = E.alphaedit_update(R, Kf, u0, l2)
+    pn = u0 @ u0.T
+    assert (delta @ Kw).norm() < 1e-8 * delta.norm() * Kw.norm()
+    lhs = delta @ (Kf @ Kf.T @ pn + l2 * torch.eye(m, dtype=torch.float64))
+    assert torch.allclose(lhs, R @ Kf.T @ pn, atol=1e-8)
+    assert (delta @ Kf - R).norm() < 1e-4 * R.norm()
+    # MEMIT's update (with a full-rank preserved term) trades the preserved keys off instead
+    memit = E.memit_update(R, Kf, kkt + 1e-2 * torch.eye(m, dtype=torch.float64), 1.0)
+    assert (memit @ Kw).norm() > 1e-3 * memit.norm() * Kw.norm()
+
+
+def test_editing_baselines_write_the_remapping_targets_on_the_tiny_lm():
+    """MEMIT and AlphaEdit through ``apply_edit`` on the trained tiny LM: each writes the
+    remapping targets (the edited layer's output at the forget prompts moves to ``z_new``),
+    AlphaEdit only within the null space of the general-text keys, and the per-fact metrics
+    average to the metrics."""
+    import random
+
+    from nshot.methods.zerounlearn.evaluation import EvalSet, evaluate_instances
+
+    model, tok, reqs, texts = _trained_tiny_lm()
+    forget, retain = reqs[:3], reqs[3:]
+    rng = random.Random(0)
+    general = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(300)]
+    stats = E.key_statistics(model, tok, texts + general, [0], 4000, use_cache=False)
+    hp = E.EditHParams(layers=(0,), lam_w=1.0, alphaedit_threshold=1e-2, alphaedit_l2=1e-4)
+    prep = E.prepare(
+        model, tok, forget, ["{}"], stats, hp, E.DeltaHParams(steps=2), 1,
+        E.DeltaHParams(steps=10, lr=0.5),
+    )  # fmt: skip
+    es = EvalSet(tuple(forget), tuple(retain), ())
+    w0 = E.mlp(model, 0).down_proj.weight.detach().clone()
+    h0 = E.collect_at_subject(model, tok, forget, ["{}"], 0, "layer")
+    assert (h0 - prep.z_new).norm() > 0.1 * prep.z_new.norm()  # the targets are not where h is
+    u0 = E.null_space_projector(stats[0].kkt, hp.alphaedit_threshold)
+    for variant in ("memit", "alphaedit"):
+        E.load_edited_weights(model, {"layers.0.down_proj": w0})
+        diag = E.apply_edit(model, tok, forget, prep, hp, variant)["layers"][0]
+        h1 = E.collect_at_subject(model, tok, forget, ["{}"], 0, "layer")
+        assert (h1 - prep.z_new).norm() < 0.1 * (h0 - prep.z_new).norm(), variant
+        assert diag["fit_residual"] < 0.1, variant
+        delta = E.mlp(model, 0).down_proj.weight.detach().double() - w0.double()
+        outside = delta - delta @ u0 @ u0.T  # the part acting on preserved key directions
+        if variant == "alphaedit":
+            assert diag["null_dim"] == u0.shape[1] > 0
+            assert outside.norm() < 1e-3 * delta.norm()
+        else:
+            assert outside.norm() > 1e-2 * delta.norm()  # MEMIT is not confined to it
+        metrics, inst = evaluate_instances(model, tok, es)
+        assert len(inst["eff"]) == len(forget)
+        assert sum(inst["eff"]) / len(forget) == metrics["eff"]
+        assert sum(inst["gen"]) / len(forget) == pytest.approx(metrics["gen"])
+    E.load_edited_weights(model, {"layers.0.down_proj": w0})
+
+
+def test_ga_validation_split_holds_out_other_facts():
+    from nshot.methods.zerounlearn.pipeline import ga_validation_split
+
+    rest = [E.EditRequest("the capital of {} is", s, "red") for s in SUBJECTS]
+    val, kept = ga_validation_split(rest, 3, seed=0)
+    assert len(val) == 3 and len(kept) == 7 and not set(val) & set(kept)
+    assert ga_validation_split(rest, 3, seed=0)[0] == val
+    assert ga_validation_split(rest, 3, seed=1)[0] != val
+    assert len(ga_validation_split(rest, 20, seed=0)[0]) == 5  # at most half
+    from nshot.method import ConfigError
+
+    with pytest.raises(ConfigError, match="ga_budget"):
+        ga_validation_split(rest[:1], 3, seed=0)
+
+
+def test_ga_budget_is_validated_on_held_out_facts_and_restores_the_weights():
+    """The protocol ascends per learning rate until the held-out facts are forgotten, picks the
+    stop with the best held-out retained accuracy among those that forgot, and leaves the
+    weights as they were; gradient ascent at that budget on other facts forgets them."""
+    from nshot.methods.zerounlearn.baselines import gradient_ascent, validate_ga_budget
+
+    model, tok, reqs, _ = _trained_tiny_lm()
+    val_forget, val_retain, test_forget = reqs[:3], reqs[3:7], reqs[7:]
+    w0 = {k: v.clone() for k, v in model.state_dict().items()}
+    b = validate_ga_budget(
+        model, tok, val_forget, val_retain, [1e-5, 3e-2], 15, "down_proj", [0, 1]
+    )
+    assert all(torch.equal(v, w0[k]) for k, v in model.state_dict().items())
+    assert [r["lr"] for r in b["runs"]] == [1e-5, 3e-2]
+    assert all(r["steps"] == len(r["val_eff_trace"]) <= 15 for r in b["runs"])
+    forgot = [r for r in b["runs"] if r["forgot"]]
+    assert forgot and b["forgot_on_validation"]
+    best = max(forgot, key=lambda r: (r["val_spe"], -r["steps"], -r["lr"]))
+    assert (b["lr"], b["steps"]) == (best["lr"], best["steps"])
+    assert b["val_spe_base"] == 100.0
+    slow = next(r for r in b["runs"] if r["lr"] == 1e-5)
+    assert slow["steps"] == 15 and not slow["forgot"]  # too small a step: never forgets
+    out = gradient_ascent(model, tok, test_forget, b["steps"], b["lr"], "down_proj", [0, 1])
+    assert out["steps"] == b["steps"] and len(out["nll"]) == b["steps"]
+    # only the last edited layer's down_proj moved
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, w0[k])}
+    assert moved == {"model.layers.1.mlp.down_proj.weight"}
+    model.load_state_dict(w0)
 
 
 def test_request_schema_rejects_bad_input():
@@ -480,11 +610,24 @@ ZEROUNLEARN_COMMITTED = {
     "projection_helps_forgetting": False,  # Eff 0 with and without P
     "utility_term_keeps_perplexity": True,
 }
+# declared before the first small run with the memit / alphaedit rows and the validated
+# gradient-ascent budget: the committed results lack those rows (and extra.ga_budget), so these
+# claims are not evaluable on them until small is re-made
+AWAITING = {
+    "forgets_more_than_alphaedit",
+    "forgets_more_than_memit",
+    "perplexity_below_gradient_ascent",
+    "paraphrases_forgotten_more_than_alphaedit",
+    "editing_baselines_forget_something",
+    "gradient_ascent_budget_forgets_held_out_facts",
+}
 
 
 def test_claims_on_the_committed_small_results():
-    """The committed SmolLM2 results re-evaluated without a rerun: forgetting holds, the
-    utility claims fail; the claims written into the committed file are the current ones."""
+    """The committed SmolLM2 results re-evaluated without a rerun: the claims written into the
+    committed file are the current ones. Before the re-made run (no memit / alphaedit rows):
+    forgetting holds, the utility claims fail and the new claims are not evaluable; after it,
+    every claim that reads per-fact or per-seed samples has them."""
     import json
     from pathlib import Path
 
@@ -492,41 +635,65 @@ def test_claims_on_the_committed_small_results():
 
     path = Path(__file__).parents[1] / "methods" / "zerounlearn" / "results" / "small.json"
     data = json.loads(path.read_text())
-    claims = with_claims(data)["claims"]
-    assert {c["id"]: c["holds"] for c in claims} == ZEROUNLEARN_COMMITTED
-    assert data["claims"] == claims
+    fresh = with_claims(data)["claims"]
+    if {"memit", "alphaedit"} <= set(data["rows"]):
+        assert data["claims"] == fresh
+        assert len(data["samples"]["zerounlearn"]["eff"]) == data["seeds"] * 10
+        assert all(c["p"] is not None for c in fresh if c.get("test") and c.get("premise", True))
+        return
+    assert {c["id"]: c["holds"] for c in fresh if c["id"] not in AWAITING} == ZEROUNLEARN_COMMITTED
+    assert all(c["holds"] is None for c in fresh if c["id"] in AWAITING)
+    assert [c for c in fresh if c["id"] not in AWAITING] == data["claims"]
 
 
 def test_results_table_keeps_per_seed_samples_and_leaves_pass_fail_to_the_claims():
-    """Means over seeds, the per-seed values as samples (paired by seed), no extra['checks']
-    and no check line in the notes; the claims judge the table (and can fail), and are null on
-    the smoke preset."""
+    """Means over seeds; samples per (seed, forgotten fact) for the forget metrics and per seed
+    for spe / ppl; no extra['checks'] and no check line in the notes; the claims judge the table
+    (and can fail), and are null on the smoke preset."""
     from nshot.method import get
-    from nshot.methods.zerounlearn.experiments import METRICS, results_table
+    from nshot.methods.zerounlearn.experiments import METRICS, PER_FACT, results_table
     from nshot.methods.zerounlearn.pipeline import SYSTEMS
     from nshot.reproduce import with_claims
 
     def out(seed: int, shift: float) -> dict:
         m = {s: {k: 50.0 for k in METRICS} for s in SYSTEMS}
-        m["base"].update(eff=100.0, gen=40.0, spe=100.0, ppl=90.0)
+        m["base"].update(eff=100.0, gen=40.0, spe=100.0, ppl=90.0, neutral_rate=0.0)
         m["zerounlearn"].update(eff=shift, gen=2.0, spe=95.0 - shift, ppl=95.0)
-        m["gradient_ascent"].update(eff=0.0, spe=10.0, ppl=200.0)  # < 5 x base: fails
+        m["gradient_ascent"].update(eff=0.0, spe=10.0, ppl=200.0 + seed)  # < 5 x base: fails
         m["wo_op"].update(eff=20.0)
         m["wo_ut"].update(ppl=120.0)
+        # per forgotten fact (4 per seed): the means above
+        inst = {s: {k: [m[s][k]] * 4 for k in PER_FACT} for s in SYSTEMS}
+        inst["zerounlearn"]["eff"] = [0.0, 0.0, 0.0, 4 * shift]
+        inst["alphaedit"]["eff"] = [100.0, 100.0, 0.0, 0.0]
+        inst["memit"]["eff"] = [100.0, 0.0, 0.0, 100.0]
+        inst["alphaedit"]["gen"] = [0.0, 0.0, 0.0, 8.0]  # = zerounlearn's 2 on average
+        for s in ("alphaedit", "memit"):
+            m[s]["eff"] = sum(inst[s]["eff"]) / 4
+            m[s]["gen"] = sum(inst[s]["gen"]) / 4
+        budget = {
+            "lr": 5e-4, "steps": 7, "forgot_on_validation": True, "val_spe_base": 90.0,
+            "runs": [{"lr": 5e-4, "steps": 7, "val_eff": 0.0, "val_spe": 60.0}],
+        }  # fmt: skip
         setup = {
             "known": 40, "candidates": 50, "retain_pool": 20, "ppl_tokens": 100,
             "stats_positions": 1000, "neutral_target": "<eos>",
         }  # fmt: skip
+        diags = {"gradient_ascent": {"lr": 5e-4, "steps": 7, "budget": budget}}
         return {
-            "seed": seed, "metrics": m, "timings": {"total": 1.0}, "diagnostics": {},
-            "setup": setup, "checkpoint": f"runs/zerounlearn-seed{seed}",
+            "seed": seed, "metrics": m, "instances": inst, "timings": {"total": 1.0},
+            "diagnostics": diags, "setup": setup, "checkpoint": f"runs/zerounlearn-seed{seed}",
         }  # fmt: skip
 
     cfg = get("zerounlearn").config("small", experiment_seeds=2)
     table = results_table(cfg, [out(0, 0.0), out(1, 2.0)], runtime_s=1.0, method="zerounlearn")
     assert table.samples["zerounlearn"]["spe"] == [95.0, 93.0]
     assert table.samples["base"]["ppl"] == [90.0, 90.0]
+    assert table.samples["zerounlearn"]["eff"] == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 8.0]
+    assert table.samples["alphaedit"]["eff"] == [100.0, 100.0, 0.0, 0.0] * 2
     assert table.rows["zerounlearn"]["eff"] == 1.0 and table.stds["zerounlearn"]["eff"] > 0
+    assert table.extra["ga_budget"]["forgot_on_validation"] == 1.0
+    assert [r["steps"] for r in table.extra["ga_budget"]["per_seed"]] == [7, 7]
     assert "checks" not in table.extra and len(table.extra["per_seed"]) == 2
     assert not [n for n in table.notes if n.startswith("checks")]
     data = table.to_json()
@@ -534,18 +701,34 @@ def test_results_table_keeps_per_seed_samples_and_leaves_pass_fail_to_the_claims
     claims = {c["id"]: c for c in with_claims(data)["claims"]}
     assert {i: c["holds"] for i, c in claims.items()} == {
         **dict.fromkeys(ZEROUNLEARN_COMMITTED, True),
+        **dict.fromkeys(AWAITING, True),
         "gradient_ascent_breaks_model": False,
         "perplexity_below_finetuning": False,  # 95 against fine-tuning's 50 on both seeds
+        "paraphrases_forgotten_more_than_alphaedit": False,  # the same Gen: a tie
     }
-    # the headline is paired over the seeds' samples and records its effect
+    # the seed-paired headline records its effect over the seeds
     head = claims["keeps_more_facts_than_finetuning"]
     assert head["kind"] == "headline" and head["p"] < 0.05
     assert head["effect"]["n"] == 2 and head["effect"]["mean_diff"] == 44.0
-    # its premise: an edit that forgets nothing is not evaluable, never a win
-    kept = {**data, "rows": {**data["rows"], "zerounlearn": {**data["rows"]["zerounlearn"]}}}
+    # the editors' headlines pair the (seed, fact) instances
+    alpha = claims["forgets_more_than_alphaedit"]
+    assert alpha["kind"] == "headline" and alpha["effect"]["n"] == 8 and alpha["p"] < 0.05
+    assert claims["perplexity_below_gradient_ascent"]["effect"]["n"] == 2
+    # premises: an edit that forgets nothing is not evaluable, never a win; nor is a gradient
+    # ascent that does not forget
+    kept = {**data, "rows": {k: dict(v) for k, v in data["rows"].items()}}
     kept["rows"]["zerounlearn"]["eff"] = 100.0
+    kept["rows"]["gradient_ascent"]["eff"] = 50.0
     vacuous = {c["id"]: c for c in with_claims(kept)["claims"]}
-    assert vacuous["keeps_more_facts_than_finetuning"]["holds"] is None
-    assert vacuous["keeps_more_facts_than_finetuning"]["premise"] is False
+    for cid in ("keeps_more_facts_than_finetuning", "perplexity_below_gradient_ascent"):
+        assert vacuous[cid]["holds"] is None and vacuous[cid]["premise"] is False
+    # the headline can fail: an editor that forgets every fact as ZeroUnlearn does is a tie
+    tie = {**data, "samples": {**data["samples"]}}
+    tie["samples"]["alphaedit"] = {**tie["samples"]["alphaedit"], "eff": [0.0] * 7 + [8.0]}
+    tie["rows"] = {k: dict(v) for k, v in data["rows"].items()}
+    tie["rows"]["alphaedit"]["eff"] = 1.0
+    assert {c["id"]: c["holds"] for c in with_claims(tie)["claims"]}[
+        "forgets_more_than_alphaedit"
+    ] is False
     smoke = with_claims({**data, "preset": "smoke"})["claims"]
     assert all(c["holds"] is None for c in smoke)

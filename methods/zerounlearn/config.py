@@ -81,14 +81,45 @@ class ZeroUnlearnConfig(MethodConfig):
     gd_steps: int = Field(300, ge=1, le=100_000)
     gd_lr: float = Field(1e-3, gt=0.0)
     null_threshold: float = Field(0.01, ge=0.0)
+    # editing baselines (the rows memit and alphaedit; λ_w above is MEMIT's weight of the
+    # preserved keys' second moment, 15000 as in the authors' MEMIT settings)
+    alphaedit_threshold: float = Field(
+        2e-2,
+        ge=0.0,
+        description="AlphaEdit: eigenvalues of KKT_w at most this span the null space (the "
+        "authors' AlphaEdit settings for Llama-3.2-3B)",
+    )
+    alphaedit_l2: float = Field(
+        10.0, gt=0.0, description="AlphaEdit: the L2 term of its closed form (authors' setting)"
+    )
     # data
     n_forget: int = Field(20, ge=1, le=10_000)
     n_retain: int = Field(200, ge=1, le=100_000)
     ppl_chunks: int = Field(200, ge=1, le=100_000)
     ppl_length: int = Field(64, ge=8, le=4096)
     # baselines
-    ga_steps: int = Field(10, ge=1, le=10_000)
-    ga_lr: float = Field(1e-4, gt=0.0)
+    ga_params: Literal["down_proj", "all"] = Field(
+        "down_proj",
+        description="what gradient ascent trains: the down_proj of the last edited layer (the "
+        "authors' GA baseline) or every weight (nshot's first reconstruction)",
+    )
+    ga_budget: Literal["validated", "fixed"] = Field(
+        "validated",
+        description="gradient ascent's steps and lr: chosen per seed on held-out forget facts "
+        "(each lr of ga_lrs ascends until they are forgotten, Eff <= 10, or ga_max_steps; the "
+        "held-out retained facts' accuracy picks the lr), or fixed (ga_steps at ga_lr)",
+    )
+    ga_lrs: list[float] = Field(
+        default_factory=lambda: [5e-5, 5e-4, 5e-3],
+        min_length=1,
+        description="validated budget: the Adam learning rates tried (the authors' 5e-3 and "
+        "two decades below)",
+    )
+    ga_max_steps: int = Field(
+        50, ge=1, le=10_000, description="validated budget: at most this many steps per lr"
+    )
+    ga_steps: int = Field(10, ge=1, le=10_000, description="fixed budget: Adam steps")
+    ga_lr: float = Field(1e-4, gt=0.0, description="fixed budget: Adam learning rate")
     ft_steps: int = Field(25, ge=1, le=10_000)
     ft_lr: float = Field(1e-4, gt=0.0)
     # experiments
@@ -108,6 +139,7 @@ class ZeroUnlearnConfig(MethodConfig):
             model="tiny-smoke", edit_layers=[0], v_loss_layer=1, delta_steps=3,
             context_templates=0, stats_positions=2000, gd_steps=20, n_forget=5, n_retain=20,
             ppl_chunks=20, experiment_seeds=1, steps=1, ga_steps=3, ft_steps=5, remap_lr=0.1,
+            ga_max_steps=3,
         ),
         "small": dict(
             model="smollm2", edit_layers=[15, 16, 17], v_loss_layer=29, delta_steps=25,
@@ -135,6 +167,8 @@ class ZeroUnlearnConfig(MethodConfig):
                 f"field 'relations': {self.relations} must be distinct names among "
                 f"{list(REAL_RELATIONS)}"
             )
+        if any(lr <= 0 for lr in self.ga_lrs):
+            raise ValueError(f"field 'ga_lrs': {self.ga_lrs} must be positive")
         if self.fail_at_step is not None and self.fail_at_step != 1:
             raise ValueError(
                 f"field 'fail_at_step': {self.fail_at_step}, but the train loop has one step "

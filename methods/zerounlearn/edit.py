@@ -13,7 +13,9 @@ Works on any Hugging Face decoder whose blocks expose ``mlp.down_proj`` (Llama, 
 * :func:`key_statistics`: general-text second moments of the down_proj keys (cached).
 * :func:`closed_form_d`: the multiplicative update ``D = A B⁻¹`` of step 6 (float64).
 * :func:`apply_edit`: the sequential edit over the edited layers for the variants ``zerounlearn``
-  (closed form), ``gd`` (ZeroUnlearn-GD), ``wo_op`` (P = I) and ``wo_ut`` (λ_w = 0).
+  (closed form), ``gd`` (ZeroUnlearn-GD), ``wo_op`` (P = I) and ``wo_ut`` (λ_w = 0), and the two
+  editing baselines of the paper's main table on the same keys, targets and residual spreading:
+  ``memit`` (:func:`memit_update`) and ``alphaedit`` (:func:`alphaedit_update`).
 
 Device: everything runs where the model's parameters are (:func:`~nshot.nn.lm.model_device`):
 token batches, hook captures, the δ offsets, the key-statistics accumulators and the float64
@@ -634,6 +636,36 @@ def null_space_projector(kkt_w: torch.Tensor, threshold: float) -> torch.Tensor:
     return evecs[:, evals <= threshold]
 
 
+def memit_update(
+    resid: torch.Tensor, kf: torch.Tensor, kkt_w: torch.Tensor, lam_w: float
+) -> torch.Tensor:
+    """MEMIT's additive update of one layer (Meng et al., ICLR 2023, its multi-layer closed form
+    with the residual spread over the layers): ΔW = R K_fᵀ (λ_w KKT_w + K_f K_fᵀ)⁻¹.
+
+    ``resid`` R (d×N) is the layer's share of the residual to the targets, ``kf`` K_f (m×N) the
+    forget keys, ``kkt_w`` the uncentred second moment of the preserved (general-text) keys and
+    ``lam_w`` its weight (MEMIT's ``mom2_update_weight``). Float64; returns ΔW (d×m)."""
+    kf = kf.double()
+    a = lam_w * kkt_w.double() + kf @ kf.T
+    return resid.double() @ torch.linalg.solve(a, kf).T  # a is symmetric
+
+
+def alphaedit_update(
+    resid: torch.Tensor, kf: torch.Tensor, u0: torch.Tensor, l2: float
+) -> torch.Tensor:
+    """AlphaEdit's additive update of one layer (Fang et al., ICLR 2025, its closed form for one
+    batch with no earlier edits): ΔW = R K_fᵀ Pn (K_f K_fᵀ Pn + L2·I)⁻¹.
+
+    Pn = U0 U0ᵀ projects onto the null space of the preserved keys' second moment
+    (:func:`null_space_projector`); every row of ΔW lies in span(U0), so ΔW k ≈ 0 for a
+    preserved key k. Float64; returns ΔW (d×m)."""
+    kf, u0 = kf.double(), u0.double()
+    m = kf.shape[0]
+    pn = u0 @ u0.T
+    a = pn @ (kf @ kf.T) + l2 * torch.eye(m, dtype=torch.float64, device=kf.device)
+    return torch.linalg.solve(a, pn @ kf @ resid.double().T).T
+
+
 def gd_update(
     W: torch.Tensor,
     Kf: torch.Tensor,
@@ -691,6 +723,12 @@ class EditHParams:
     gd_steps: int = 300
     gd_lr: float = 1e-3
     null_threshold: float = 0.01
+    # AlphaEdit (the ZeroUnlearn authors' AlphaEdit settings for Llama-3.2-3B)
+    alphaedit_threshold: float = 2e-2
+    alphaedit_l2: float = 10.0
+
+
+VARIANTS = ("zerounlearn", "gd", "wo_op", "wo_ut", "memit", "alphaedit")
 
 
 @dataclass
@@ -748,10 +786,13 @@ def apply_edit(
     """Edit the down_proj weights of ``hp.layers`` in place (sequentially, step 5).
 
     ``variant``: ``zerounlearn`` (closed form, step 6), ``gd`` (ZeroUnlearn-GD), ``wo_op``
-    (P = I), ``wo_ut`` (λ_w = 0). Returns per-layer diagnostics, including the orthogonality
-    ratio ‖Qᵀ W' k‖ / ‖Qᵀ W k‖ over the forget keys.
+    (P = I), ``wo_ut`` (λ_w = 0), or the baselines ``memit`` (:func:`memit_update`, λ_w KKT_w
+    as the preserved-key term) and ``alphaedit`` (:func:`alphaedit_update`, the null space of
+    KKT_w). Every variant writes the same remapping targets (``prep.z_new``) with the same keys
+    and the same residual spreading (step 5). Returns per-layer diagnostics, including the
+    orthogonality ratio ‖Qᵀ W' k‖ / ‖Qᵀ W k‖ over the forget keys.
     """
-    if variant not in ("zerounlearn", "gd", "wo_op", "wo_ut"):
+    if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}")
     layers = list(hp.layers)
     last = layers[-1]
@@ -771,6 +812,13 @@ def apply_edit(
             u0 = null_space_projector(st.kkt, hp.null_threshold)
             new, terms = gd_update(W, kf, vf, q, u0, hp.gd_steps, hp.gd_lr)
             layer_diag: dict[str, float] = dict(terms)
+        elif variant == "memit":
+            new = W + memit_update(vf - W @ kf, kf, st.kkt, hp.lam_w)
+            layer_diag = {}
+        elif variant == "alphaedit":
+            u0 = null_space_projector(st.kkt, hp.alphaedit_threshold)
+            new = W + alphaedit_update(vf - W @ kf, kf, u0, hp.alphaedit_l2)
+            layer_diag = {"null_dim": float(u0.shape[1])}
         else:
             d = W.shape[0]
             P = (

@@ -98,6 +98,17 @@ def perplexity(
 
 def evaluate_model(model: Any, tok: Any, es: EvalSet) -> dict[str, float]:
     """``eff``, ``gen``, ``spe`` (×100), ``ppl`` and ``neutral_rate`` (×100) on ``es``."""
+    return evaluate_instances(model, tok, es)[0]
+
+
+def evaluate_instances(
+    model: Any, tok: Any, es: EvalSet
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """The metrics of :func:`evaluate_model` and the per-forget-fact values behind the forget
+    metrics, in the order of ``es.forget``: ``eff`` and ``neutral_rate`` (0 or 100 per fact) and
+    ``gen`` (×100, the share of the fact's paraphrases answered; facts without paraphrases are
+    left out, the same facts for every model). Their means are the metrics; they pair one
+    system with another fact by fact (the claims' per-instance samples)."""
     items: list[tuple[str, str]] = []
     kinds: list[tuple[str, int]] = []
     for i, r in enumerate(es.forget):
@@ -110,22 +121,23 @@ def evaluate_model(model: Any, tok: Any, es: EvalSet) -> dict[str, float]:
         items.append((r.prompt(), r.answer))
         kinds.append(("spe", i))
     known, neutral = score(model, tok, items)
-    eff = [k for k, (kind, _) in zip(known, kinds) if kind == "eff"]
-    neu = [n for n, (kind, _) in zip(neutral, kinds) if kind == "eff"]
+    eff = [100.0 * k for k, (kind, _) in zip(known, kinds) if kind == "eff"]
+    neu = [100.0 * n for n, (kind, _) in zip(neutral, kinds) if kind == "eff"]
     spe = [k for k, (kind, _) in zip(known, kinds) if kind == "spe"]
     per_req: dict[int, list[bool]] = {}
     for k, (kind, i) in zip(known, kinds):
         if kind == "gen":
             per_req.setdefault(i, []).append(k)
-    gen = [sum(v) / len(v) for v in per_req.values()]
+    gen = [100.0 * sum(per_req[i]) / len(per_req[i]) for i in sorted(per_req)]
 
-    def pct(v: Sequence[float]) -> float:
-        return 100.0 * sum(v) / len(v) if v else float("nan")
+    def mean(v: Sequence[float]) -> float:
+        return sum(v) / len(v) if v else float("nan")
 
-    return {
-        "eff": pct(eff),
-        "gen": pct(gen),
-        "spe": pct(spe),
+    metrics = {
+        "eff": mean(eff),
+        "gen": mean(gen),
+        "spe": 100.0 * mean(spe),
         "ppl": perplexity(model, tok, es.ppl_chunks) if es.ppl_chunks else float("nan"),
-        "neutral_rate": pct(neu),
+        "neutral_rate": mean(neu),
     }
+    return metrics, {"eff": eff, "gen": gen, "neutral_rate": neu}

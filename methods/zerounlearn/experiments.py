@@ -5,8 +5,11 @@ and key statistics (:func:`.pipeline.run_systems`), and the ZeroUnlearn edit is 
 checkpoint. With more than one seed (and ``parallel_seeds``) the seeds run as Ray tasks on
 :func:`nshot.experiment.run_jobs` (one CPU each, and a GPU where the cluster has one and
 ``device`` lets a task take it), after one task that caches the key statistics they share; a
-single seed runs in this process. Rows are means over seeds, ``±`` the Bessel-corrected standard
-deviation, and ``samples`` the per-seed values (paired by seed) for the claims.
+single seed runs in this process. Rows are means over seeds and ``±`` the Bessel-corrected
+standard deviation over seeds. ``samples`` hold what the claims' paired tests pair: for the
+forget metrics (``eff``, ``gen``, ``neutral_rate``) one value per forgotten fact, seed after
+seed (every system edits the same facts of a seed, so the pairs are (seed, fact) instances);
+for ``spe`` and ``ppl`` one value per seed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from nshot.train import ensure_ray
 from .config import ZeroUnlearnConfig
 
 METRICS = {"eff": False, "gen": False, "spe": True, "ppl": False, "neutral_rate": True}
+#: metrics whose samples are per forgotten fact (the others: per seed)
+PER_FACT = ("eff", "gen", "neutral_rate")
 
 
 def run_experiments(
@@ -54,8 +59,10 @@ def run_experiments(
 def results_table(
     cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]], *, runtime_s: float, method: str
 ) -> ResultsTable:
-    """Means and stds over seeds of every system's metrics; the per-seed values are kept as the
-    claims' paired samples (``samples[system][metric]``, in seed order) and in ``per_seed``."""
+    """Means and stds over seeds of every system's metrics. The claims' samples: the forget
+    metrics per (seed, forgotten fact) (``instances``, seed after seed), ``spe`` and ``ppl`` per
+    seed (in seed order); the per-seed values are also kept in ``per_seed``. Gradient ascent's
+    budget per seed is in ``ga_budget``."""
     from .pipeline import SYSTEMS
 
     per_job = {
@@ -64,6 +71,10 @@ def results_table(
         for o in outs
     }
     rows, stds, samples = aggregate(per_job, spread="sample_std")
+    if all("instances" in o for o in outs):
+        for system in SYSTEMS:
+            for m in PER_FACT:
+                samples[system][m] = [v for o in outs for v in o["instances"][system][m]]
     return ResultsTable(
         method=method,
         preset=cfg.preset,
@@ -80,9 +91,34 @@ def results_table(
             "diagnostics": [_jsonable(o["diagnostics"]) for o in outs],
             "setup": [o["setup"] for o in outs],
             "checkpoints": {f"zerounlearn-seed{o['seed']}": o["checkpoint"] for o in outs},
+            "ga_budget": ga_budget_summary(cfg, outs),
         },
         samples=samples,
     )
+
+
+def ga_budget_summary(cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Gradient ascent's budget per seed (lr, steps, the held-out facts' Eff and Spe at it) and
+    ``forgot_on_validation``: the share of seeds whose chosen budget forgot the held-out facts
+    (absent for a fixed budget)."""
+    out: dict[str, Any] = {"mode": cfg.ga_budget, "params": cfg.ga_params}
+    per_seed = []
+    for o in outs:
+        ga = o["diagnostics"].get("gradient_ascent") or {}
+        b = ga.get("budget")
+        row = {"seed": o["seed"], "lr": ga.get("lr"), "steps": ga.get("steps")}
+        if b:
+            row["forgot_on_validation"] = b["forgot_on_validation"]
+            row["runs"] = [
+                {k: r[k] for k in ("lr", "steps", "val_eff", "val_spe")} for r in b["runs"]
+            ]
+            row["val_spe_base"] = b["val_spe_base"]
+        per_seed.append(row)
+    out["per_seed"] = per_seed
+    flags = [r["forgot_on_validation"] for r in per_seed if "forgot_on_validation" in r]
+    if flags and len(flags) == len(per_seed):
+        out["forgot_on_validation"] = sum(flags) / len(flags)
+    return out
 
 
 def seed_job_resources(cfg: ZeroUnlearnConfig) -> dict[str, float]:
@@ -166,11 +202,26 @@ def seed_job(cfg_dict: dict[str, Any], seed: int, workdir: str, version: str) ->
     return {
         "seed": seed,
         "metrics": result["metrics"],
+        "instances": result["instances"],
         "diagnostics": result["diagnostics"],
         "timings": result["timings"],
         "setup": s.info,
         "checkpoint": str(path),
     }
+
+
+def _ga_note(cfg: ZeroUnlearnConfig) -> str:
+    what = (
+        "the down_proj of the last edited layer" if cfg.ga_params == "down_proj" else "all weights"
+    )
+    if cfg.ga_budget == "fixed":
+        return f"gradient_ascent: {what}, {cfg.ga_steps} Adam steps at lr {cfg.ga_lr:g}."
+    return (
+        f"gradient_ascent: {what}; budget validated per seed on held-out forget-pool facts "
+        f"(lrs {', '.join(f'{lr:g}' for lr in cfg.ga_lrs)}, each until Eff <= 10 on them or "
+        f"{cfg.ga_max_steps} steps; the held-out retained facts' accuracy picks the lr; "
+        "extra.ga_budget)."
+    )
 
 
 def _notes(cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]]) -> list[str]:
@@ -189,5 +240,10 @@ def _notes(cfg: ZeroUnlearnConfig, outs: list[dict[str, Any]]) -> list[str]:
         f"key statistics from {s0['stats_positions']} general-text positions; "
         f"{cfg.context_templates} sampled context templates + the bare one; neutral target "
         f"{s0['neutral_target']!r}.",
+        f"memit: lam_w {cfg.lam_w:g} x KKT_w; alphaedit: null space of KKT_w (eigenvalues <= "
+        f"{cfg.alphaedit_threshold:g}), L2 {cfg.alphaedit_l2:g}; both write ZeroUnlearn's "
+        "remapping targets with its keys and residual spreading.",
+        _ga_note(cfg),
+        "samples: eff/gen/neutral_rate per (seed, forgotten fact); spe/ppl per seed.",
     ]
     return notes

@@ -17,7 +17,7 @@ import torch
 
 from nshot.method import ConfigError
 
-from .baselines import finetune_neutral, gradient_ascent
+from .baselines import finetune_neutral, gradient_ascent, validate_ga_budget
 from .config import ZeroUnlearnConfig
 from .edit import (
     DeltaHParams,
@@ -35,12 +35,14 @@ from .edit import (
     model_fingerprint,
     prepare,
 )
-from .evaluation import EvalSet, evaluate_model, ppl_chunks, score
+from .evaluation import EvalSet, evaluate_instances, ppl_chunks, score
 
 SYSTEMS = (
     "base",
     "zerounlearn",
     "zerounlearn_gd",
+    "memit",
+    "alphaedit",
     "gradient_ascent",
     "finetune_neutral",
     "wo_op",
@@ -49,6 +51,8 @@ SYSTEMS = (
 VARIANT_OF = {
     "zerounlearn": "zerounlearn",
     "zerounlearn_gd": "gd",
+    "memit": "memit",
+    "alphaedit": "alphaedit",
     "wo_op": "wo_op",
     "wo_ut": "wo_ut",
 }
@@ -137,6 +141,8 @@ def hparams(cfg: ZeroUnlearnConfig) -> tuple[EditHParams, DeltaHParams, DeltaHPa
         gd_steps=cfg.gd_steps,
         gd_lr=cfg.gd_lr,
         null_threshold=cfg.null_threshold,
+        alphaedit_threshold=cfg.alphaedit_threshold,
+        alphaedit_l2=cfg.alphaedit_l2,
     )
     common = dict(
         steps=cfg.delta_steps,
@@ -160,6 +166,10 @@ class Setup:
     stats: dict[int, KeyStats]
     templates: list[str]
     info: dict[str, Any] = field(default_factory=dict)
+    # held-out facts of gradient ascent's budget protocol (from the forget pool, disjoint from
+    # the forget set and from the evaluated retained facts)
+    ga_val_forget: list[EditRequest] = field(default_factory=list)
+    ga_val_retain: list[EditRequest] = field(default_factory=list)
 
 
 def pools(
@@ -183,6 +193,14 @@ def split_requests(
     """Keep the facts the model knows (teacher-forced argmax on the rewrite prompt); after a
     fixed shuffle the first half is the retain pool, the second the forget pool; the forget set
     is sampled from its pool by ``seed``."""
+    forget, retain, _, info = _split(model, tok, cfg, seed)
+    return forget, retain, info
+
+
+def _split(
+    model: Any, tok: Any, cfg: ZeroUnlearnConfig, seed: int
+) -> tuple[list[EditRequest], list[EditRequest], list[EditRequest], dict[str, Any]]:
+    """:func:`split_requests` plus the forget pool's facts outside the forget set."""
     cands = candidate_requests(cfg)
     known, _ = score(model, tok, [(r.prompt(), r.answer) for r in cands])
     kn = [r for r, k in zip(cands, known) if k]
@@ -204,7 +222,26 @@ def split_requests(
         "retain_pool": len(retain_pool),
         "forget_pool": len(forget_pool),
     }
-    return forget, retain, info
+    chosen = set(forget)
+    return forget, retain, [r for r in forget_pool if r not in chosen], info
+
+
+def ga_validation_split(
+    rest: list[EditRequest], n_forget: int, seed: int
+) -> tuple[list[EditRequest], list[EditRequest]]:
+    """Held-out facts for gradient ascent's budget (:func:`.baselines.validate_ga_budget`):
+    ``n_forget`` (at most half of ``rest``) to forget, drawn by ``seed``, and the others as
+    retained facts. ``rest`` is the forget pool without the forget set, so neither the facts
+    to forget nor the evaluated retained facts (the retain pool) are among them."""
+    n = min(n_forget, len(rest) // 2)
+    if n < 1:
+        raise ConfigError(
+            "ZeroUnlearnConfig: field 'ga_budget': 'validated' needs at least two known facts "
+            f"in the forget pool beyond the forget set ({len(rest)}); set ga_budget='fixed'"
+        )
+    val = random.Random(f"ga-validation-{seed}").sample(rest, n)
+    chosen = set(val)
+    return val, [r for r in rest if r not in chosen]
 
 
 def _interleave(a: list[str], b: list[str]) -> list[str]:
@@ -218,7 +255,9 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
 
     t0 = time.time()
     model, tok = model_tok or load_model(cfg)
-    forget, retain, info = split_requests(model, tok, cfg, seed)
+    forget, retain, rest, info = _split(model, tok, cfg, seed)
+    val_forget, val_retain = ga_validation_split(rest, cfg.n_forget, seed)
+    info["ga_validation"] = {"forget": len(val_forget), "retain": len(val_retain)}
     chunks = ppl_chunks(tok, general_text("heldout"), cfg.ppl_chunks, cfg.ppl_length)
     es = EvalSet(tuple(forget), tuple(retain), tuple(tuple(c) for c in chunks))
     t1 = time.time()
@@ -240,7 +279,10 @@ def setup(cfg: ZeroUnlearnConfig, seed: int, model_tok: tuple[Any, Any] | None =
     info["setup_s"] = time.time() - t0
     info["neutral_target"] = tok.eos_token
     fp = model_fingerprint(model, model.config.num_hidden_layers - 1)
-    return Setup(cfg, seed, model, tok, fp, forget, retain, es, stats, templates, info)
+    return Setup(
+        cfg, seed, model, tok, fp, forget, retain, es, stats, templates, info,
+        val_forget, val_retain,
+    )  # fmt: skip
 
 
 def prepare_edit(s: Setup) -> Prepared:
@@ -248,16 +290,37 @@ def prepare_edit(s: Setup) -> Prepared:
     return prepare(s.model, s.tok, s.forget, s.templates, s.stats, hp, dhp, s.cfg.v_loss_layer, rhp)
 
 
+def run_gradient_ascent(s: Setup) -> dict[str, Any]:
+    """Gradient ascent on the forget set at its budget: fixed (``ga_steps`` at ``ga_lr``) or
+    validated per seed on the held-out facts (:func:`.baselines.validate_ga_budget`, reported
+    under ``budget``)."""
+    cfg = s.cfg
+    budget: dict[str, Any] | None = None
+    steps, lr = cfg.ga_steps, cfg.ga_lr
+    if cfg.ga_budget == "validated":
+        budget = validate_ga_budget(
+            s.model, s.tok, s.ga_val_forget, s.ga_val_retain, cfg.ga_lrs, cfg.ga_max_steps,
+            cfg.ga_params, cfg.edit_layers,
+        )  # fmt: skip
+        steps, lr = budget["steps"], budget["lr"]
+    out = gradient_ascent(s.model, s.tok, s.forget, steps, lr, cfg.ga_params, cfg.edit_layers)
+    out["budget"] = budget
+    return out
+
+
 def run_systems(
     s: Setup, systems: tuple[str, ...] = SYSTEMS, keep: str | None = "zerounlearn"
 ) -> dict[str, Any]:
     """Metrics of every system in ``systems`` on this seed's facts; the model is restored
     between systems. ``keep``: the system whose edited weights are returned (for a checkpoint,
-    on the CPU). The unedited weights are kept on the CPU (not a second copy on the GPU)."""
+    on the CPU). The unedited weights are kept on the CPU (not a second copy on the GPU).
+    ``instances[system]`` holds the per-forget-fact values behind the forget metrics
+    (:func:`.evaluation.evaluate_instances`)."""
     cfg, model, tok = s.cfg, s.model, s.tok
     hp, _, _ = hparams(cfg)
     original = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     results: dict[str, dict[str, float]] = {}
+    instances: dict[str, dict[str, list[float]]] = {}
     diags: dict[str, Any] = {}
     timings: dict[str, float] = {}
     kept: dict[str, torch.Tensor] | None = None
@@ -276,14 +339,14 @@ def run_systems(
             if system == keep:
                 kept = edited_weights(model, cfg.edit_layers)
         elif system == "gradient_ascent":
-            diags[system] = gradient_ascent(model, tok, s.forget, cfg.ga_steps, cfg.ga_lr)
+            diags[system] = run_gradient_ascent(s)
         elif system == "finetune_neutral":
             diags[system] = finetune_neutral(
                 model, tok, s.forget, cfg.edit_layers, cfg.ft_steps, cfg.ft_lr
             )
         elif system != "base":
             raise ValueError(f"unknown system {system!r}")
-        results[system] = evaluate_model(model, tok, s.evalset)
+        results[system], instances[system] = evaluate_instances(model, tok, s.evalset)
         timings[system] = time.time() - t0
         print(
             f"[zerounlearn seed {s.seed}] {system}: "
@@ -292,7 +355,13 @@ def run_systems(
             flush=True,
         )
     model.load_state_dict(original)
-    return {"metrics": results, "diagnostics": diags, "timings": timings, "kept": kept}
+    return {
+        "metrics": results,
+        "instances": instances,
+        "diagnostics": diags,
+        "timings": timings,
+        "kept": kept,
+    }
 
 
 def apply_checkpoint_weights(model: Any, weights: dict[str, torch.Tensor]) -> list[int]:
