@@ -46,6 +46,29 @@ def test_config_validation_names_the_field():
     assert atha.config("small").text == "minilm" and atha.config("smoke").text == "word"
 
 
+def test_the_context_learns_at_coops_rate_carried_to_the_logit_scale():
+    """small's context takes CoOp's step (2e-3 at CLIP's logit scale 100) at ATHA's s: 0.1 at
+    one shot (s = 2), 0.05 above (s = 4); smoke and paper keep the authors' 2e-3 as is; the
+    tail sweep's fields are validated."""
+    from nshot.methods.atha.config import sweep_row
+    from nshot.methods.atha.train import ctx_learning_rate
+
+    atha = get("atha")
+    small = atha.config("small")
+    assert small.lr_ctx_logit_scale == 100.0
+    assert ctx_learning_rate(small, small.scale_1shot) == pytest.approx(0.1)
+    assert ctx_learning_rate(small, small.scale_kshot) == pytest.approx(0.05)
+    for preset in ("smoke", "paper"):
+        cfg = atha.config(preset)
+        assert ctx_learning_rate(cfg, cfg.scale_1shot) == cfg.lr_ctx == 2e-3
+    assert [sweep_row(v) for v in small.sweep_rho_minus] == [
+        "tail_rho0p2", "tail_rho0p4", "tail_rho0p8"]  # fmt: skip
+    assert small.sweep_episodes == 30 and small.experiment == "comparison"
+    for bad in ([0.4, 0.4], [-0.1]):
+        with pytest.raises(ConfigError, match="sweep_rho_minus"):
+            atha.config("small", sweep_rho_minus=bad)
+
+
 def test_paper_preset_validates_and_names_what_is_missing():
     from nshot.methods.atha.paper_data import check_paper
 
@@ -68,6 +91,40 @@ def test_rho_zero_forward_equals_coop_lora_bit_for_bit(backbone, cfg):
         assert torch.equal(a(x), b(x))
         # and the untouched model is the pre-trained CLIP's image tower, bit for bit
         assert torch.equal(b.image_features(x), backbone.encode_image(x))
+
+
+def test_rho_minus_init_starts_the_tail_push_and_tail_fixed_holds_it(backbone, cfg):
+    """``rho_minus_init`` starts rho- of ``rho_block`` for the systems with a tail push (0 by
+    default: the authors' initialisation, every earlier number unchanged); ``tail_fixed`` is
+    the tail push alone, held at it: rho+ = 0, no learnable rate, CoOp + LoRA at rho- = 0."""
+    from nshot.methods.atha.model import SYSTEM_SPEC, EpisodeModel
+    from nshot.methods.atha.train import adapt
+
+    assert cfg.rho_minus_init == 0.0 and get("atha").config("small").rho_minus_init == 0.0
+    for system in ("atha", "atha_tail_only", "random_tokens", "tail_fixed"):
+        m = EpisodeModel(backbone, NAMES, cfg, system, shots=1, seed=0)
+        assert float(m.rho_minus.detach().abs().sum()) == 0.0
+    c4 = cfg.replace(rho_minus_init=0.4)
+    for system, spec in SYSTEM_SPEC.items():
+        m = EpisodeModel(backbone, NAMES, c4, system, shots=1, seed=0)
+        want = torch.zeros(backbone.vision_depth)
+        if spec.tail or spec.tail_fixed:
+            want[c4.rho_block] = 0.4
+        assert torch.equal(m.rho_minus.detach(), want), system
+        assert m.rho_minus.requires_grad is spec.tail
+    fixed = EpisodeModel(backbone, NAMES, c4, "tail_fixed", shots=1, seed=3)
+    assert float(fixed.rho_plus.abs().sum()) == 0.0 and not fixed.rate_parameters()
+    base = EpisodeModel(backbone, NAMES, c4, "coop_lora", shots=1, seed=3)
+    x = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.equal(fixed(x), base(x))  # the tail push acts
+        fixed.rho_minus.zero_()
+        assert torch.equal(fixed(x), base(x))
+    g = torch.Generator().manual_seed(1)
+    sx, qx = torch.rand(3, 3, 32, 32, generator=g), torch.rand(6, 3, 32, 32, generator=g)
+    res = adapt(backbone, NAMES, sx, torch.arange(3), qx, c4, "tail_fixed", shots=1, seed=0,
+                epochs=2)  # fmt: skip
+    assert res.rates["tail"][c4.rho_block] == pytest.approx(0.4) and sum(res.rates["head"]) == 0
 
 
 def test_head_and_tail_sets_are_disjoint_and_the_update_acts_on_them_only():
@@ -347,10 +404,18 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
                                                                       "image_statistics"))  # fmt: skip
     tiny = table.extra["tiny_clip"]  # clip_workers=0: the in-process CLIP the fixtures share
     assert tiny["folder"] == f"tinyclip-smoke-word-s0-v{VERSION}" and tiny["world_size"] == 1
+    targets = table.extra["targets"]  # the target precondition's figures
+    assert targets["ways"] == {"sketch": 5} and targets["chance"] == {"sketch": 0.2}
+    assert targets["zero_shot"]["sketch"] == table.rows["zero_shot"]["acc_1shot_sketch"]
+    assert targets["min_zero_shot_above_chance"] == pytest.approx(
+        targets["zero_shot"]["sketch"] - 0.2
+    )
+    assert 0.0 <= targets["coop_mean_abs_change"] <= 1.0
     results = table.to_json()
     claims = evaluate(atha.claims, results)
-    # the paper's claims speak of small and paper only; the unit checks hold on every preset
-    assert len(claims) == 8
+    # the paper's claims speak of small and paper only (the tail sweep's of its own
+    # experiment); the unit checks hold on every preset
+    assert len(claims) == 12
     assert [c["id"] for c in claims if c["kind"] == "headline"] == ["atha_beats_coop_lora_paired"]
     assert all(c.get("applies") is False for c in claims if c["id"] != "unit_checks")
     assert [c["holds"] for c in claims if c["id"] == "unit_checks"] == [True]
@@ -366,7 +431,7 @@ def test_seeds_combine_into_per_seed_samples_and_the_headline_reads_them():
 
     atha = get("atha")
     cfg = atha.config("small", domains=["sketch", "digits"],
-                      systems=["atha", "coop_lora", "zero_shot"], seeds=3)  # fmt: skip
+                      systems=["atha", "coop_lora", "coop", "zero_shot"], seeds=3)  # fmt: skip
     rng = np.random.default_rng(0)
     tables = {}
     for seed in range(3):
@@ -392,9 +457,66 @@ def test_seeds_combine_into_per_seed_samples_and_the_headline_reads_them():
     heads = [c for c in evaluate(atha.claims, results) if c["kind"] == "headline"]
     assert len(heads) == 1 and heads[0]["effect"]["n"] == 3 and heads[0]["premise"] is True
     assert heads[0]["holds"] is (heads[0]["lhs"] > heads[0]["rhs"] and heads[0]["p"] < 0.05)
+    # the target precondition from the means over seeds; CoOp's move, the mean over seeds
+    targets = table.extra["targets"]
+    zs = {d: table.rows["zero_shot"][f"acc_1shot_{d}"] for d in cfg.domains}
+    assert targets["zero_shot"] == pytest.approx(zs)
+    assert targets["min_zero_shot_above_chance"] == pytest.approx(min(zs.values()) - 0.2)
+    moves = [tables[s].extra["targets"]["coop_mean_abs_change"] for s in range(3)]
+    assert targets["coop_mean_abs_change"] == pytest.approx(np.mean(moves))
+    control = [c for c in evaluate(atha.claims, results)
+               if c["id"] == "targets_between_chance_and_ceiling"][0]  # fmt: skip
+    assert control["kind"] == "control" and control["holds"] is True
+    for key, bad in (("min_zero_shot_above_chance", 0.05), ("max_zero_shot", 0.97),
+                     ("coop_mean_abs_change", 0.01)):  # fmt: skip
+        broken = {**results, "extra": {**results["extra"],
+                                       "targets": {**targets, key: bad}}}  # fmt: skip
+        out = {c["id"]: c for c in evaluate(atha.claims, broken)}
+        assert out["targets_between_chance_and_ceiling"]["holds"] is False, key
+        assert out["atha_beats_coop_lora_paired"]["holds"] is None, key  # not judged
+        assert out["atha_beats_coop_lora_paired"]["premise"] is False, key
     results["rows"]["zero_shot"]["acc_src_8way"] = 0.5  # a CLIP that misses the precondition
     head = [c for c in evaluate(atha.claims, results) if c["kind"] == "headline"][0]
     assert head["holds"] is None and head["premise"] is False
+
+
+def test_tail_sweep_on_smoke_pairs_every_row_over_seeds_and_episodes(monkeypatch, tmp_path):
+    """experiment=tail_sweep: zero-shot, CoOp + LoRA and the tail push alone at each fixed
+    rho-, on the same episodes and LoRA initialisations; the samples are the (seed, episode)
+    units, which the sweep's paired claims read (on small and paper only)."""
+    monkeypatch.setenv("NSHOT_IN_PROCESS", "1")  # the jobs in this process, off Ray
+    from nshot.claims import evaluate
+    from nshot.methods.atha.claims import SWEEP_ALPHA
+
+    atha = get("atha")
+    cfg = atha.config("smoke", experiment="tail_sweep", domains=["sketch", "digits"],
+                      sweep_episodes=2, episodes_per_job=1, seeds=2,
+                      sweep_rho_minus=[0.4, 0.8])  # fmt: skip
+    table = atha.experiments(cfg, tmp_path)
+    assert table.experiment == "tail_sweep" and table.seeds == 2
+    assert list(table.rows) == ["zero_shot", "coop_lora", "tail_rho0p4", "tail_rho0p8"]
+    for row, per in table.samples.items():
+        units = per["acc_1shot_avg"]
+        assert len(units) == 2 * 2, row  # seeds x episodes
+        assert table.rows[row]["acc_1shot_avg"] == pytest.approx(np.mean(units))
+        gain = 100 * np.mean(np.subtract(units, table.samples["coop_lora"]["acc_1shot_avg"]))
+        assert table.rows[row]["paired_gain_vs_coop_lora"] == pytest.approx(gain)
+    rates = table.extra["rates_per_block"]  # held at the declared rho-, at rho_block only
+    assert rates["tail_rho0p8"]["tail"][cfg.rho_block] == pytest.approx(0.8)
+    assert sum(rates["tail_rho0p8"]["head"]) == 0.0 and sum(rates["coop_lora"]["tail"]) == 0.0
+    assert set(table.extra["targets"]["zero_shot"]) == {"sketch", "digits"}
+    results = table.to_json()
+    assert results["experiment"] == "tail_sweep"
+    claims = {c["id"]: c for c in evaluate(atha.claims, results)}
+    sweep = [c for c in atha.claims if c.experiment == "tail_sweep"]
+    assert [c.kind for c in sweep] == ["ablation"] * 3
+    assert all(c.alpha == SWEEP_ALPHA and c.test == "paired_t" for c in sweep)
+    assert all(claims[c.id]["other"] == "preset" for c in sweep)  # smoke: not evaluated
+    assert claims["atha_beats_coop_lora_paired"]["other"] == "experiment"
+    # the same results as small's: the claim on rho- = 0.4 reads its row; 0.2 has none
+    small = {c["id"]: c for c in evaluate(sweep, {**results, "preset": "small"})}
+    assert small["tail_push_rho0p4_beats_coop_lora"]["effect"]["n"] == 4
+    assert small["tail_push_rho0p2_beats_coop_lora"]["lhs"] is None
 
 
 def test_example_on_two_ray_train_workers(ray_session, tmp_path, run_example, capsys):

@@ -36,6 +36,7 @@ System = Literal[
     "atha_head_only",
     "atha_tail_only",
     "random_tokens",
+    "tail_fixed",
 ]
 SYSTEMS: tuple[str, ...] = (
     "atha",
@@ -47,6 +48,15 @@ SYSTEMS: tuple[str, ...] = (
     "atha_tail_only",
     "random_tokens",
 )
+#: the experiments of ``nshot reproduce atha`` (``experiment``): the main comparison, and the
+#: fixed-rho- sweep of the tail push alone against CoOp + LoRA (:func:`sweep_row`)
+Experiment = Literal["comparison", "tail_sweep"]
+
+
+def sweep_row(rho_minus: float) -> str:
+    """The row of the tail sweep at ``rho_minus``: ``tail_rho0p4`` for 0.4 (a name the claim
+    language reads as a system)."""
+    return "tail_rho" + f"{rho_minus:g}".replace(".", "p").replace("-", "m")
 
 
 class AthaConfig(MethodConfig):
@@ -101,6 +111,14 @@ class AthaConfig(MethodConfig):
     )
     rho_block: int = Field(2, ge=0, le=47, description="visual block whose rho+ starts non-zero")
     rho_plus_init: float = Field(0.8, ge=0.0, le=10.0, description="initial rho+ of rho_block")
+    rho_minus_init: float = Field(
+        0.0,
+        ge=0.0,
+        le=10.0,
+        description="initial rho- of rho_block (the same block as rho+), for the systems with "
+        "a tail push (atha, atha_tail_only, random_tokens: learnable from it; tail_fixed: held "
+        "at it); 0, the authors' initialisation, leaves the tail push off until rho- learns",
+    )
     add_ratio: float = Field(0.3, ge=0.0, le=1.0, description="share of head tokens")
     minus_ratio: float = Field(0.2, ge=0.0, le=1.0, description="share of tail tokens")
     use_all_texts: bool = Field(
@@ -115,6 +133,16 @@ class AthaConfig(MethodConfig):
     lora_dropout: float = Field(0.25, ge=0.0, lt=1.0, description="dropout on the LoRA input")
     lr_lora: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate of LoRA")
     lr_ctx: float = Field(2e-3, gt=0.0, le=10.0, description="SGD learning rate of the context")
+    lr_ctx_logit_scale: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="the logit scale lr_ctx was set for: the context's SGD step is then lr_ctx "
+        "x lr_ctx_logit_scale / s, s the episode's logit scale (scale_1shot, scale_kshot), "
+        "since the gradient reaching the context is proportional to s (small: 100, CLIP's "
+        "scale, for which CoOp's 2e-3 was set: 0.1 at 1 shot, 0.05 at 5); None: lr_ctx as "
+        "is (the authors', at s = 2 and 4)",
+    )
     lr_rates: float = Field(1e-3, gt=0.0, le=10.0, description="SGD learning rate of rho")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum (context, rates)")
     sgd_weight_decay: float = Field(5e-4, ge=0.0, le=1.0, description="SGD weight decay")
@@ -148,6 +176,25 @@ class AthaConfig(MethodConfig):
         "initialisations; rows are means over seeds and the claims' samples are per seed (one "
         "seed: per episode); the paper preset runs one real CLIP, so one seed",
     )
+    experiment: Experiment = Field(
+        "comparison",
+        description="comparison: the eight systems (the claims' main results); tail_sweep: "
+        "zero-shot, CoOp + LoRA and the tail push alone at each fixed rho- of "
+        "sweep_rho_minus (system tail_fixed), sweep_episodes 1-shot episodes per domain and "
+        "seed, paired over (seed, episode) (results small-tail_sweep.json)",
+    )
+    sweep_rho_minus: list[float] = Field(
+        [0.2, 0.4, 0.8],
+        min_length=1,
+        description="experiment=tail_sweep: the fixed rho- of rho_block, one row each "
+        "(tail_rho0p2, ...)",
+    )
+    sweep_episodes: int = Field(
+        30,
+        ge=1,
+        le=10_000,
+        description="experiment=tail_sweep: 1-shot episodes per domain and seed",
+    )
     eval_episodes: int = Field(10, ge=1, le=10_000, description="episodes per domain (evaluate)")
     episodes_per_job: int = Field(10, ge=1, le=10_000, description="episodes per Ray task")
     job_gpus: float = Field(
@@ -174,10 +221,12 @@ class AthaConfig(MethodConfig):
         "add_ratio",
         "minus_ratio",
         "rho_plus_init",
+        "rho_minus_init",
         "rho_block",
         "txtlayer",
         "lr_lora",
         "lr_ctx",
+        "lr_ctx_logit_scale",
         "lr_rates",
         "use_all_texts",
         "tau",
@@ -197,9 +246,13 @@ class AthaConfig(MethodConfig):
         # (pre-training included) fits the 15-minute budget; the episodes are the first 10 / 5
         # of the 20 / 15. Three training seeds (three tiny CLIPs, each with its own episodes)
         # so that the headline's paired test has three per-seed values: about three times one
-        # seed's ~8 minutes on two free cores
+        # seed's ~8 minutes on two free cores. The context learns at CoOp's learning rate
+        # carried to ATHA's logit scale (lr_ctx_logit_scale: 2e-3 x 100 / s; at the authors'
+        # 2e-3 and s = 2 CoOp's answers stayed zero-shot's), the same for every row that
+        # learns a context, at no cost in time
         "small": {"steps": 1500, "checkpoint_every": 300, "log_every": 25,
-                  "episodes_1shot": 10, "episodes_5shot": 5, "seeds": 3},
+                  "episodes_1shot": 10, "episodes_5shot": 5, "seeds": 3,
+                  "lr_ctx_logit_scale": 100.0},
         "paper": {
             "backbone": "clip", "txtlayer": 10, "rho_block": 6, "lora_r": 16,
             "lora_alpha": 8.0, "lr_lora": 2e-4, "epochs": 100, "episodes_1shot": 800,
@@ -240,6 +293,10 @@ class AthaConfig(MethodConfig):
             raise ValueError("field 'n_way': the shape domains have 8 classes")
         if self.queries + 10 > self.pool_per_class:
             raise ValueError("field 'pool_per_class': must hold 10 shots + queries per class")
+        if any(not 0.0 <= v <= 10.0 for v in self.sweep_rho_minus):
+            raise ValueError("field 'sweep_rho_minus': each rho- must lie in [0, 10]")
+        if len({sweep_row(v) for v in self.sweep_rho_minus}) != len(self.sweep_rho_minus):
+            raise ValueError("field 'sweep_rho_minus': a value is listed twice")
         if self.epochs > self.max_epochs:
             raise ValueError("field 'epochs': must be <= max_epochs")
         if self.backbone == "tiny" and (self.clip_path is not None or self.data_path):

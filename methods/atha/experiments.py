@@ -16,7 +16,12 @@ pre-trains its own tiny CLIP and draws its own pools and episodes; each seed is 
 one seed would be (:func:`summarise`), the rows are the means over seeds, the spread the
 standard deviation over seeds (Bessel-corrected) and the samples the per-seed values, paired by
 seed (:func:`nshot.experiment.aggregate`); each seed's own table is kept in
-``extra["per_seed"]``.
+``extra["per_seed"]``. ``extra["targets"]`` holds what the target precondition reads
+(:func:`target_figures`: chance and zero-shot per domain, CoOp's move off zero-shot).
+
+``experiment=tail_sweep`` (:func:`run_tail_sweep`) runs zero-shot, CoOp + LoRA and the tail push
+alone at each fixed rho- of ``sweep_rho_minus`` on ``sweep_episodes`` one-shot episodes per
+domain and seed; its samples are the (seed, episode) units, paired across rows.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ from nshot.experiment import Job, aggregate, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
 from nshot.nn.backbone import BackboneSpec, CLIPBackbone, load_backbone, prepare_backbone
 
-from .config import AthaConfig
-from .data import Pool, domain_pool
+from .config import AthaConfig, sweep_row
+from .data import Pool, domain_pool, sample_episode
 from .model import EpisodeModel, select_tokens
-from .train import domains_of, pool_of, prepare_data, run_block
+from .train import domains_of, episode_seed, pool_of, prepare_data, run_block, run_episode
 
 ATHA_VARIANTS = ("atha", "atha_head_only", "atha_tail_only", "random_tokens")
 
@@ -152,13 +157,15 @@ def unit_checks(bb: CLIPBackbone, cfg: AthaConfig, names: list[str]) -> dict[str
     }
 
 
-def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
-    t0 = time.time()
-    workdir.mkdir(parents=True, exist_ok=True)
+def _setup(cfg: AthaConfig) -> tuple[list[int], dict, dict, dict, dict, list[str]]:
+    """``(seeds, cfgs, specs, backbones, pools, domains)`` of a run: one config, backbone spec
+    and (outside a dry run) backbone and pools per training seed."""
     check_gpus(cfg.job_gpus)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     cfgs = {s: cfg.replace(seed=s) for s in seeds}
     specs = {s: json.dumps(cfgs[s].backbone_spec().to_dict(), sort_keys=True) for s in seeds}
+    bbs: dict[int, CLIPBackbone] = {}
+    pools: dict[int, dict[str, Pool]] = {}
     if is_planning():  # a dry run lists the grid from the config: no weights, no images read
         domains = domains_of(cfg) if cfg.backbone == "tiny" else (
             list(cfg.data_domains) or ["<each domain folder of data_path>"])  # fmt: skip
@@ -171,6 +178,17 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         pools = {
             s: {d: pool_of(cfgs[s], d, bbs[s].image_size) for d in domains} for s in seeds
         }  # the cached pools built (every image folder checked) once, here
+    return seeds, cfgs, specs, bbs, pools, domains
+
+
+def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
+    """The experiment ``cfg.experiment`` names: the comparison of the eight systems, or the
+    tail sweep (:func:`run_tail_sweep`)."""
+    if cfg.experiment == "tail_sweep":
+        return run_tail_sweep(cfg, workdir)
+    t0 = time.time()
+    workdir.mkdir(parents=True, exist_ok=True)
+    seeds, cfgs, specs, bbs, pools, domains = _setup(cfg)
     t_data = time.time() - t0
     runs = [(5, cfg.episodes_5shot, list(cfg.systems_5shot))] if cfg.episodes_5shot else []
     runs.append((1, cfg.episodes_1shot, list(cfg.systems)))  # the 5-shot tasks, longer, first
@@ -197,7 +215,8 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         meta = _tiny_meta(bb)
         zero_shot = meta.get("zero_shot", {})
         run_cfg = cfgs[seed].model_copy(update={"domains": domains})
-        table = summarise(run_cfg, acc, zero_shot.get("acc_src_8way"))
+        classes = {d: len(pools[seed][d].names) for d in domains}
+        table = summarise(run_cfg, acc, zero_shot.get("acc_src_8way"), classes)
         extra = table.extra
         extra["unit"] = unit_checks(bb, cfgs[seed], unit_names(bb, pools[seed]))
         if cfg.backbone == "tiny":  # the generated pools, whole: many-shot references
@@ -285,6 +304,14 @@ def combine_seeds(cfg: AthaConfig, tables: dict[int, ResultsTable]) -> ResultsTa
             "paired_5shot_minus_1shot": paired,
             "paired_min_5shot_minus_1shot": min(v for r in paired.values() for v in r.values()),
         }
+    if "targets" in first:  # zero-shot from the means over seeds; CoOp's move, mean over seeds
+        moves = [tables[s].extra["targets"].get("coop_abs_change") for s in seeds]
+        extra["targets"] = target_figures(
+            cfg,
+            {d: rows["zero_shot"][f"acc_1shot_{d}"] for d in cfg.domains},  # type: ignore[misc]
+            first["targets"]["ways"],
+            mean_of(moves) if all(m is not None for m in moves) else None,
+        )
     extra["unit"] = {
         k: max(tables[s].extra["unit"][k] for s in seeds) for k in first["unit"]
     }  # the worst seed
@@ -318,10 +345,49 @@ def combine_seeds(cfg: AthaConfig, tables: dict[int, ResultsTable]) -> ResultsTa
     )
 
 
+def ways_of(cfg: AthaConfig, classes: dict[str, int] | None = None) -> dict[str, int]:
+    """The ways of each domain's episodes: ``n_way``, or fewer where a domain has fewer
+    classes (``classes``: each domain's; default: the generated domains')."""
+    if classes is None:
+        from .data import class_names
+
+        classes = {d: len(class_names(d)) for d in cfg.domains}
+    return {d: min(cfg.n_way, classes[d]) for d in cfg.domains}
+
+
+def target_figures(
+    cfg: AthaConfig,
+    zero_shot: dict[str, float],
+    ways: dict[str, int],
+    coop_abs_change: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """What the claim ``targets_between_chance_and_ceiling`` reads: each domain's ways, chance
+    (one over the ways) and zero-shot 1-shot accuracy, the smallest margin of zero-shot over
+    chance and the largest zero-shot accuracy over the domains, and (with a ``coop`` row) how
+    far CoOp's learned context moves the zero-shot answers: the mean over episodes of
+    |acc(CoOp) - acc(zero-shot)| per domain, and its mean over the domains."""
+    chance = {d: 1.0 / ways[d] for d in cfg.domains}
+    out: dict[str, Any] = {
+        "ways": dict(ways),
+        "chance": chance,
+        "zero_shot": dict(zero_shot),
+        "min_zero_shot_above_chance": float(min(zero_shot[d] - chance[d] for d in cfg.domains)),
+        "max_zero_shot": float(max(zero_shot[d] for d in cfg.domains)),
+    }
+    if coop_abs_change is not None:
+        out["coop_abs_change"] = dict(coop_abs_change)
+        out["coop_mean_abs_change"] = float(np.mean([coop_abs_change[d] for d in cfg.domains]))
+    return out
+
+
 def summarise(
-    cfg: AthaConfig, acc: dict[tuple[str, str, int], list[float]], acc_src: float | None
+    cfg: AthaConfig,
+    acc: dict[tuple[str, str, int], list[float]],
+    acc_src: float | None,
+    classes: dict[str, int] | None = None,
 ) -> ResultsTable:
-    """Rows, 95 % intervals, paired samples and the derived counts of the claims."""
+    """Rows, 95 % intervals, paired samples and the derived counts of the claims (``classes``:
+    each domain's number of classes, for chance; default: the generated domains')."""
     metrics = metrics_of(cfg)
     rows: dict[str, dict[str, float | None]] = {}
     stds: dict[str, dict[str, float | None]] = {}
@@ -358,6 +424,14 @@ def summarise(
         samples[s] = {"acc_1shot_avg": [float(v) for v in per_ep]}
         ci_domain[s] = {d: round(_ci(acc[(s, d, 1)]), 4) for d in cfg.domains}
     extra: dict[str, Any] = {"ci95_1shot": ci_domain, "acc_5shot": acc5}
+    if "zero_shot" in rows:
+        zs = {d: float(np.mean(acc[("zero_shot", d, 1)])) for d in cfg.domains}
+        moved = (
+            {d: float(np.mean(np.abs(np.subtract(acc[("coop", d, 1)], acc[("zero_shot", d, 1)]))))
+             for d in cfg.domains}
+            if "coop" in rows else None
+        )  # fmt: skip
+        extra["targets"] = target_figures(cfg, zs, ways_of(cfg, classes), moved)
     if "atha" in rows and base is not None:
         extra["headline"] = {
             "domains_atha_ge_coop_lora": sum(
@@ -407,3 +481,167 @@ def summarise(
         notes=notes,
         extra=extra,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# experiment=tail_sweep: the tail push alone at fixed sizes against CoOp + LoRA
+
+
+def sweep_rows(cfg: AthaConfig) -> list[str]:
+    """The rows of the tail sweep: zero-shot, CoOp + LoRA and one per fixed rho-."""
+    return ["zero_shot", "coop_lora", *(sweep_row(v) for v in cfg.sweep_rho_minus)]
+
+
+def run_sweep_block(
+    bb: CLIPBackbone, cfg: AthaConfig, pool: Pool, episodes: list[int]
+) -> list[dict[str, Any]]:
+    """Each of ``episodes`` of ``pool`` at one shot (an episode's images read once): zero-shot,
+    CoOp + LoRA and ``tail_fixed`` at every rho- of ``sweep_rho_minus``, all from the same
+    LoRA initialisation (:func:`.train.episode_seed`): ``[{"row", "episode", "acc", "rates"}]``."""
+    out: list[dict[str, Any]] = []
+    tails = [(sweep_row(v), cfg.replace(rho_minus_init=v)) for v in cfg.sweep_rho_minus]
+    for e in episodes:
+        ep = sample_episode(pool, seed=cfg.seed, episode=e, n_way=cfg.n_way, shots=1,
+                            queries=cfg.queries)  # fmt: skip
+        seed = episode_seed(cfg, pool, e)
+        runs = [("zero_shot", "zero_shot", cfg), ("coop_lora", "coop_lora", cfg)]
+        runs += [(row, "tail_fixed", c) for row, c in tails]
+        for row, system, c in runs:
+            r = run_episode(bb, ep, c, system, shots=1, seed=seed)
+            out.append({"row": row, "episode": e, "acc": r["acc"], "rates": r["rates"]})
+    return out
+
+
+def sweep_job(
+    cfg_dict: dict[str, Any], spec: str, domain: str, episodes: list[int]
+) -> list[dict[str, Any]]:
+    """One task of the tail sweep: :func:`run_sweep_block` on this task's device."""
+    cfg = AthaConfig.validated(cfg_dict)
+    bb = _backbone(spec)
+    return run_sweep_block(bb, cfg, pool_of(cfg, domain, bb.image_size), episodes)
+
+
+def summarise_sweep(
+    cfg: AthaConfig,
+    acc: dict[tuple[str, int, str], list[float]],
+    acc_src: dict[int, float | None],
+    ways: dict[str, int],
+) -> ResultsTable:
+    """The tail sweep's table from ``acc[(row, seed, domain)]`` (accuracy per episode, in
+    order): the paired unit is one (seed, episode) pair, its value the episode's accuracy
+    averaged over the domains; rows are means over the units, spreads their 95 % interval
+    (1.96 sd / sqrt(n)), samples the units in (seed, episode) order, paired across rows."""
+    rows_names = sweep_rows(cfg)
+    seeds = sorted({s for _, s, _ in acc})
+    domains = list(cfg.domains)
+    units = {
+        r: np.concatenate([np.mean([acc[(r, s, d)] for d in domains], axis=0) for s in seeds])
+        for r in rows_names
+    }
+    src = [v for v in acc_src.values() if v is not None]
+    rows: dict[str, dict[str, float | None]] = {}
+    stds: dict[str, dict[str, float | None]] = {}
+    samples: dict[str, dict[str, list[float | None]]] = {}
+    gains: dict[str, dict[str, float]] = {}
+    for r in rows_names:
+        row: dict[str, float | None] = {}
+        sd: dict[str, float | None] = {}
+        for d in domains:
+            v = np.concatenate([acc[(r, s, d)] for s in seeds])
+            row[f"acc_1shot_{d}"] = float(v.mean())
+            sd[f"acc_1shot_{d}"] = _ci(v.tolist())
+        row["acc_1shot_avg"] = float(units[r].mean())
+        sd["acc_1shot_avg"] = _ci(units[r].tolist())
+        diff = units[r] - units["coop_lora"]
+        row["paired_gain_vs_coop_lora"] = float(100 * diff.mean())
+        sd["paired_gain_vs_coop_lora"] = 100 * _ci(diff.tolist())
+        row["acc_src_8way"] = float(np.mean(src)) if src else None
+        sd["acc_src_8way"] = None
+        rows[r], stds[r] = row, sd
+        samples[r] = {"acc_1shot_avg": [float(x) for x in units[r]]}
+        gains[r] = {
+            d: float(100 * np.mean(np.subtract(
+                np.concatenate([acc[(r, s, d)] for s in seeds]),
+                np.concatenate([acc[("coop_lora", s, d)] for s in seeds]))))
+            for d in domains
+        }  # fmt: skip
+    zs = {d: rows["zero_shot"][f"acc_1shot_{d}"] for d in domains}
+    extra: dict[str, Any] = {
+        "targets": target_figures(cfg, zs, ways),  # type: ignore[arg-type]
+        "paired_gain_per_domain": gains,
+        "rho_minus": {sweep_row(v): v for v in cfg.sweep_rho_minus},
+        "per_seed": {
+            str(s): {r: {d: float(np.mean(acc[(r, s, d)])) for d in domains} for r in rows_names}
+            for s in seeds
+        },
+    }
+    metrics = {"acc_1shot_avg": True, **{f"acc_1shot_{d}": True for d in domains},
+               "acc_src_8way": True, "paired_gain_vs_coop_lora": True}  # fmt: skip
+    notes = [
+        f"tail sweep: the tail push alone (rho+ = 0) at a fixed rho- of block {cfg.rho_block} "
+        f"({', '.join(f'{v:g}' for v in cfg.sweep_rho_minus)}; not learned) against CoOp + "
+        f"LoRA and zero-shot; {cfg.sweep_episodes} one-shot {cfg.n_way}-way episodes per "
+        f"domain and training seed, {cfg.queries} queries per class, {cfg.epochs} epochs, "
+        "every row from the same LoRA initialisation per episode",
+        f"paired unit: one (training seed, episode) pair ({len(seeds)} x {cfg.sweep_episodes} "
+        "= the samples), its accuracy averaged over the domains; spread: 95 % interval over the "
+        "units (1.96 sd / sqrt(n)); paired_gain_vs_coop_lora in points",
+    ]
+    return ResultsTable(
+        method="atha",
+        preset=cfg.preset,
+        seeds=len(seeds),
+        metrics=metrics,
+        rows=rows,
+        stds=stds,
+        samples=samples,
+        notes=notes,
+        extra=extra,
+        experiment="tail_sweep",
+    )
+
+
+def run_tail_sweep(cfg: AthaConfig, workdir: Path) -> ResultsTable:
+    """``experiment=tail_sweep``: for each training seed (its own tiny CLIP, as the comparison)
+    and domain, ``sweep_episodes`` one-shot episodes, each run by zero-shot, CoOp + LoRA and
+    the tail push alone at every fixed rho- of ``sweep_rho_minus`` (:func:`run_sweep_block`),
+    in Ray tasks of ``episodes_per_job`` episodes; summarised by :func:`summarise_sweep`."""
+    t0 = time.time()
+    workdir.mkdir(parents=True, exist_ok=True)
+    seeds, cfgs, specs, bbs, pools, domains = _setup(cfg)
+    t_data = time.time() - t0
+    block = cfg.episodes_per_job
+    n_ep = cfg.sweep_episodes
+    jobs = [
+        Job((seed, d, start), sweep_job,
+            (cfgs[seed].model_dump(), specs[seed], d, list(range(start, min(n_ep, start + block)))),
+            num_gpus=cfg.job_gpus, trains=True)
+        for seed in seeds for d in domains for start in range(0, n_ep, block)
+    ]  # fmt: skip
+    done = run_jobs(jobs, description=f"atha {cfg.preset} tail sweep")
+    acc: dict[tuple[str, int, str], list[float]] = {}
+    rates: dict[str, list[dict[str, list[float]]]] = {}
+    for (seed, d, _), res in done.items():  # the jobs' order: episodes in order
+        for r in res:
+            acc.setdefault((r["row"], seed, d), []).append(r["acc"])
+            rates.setdefault(r["row"], []).append(r["rates"])
+    acc_src = {s: _tiny_meta(bbs[s]).get("zero_shot", {}).get("acc_src_8way") for s in seeds}
+    run_cfg = cfg.model_copy(update={"domains": domains})
+    ways = ways_of(run_cfg, {d: len(pools[seeds[0]][d].names) for d in domains})
+    table = summarise_sweep(run_cfg, acc, acc_src, ways)
+    table.extra["rates_per_block"] = {
+        r: {k: np.mean([x[k] for x in rates[r]], 0).round(4).tolist() for k in ("head", "tail")}
+        for r in sweep_rows(cfg)
+        if r != "zero_shot"
+    }
+    if cfg.backbone == "tiny":
+        table.extra["tiny_clip"] = {
+            str(s): {"folder": bbs[s].folder.name, "acc_src_8way": acc_src[s]}  # type: ignore[attr-defined]
+            for s in seeds
+        }
+    table.extra["sizes"] = {"sweep_episodes": n_ep, "epochs": cfg.epochs, "n_way": cfg.n_way,
+                            "queries_per_class": cfg.queries, "domains": domains,
+                            "seeds": seeds}  # fmt: skip
+    table.extra["seconds"] = {"data": round(t_data, 1), "total": round(time.time() - t0, 1)}
+    table.runtime_s = time.time() - t0
+    return table

@@ -29,6 +29,9 @@ interface (its towers as modules, prompt learning, block hooks):
   *least* similar class subtracted (tail). ρ⁺ (0.8 at the middle block, 0 elsewhere) and ρ⁻
   (0) are learnable per block. The selection uses no labels, so queries get it too. The update
   runs as a block hook of the image tower (:func:`nshot.nn.backbone.block_hooks`).
+  ``rho_minus_init`` starts ρ⁻ of the same block as ρ⁺ elsewhere than 0 (default 0, the
+  authors'); the system ``tail_fixed`` holds it there (ρ⁺ = 0): the tail push alone at a
+  declared size, the rows of the tail sweep.
 
 Logits are ``s · cos(image, text)`` with ``s = 2`` at 1 shot and 4 above (paper §4.1).
 """
@@ -68,7 +71,8 @@ class SystemSpec:
     lora: bool  # LoRA on both towers
     mode: str  # ATHA token update: "off", "sim" (ATHA's selection) or "random"
     head: bool  # rho+ learnable (else fixed at 0)
-    tail: bool  # rho- learnable (else fixed at 0)
+    tail: bool  # rho- learnable (else fixed at 0, unless tail_fixed)
+    tail_fixed: bool = False  # rho- held at the config's rho_minus_init (not learned)
 
 
 SYSTEM_SPEC: dict[str, SystemSpec] = {
@@ -80,6 +84,8 @@ SYSTEM_SPEC: dict[str, SystemSpec] = {
     "atha_head_only": SystemSpec(True, True, "sim", True, False),
     "atha_tail_only": SystemSpec(True, True, "sim", False, True),
     "random_tokens": SystemSpec(True, True, "random", True, True),
+    # the tail push alone at a fixed size: rho+ = 0, rho- = rho_minus_init at rho_block, held
+    "tail_fixed": SystemSpec(True, True, "sim", False, False, tail_fixed=True),
 }
 
 
@@ -246,9 +252,10 @@ class EpisodeModel(nn.Module):
         if self.spec.head:
             plus[cfg.rho_block] = cfg.rho_plus_init
         self.rho_plus = nn.Parameter(plus.to(backbone.device), requires_grad=self.spec.head)
-        self.rho_minus = nn.Parameter(
-            torch.zeros(depth, device=backbone.device), requires_grad=self.spec.tail
-        )
+        minus = torch.zeros(depth)
+        if self.spec.tail or self.spec.tail_fixed:
+            minus[cfg.rho_block] = cfg.rho_minus_init
+        self.rho_minus = nn.Parameter(minus.to(backbone.device), requires_grad=self.spec.tail)
         self.generator = torch.Generator().manual_seed(seed) if self.spec.mode == "random" else None
         self.eval()
 

@@ -12,7 +12,8 @@
   run reports its episode accuracy once, with a checkpoint that records the CLIP.
 * :func:`run_episode`: one episode (paper §4.1): a fresh :class:`~.model.EpisodeModel` on the
   backbone, trained ``epochs`` full-support steps (AdamW on LoRA, SGD with momentum on the
-  context and on the rates, cross-entropy at the small logit scale), then its queries
+  context (:func:`ctx_learning_rate`) and on the rates, cross-entropy at the small logit
+  scale), then its queries
   classified; :func:`run_block` every system on a block of a domain's episodes (an episode's
   images read once) and :func:`episode_accuracy` the 1-shot accuracy over the config's domains
   (:func:`pools_of`: the generated ones, or a real CLIP's image folders), the same on either
@@ -281,6 +282,16 @@ class EpisodeResult:
     loss: float
 
 
+def ctx_learning_rate(cfg: AthaConfig, scale: float) -> float:
+    """The context's SGD learning rate at logit scale ``scale``: ``lr_ctx``, or with
+    ``lr_ctx_logit_scale`` set ``lr_ctx`` carried from that scale to this one (the gradient
+    reaching the context is proportional to the logit scale, so CoOp's 2e-3, set at CLIP's
+    scale of 100, takes steps 50 times shorter at ATHA's s = 2)."""
+    if cfg.lr_ctx_logit_scale is None:
+        return cfg.lr_ctx
+    return cfg.lr_ctx * cfg.lr_ctx_logit_scale / scale
+
+
 def adapt(
     backbone: CLIPBackbone,
     names: Sequence[str],
@@ -304,7 +315,7 @@ def adapt(
         opts.append(
             torch.optim.SGD(
                 [model.ctx],
-                lr=cfg.lr_ctx,
+                lr=ctx_learning_rate(cfg, model.scale),
                 momentum=cfg.momentum,
                 weight_decay=cfg.sgd_weight_decay,
             )
