@@ -79,10 +79,78 @@ def test_config_names_the_field():
     sub = small.replace(minilm_row=True, rows=["tgdt", "tgdt_minilm", "naive_text_dt"])
     assert list(trained_rows(sub)) == ["tgdt", "tgdt_minilm", "naive_text_dt"]
     assert trained_rows(sub)["tgdt_minilm"] == {"system": "tgdt", "text_encoder": "minilm"}
-    assert "tgdt_minilm" not in trained_rows(small) and len(trained_rows(small)) == 7
+    assert trained_rows(small)["naive_text_dt_minilm"] == {
+        "system": "naive_text_dt", "text_encoder": "minilm"
+    }  # fmt: skip
+    assert (
+        len(trained_rows(small)) == 10 and len(trained_rows(small.replace(minilm_row=False))) == 8
+    )
     for bad in (["tgdt_minilm"], [], ["tgdt", "dt"]):
         with pytest.raises(ConfigError, match="rows"):
-            trained_rows(small.replace(rows=bad))
+            trained_rows(small.replace(minilm_row=False, rows=bad))
+    no_align = small.replace(system="tgdt_no_align")
+    assert no_align.cross and no_align.uses_text and not (no_align.tbc or no_align.tbm)
+    assert not no_align.balanced and small.balanced
+
+
+def test_the_small_preset_declared_for_the_headline():
+    """small: ~200 training goals, 1,000 steps, 3 seeds for every row, the alignment losses
+    balanced on the text encoder, the MiniLM rows beside the char rows; the paper preset keeps
+    the paper's unit weights."""
+    small = TGDTConfig.from_preset("small")
+    assert (small.n_train_tasks, small.n_test_tasks) == (200, 20)
+    assert small.steps >= 1000 and small.seeds == 3 and small.rows is None
+    assert small.loss_balance == "text_grad" and small.minilm_row
+    assert TGDTConfig.from_preset("paper").loss_balance == "unit"
+    assert TGDTConfig.from_preset("smoke").loss_balance == "unit"
+
+
+def test_text_grad_balance_equalises_the_text_encoder_gradients_at_initialisation():
+    """loss_balance=text_grad: the factors make each alignment loss's mean gradient norm on the
+    text encoder equal L_DT's on the measured batches; the objective uses them; a checkpoint
+    keeps them; unit weights register nothing (older checkpoints load)."""
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.train import TGDTRecipe, gradient_norms, loss_weights
+    from nshot.train.trainer import train
+
+    torch.set_num_threads(1)
+    base = TGDTConfig.from_preset("smoke", steps=2, loss_balance="text_grad", balance_batches=2)
+    data = load_data(base)
+    for system, has in (("tgdt", (True, True)), ("tgdt_no_tbc", (False, True)),
+                        ("tgdt_no_tbm", (True, False))):  # fmt: skip
+        cfg = base.replace(system=system)
+        recipe = TGDTRecipe(cfg, data)
+        recipe.build()
+        init = recipe.balance_norms["text_encoder"]
+        f = recipe.model.align_factors.tolist()
+        for k, on, factor in (("tbc", has[0], f[0]), ("tbm", has[1], f[1])):
+            if on:
+                assert factor == pytest.approx(init["dt"] / init[k], rel=1e-5), system
+            else:
+                assert factor == 1.0 and k not in init, system
+        again = gradient_norms(recipe.model, cfg, data, cfg.balance_batches)["text_encoder"]
+        for k in ("tbc", "tbm"):
+            if k in again:
+                w = f[0] if k == "tbc" else f[1]
+                assert w * again[k] == pytest.approx(again["dt"], rel=1e-4), (system, k)
+    # the objective: loss = w_dt L_DT + w_tbc f_tbc L_TBC + w_tbm f_tbm L_TBM
+    logs: list[dict] = []
+    recipe = TGDTRecipe(base, data, on_step=lambda s, m: logs.append(m))
+    train(recipe, session=False)
+    w_tbc, w_tbm = loss_weights(recipe.model, base)
+    for m in logs:
+        assert m["loss"] == pytest.approx(m["dt"] + w_tbc * m["tbc"] + w_tbm * m["tbm"], rel=1e-5)
+    assert "align_factors" in recipe.model.state_dict() and recipe.extra()["loss_weights"] == [
+        w_tbc, w_tbm
+    ]  # fmt: skip
+    from nshot.methods.tgdt.train import build_model
+
+    assert "align_factors" not in build_model(base.replace(loss_balance="unit"), data).state_dict()
+    # a given model keeps its factors (a resumed or fine-tuned run does not re-measure them)
+    kept = recipe.model.align_factors.clone()
+    again = TGDTRecipe(base, data, model=recipe.model)
+    again.build()
+    assert again.balance_norms is None and torch.equal(again.model.align_factors, kept)
 
 
 def test_model_checks_padding_causality_and_tbm_negatives():
@@ -121,8 +189,8 @@ def test_every_system_builds_trains_a_step_and_keeps_its_heads():
     base = TGDTConfig.from_preset("smoke", steps=2)
     data = load_data(base)
     heads = {}
-    for system in ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt",
-                   "oracle_dt", "prompt_dt"):  # fmt: skip
+    for system in ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align", "naive_text_dt",
+                   "agnostic_dt", "oracle_dt", "prompt_dt"):  # fmt: skip
         logs = []
         model = fit(base.replace(system=system), data, on_step=lambda s, m, lg=logs: lg.append(m))
         assert all(np.isfinite(v) for m in logs for v in m.values()), system
@@ -130,8 +198,9 @@ def test_every_system_builds_trains_a_step_and_keeps_its_heads():
     assert heads["tgdt"][:3] == (True, True, True) and {"tbc", "tbm"} <= heads["tgdt"][3]
     assert heads["tgdt_no_tbc"][:2] == (False, True) and "tbc" not in heads["tgdt_no_tbc"][3]
     assert heads["tgdt_no_tbm"][:2] == (True, False) and "tbm" not in heads["tgdt_no_tbm"][3]
-    for system in ("naive_text_dt", "agnostic_dt", "oracle_dt", "prompt_dt"):
+    for system in ("tgdt_no_align", "naive_text_dt", "agnostic_dt", "oracle_dt", "prompt_dt"):
         assert heads[system][3] == {"dt", "loss"}, system
+    assert heads["tgdt_no_align"][:3] == (False, False, True)
     assert heads["agnostic_dt"][2] is False and heads["naive_text_dt"][2] is True
     # the frozen MiniLM text encoder: only its projection is trained and checkpointed
     minilm = fit(base.replace(text_encoder="minilm"), data)
@@ -162,6 +231,16 @@ def test_rollout_window_metrics_and_the_expert_reference():
     np.testing.assert_allclose(norm_scores(d, tasks, d.returns[tasks, 2]), 0.0, atol=1e-5)
     ref = reference_scores(cfg, d)
     assert ref["expert_controller_norm_score"] > 0.9 and ref["stand_still_norm_score"] < 0.5
+    assert ref["expert_controller_success"] == 1.0
+    # PointRobot's success: within 0.1 of the goal at some step, and it stays raised
+    from nshot.methods.tgdt.data import PointSim
+
+    sim = PointSim(np.array([[0.15, 0.0], [0.5, 0.5]]))
+    sim.reset()
+    sim.step(np.array([[0.06, 0.0], [0.1, 0.1]]))  # 0.09 from the first goal
+    assert sim.success.tolist() == [True, False]
+    sim.step(np.array([[-0.1, 0.0], [0.0, 0.0]]))
+    assert sim.success.tolist() == [True, False]
     assert auc(np.array([2.0, 3.0]), np.array([1.0, 0.0])) == 1.0
     assert auc(np.array([1.0]), np.array([1.0])) == 0.5
 

@@ -157,3 +157,20 @@ def test_example_drives_the_environment_through_the_predictor(
     assert "zero-shot on the held-out goals" in out and "'success'" in out
     assert "reached the goal:" in out and "final distance" in out
     assert "rollout request on held-out task 0" in out and "success [" in out
+
+
+def test_goal_gap_example_measures_oracle_against_agnostic(tmp_path, run_example):
+    """examples/tgdt_goal_gap.py (the Meta-World task choice): the scripted policy told the
+    true goal succeeds on reach; the report holds the declared rule and each class's gap."""
+    pytest.importorskip("metaworld")
+    import json
+
+    out = tmp_path / "gap.json"
+    run_example("tgdt_goal_gap", ["--classes", "reach-v3", "--train", "5", "--tasks", "2",
+                                  "--horizon", "80", "--out", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    reach = report["classes"]["reach-v3"]
+    assert reach["oracle_success"] == 1.0 and 0.0 <= reach["agnostic_success"] <= 1.0
+    assert reach["oracle_return"] > reach["random_return"]
+    assert report["rule"]["success_ratio_max"] == 0.5
+    assert report["qualifying"] == [c for c, v in report["classes"].items() if v["qualifies"]]

@@ -125,6 +125,14 @@ def test_experiments_on_smoke_have_every_row_metric_and_claim(monkeypatch, tmp_p
     assert table.rows["tgdt_no_tbc"]["retrieval_top1"] is None
     assert table.rows["agnostic_dt"]["leak_delta"] is None
     assert "tgdt_minilm" not in table.rows  # minilm_row is off in smoke
+    oracle, bar = table.samples["oracle_dt"]["norm_score"], table.samples["oracle_dt_70pct"]
+    assert bar["norm_score"] == pytest.approx([0.7 * v for v in oracle])  # not trained
+    assert bar["return"] == [None] and table.rows["tgdt_no_align"]["retrieval_top1"] is None
+    grads = table.extra["text_gradients"]
+    assert set(grads) == {f"{r}/{cfg.seed}" for r in ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm",
+                                                       "tgdt_no_align", "naive_text_dt")}  # fmt: skip
+    assert grads[f"tgdt/{cfg.seed}"]["init"] is None  # smoke keeps the unit weights
+    assert {"dt", "tbc", "tbm"} <= set(grads[f"tgdt/{cfg.seed}"]["final"]["text_encoder"])
     assert (tmp_path / "tgdt.png").is_file()
     claims = {c["id"]: c for c in evaluate(tg.claims, table.to_json())}
     assert set(claims) == {c.id for c in tg.claims}

@@ -2,8 +2,9 @@
 
 One training run trains one system (``system``): the full TG-DT (decision transformer that
 cross-attends to a character-level text encoder, trained with L_DT + L_TBC + L_TBM, paper §3),
-its ablations without the contrastive (``tgdt_no_tbc``) or the matching loss (``tgdt_no_tbm``),
-and the baselines of paper §4: ``naive_text_dt`` (the pooled text embedding concatenated to every
+its ablations without the contrastive (``tgdt_no_tbc``) or the matching loss (``tgdt_no_tbm``)
+or both (``tgdt_no_align``: the same cross-attending text DT trained on L_DT alone), and the
+baselines of paper §4: ``naive_text_dt`` (the pooled text embedding concatenated to every
 token, L_DT only), ``agnostic_dt`` (no task information), ``oracle_dt`` (the true goal
 concatenated to every token) and ``prompt_dt`` (Prompt-DT: an expert segment of the task
 prepended as prompt tokens; a few-shot reference, not zero-shot).
@@ -21,11 +22,11 @@ from nshot.tune.space import Choice, Float, TuneSpec
 VERSION = "1"  # of the checkpoint format
 
 System = Literal[
-    "tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt", "agnostic_dt", "oracle_dt",
-    "prompt_dt",
+    "tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align", "naive_text_dt", "agnostic_dt",
+    "oracle_dt", "prompt_dt",
 ]  # fmt: skip
-TEXT_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "naive_text_dt")
-CROSS_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm")
+TEXT_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align", "naive_text_dt")
+CROSS_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align")
 
 
 # the environments: (state dim, action dim, goal dim, action bound)
@@ -73,6 +74,17 @@ class TGDTConfig(MethodConfig):
     w_dt: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_DT")
     w_tbc: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBC")
     w_tbm: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBM")
+    loss_balance: Literal["unit", "text_grad"] = Field(
+        "unit",
+        description="unit (paper §3: w_tbc and w_tbm as given) or text_grad (before the first "
+        "step, each alignment loss's weight is multiplied by the ratio of L_DT's gradient norm "
+        "on the text encoder to its own, the means over balance_batches training batches of "
+        "the freshly initialised model: the alignment losses then pull on the text encoder "
+        "as hard as the action loss)",
+    )
+    balance_batches: int = Field(
+        5, ge=1, le=100, description="text_grad: training batches of the measurement"
+    )
     # optimisation
     lr: float = Field(3e-4, gt=0.0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(1e-4, ge=0.0, le=1.0, description="AdamW weight decay")
@@ -98,8 +110,8 @@ class TGDTConfig(MethodConfig):
     seeds: int = Field(3, ge=1, le=20, description="training seeds of the reproduction")
     minilm_row: bool = Field(
         False,
-        description="the reproduction also trains TG-DT on frozen MiniLM embeddings "
-        "(the tgdt_minilm row)",
+        description="the reproduction also trains TG-DT and the naive text DT on frozen "
+        "MiniLM embeddings (the tgdt_minilm and naive_text_dt_minilm rows)",
     )
     rows: list[str] | None = Field(
         None,
@@ -133,9 +145,17 @@ class TGDTConfig(MethodConfig):
             "share_steps": 2, "share_batch": 16, "seeds": 1, "log_every": 5,
             "checkpoint_every": 10,
         },
-        # measured on 2 cores: 0.25 CPU-s per TG-DT step, 0.9 for one step of all seven
-        # systems; 500 steps × 3 seeds keep `nshot reproduce` within its 15 minutes
-        "small": {"steps": 500, "warmup": 50, "log_every": 50, "checkpoint_every": 250},
+        # 200 training and 20 held-out goals (goals 0-199 train, 200-219 held out), 1,000
+        # steps, the alignment losses balanced on the text encoder at initialisation, the
+        # MiniLM rows beside the char rows; 3 seeds, every row. The first small (45 / 5 goals,
+        # 500 steps, unit weights, no MiniLM rows) is `--set n_train_tasks=45 --set
+        # n_test_tasks=5 --set steps=500 --set warmup=50 --set loss_balance=unit --set
+        # minilm_row=false` (its rows equal, the new tgdt_no_align row added)
+        "small": {
+            "n_train_tasks": 200, "n_test_tasks": 20, "steps": 1000, "warmup": 100,
+            "loss_balance": "text_grad", "minilm_row": True, "log_every": 100,
+            "checkpoint_every": 500,
+        },
         # Meta-World ML1 reach: 40 training and 10 held-out goal positions (50 tasks, as
         # PointRobot's), 10 episodes per tier of 60 steps (~72k simulator steps to collect);
         # `small`'s model and steps, 2 seeds (10 held-out tasks per seed: 20 task rollouts
@@ -215,6 +235,11 @@ class TGDTConfig(MethodConfig):
     def cross(self) -> bool:
         """Whether the decoder cross-attends to the description's tokens."""
         return self.system in CROSS_SYSTEMS
+
+    @property
+    def balanced(self) -> bool:
+        """Whether the alignment losses' weights are set from the gradients at initialisation."""
+        return self.loss_balance == "text_grad" and (self.tbc or self.tbm)
 
     @property
     def tbc(self) -> bool:

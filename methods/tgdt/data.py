@@ -39,6 +39,7 @@ MAX_ACTION = 0.1  # PointRobot's bound, state and action sizes (the config's ENV
 STATE_DIM = 2
 ACT_DIM = 2
 CONTROLLERS = {"expert": (1.0, 0.01), "medium": (0.3, 0.05)}  # (k, σ)
+SUCCESS_RADIUS = 0.1  # PointRobot's success: within one full step (0.1) of the goal at some step
 MAX_DESC_LEN = 512
 PAD, UNK = 0, 1
 VOCAB = 2 + 95  # pad, unknown, printable ASCII 32..126
@@ -91,7 +92,8 @@ class Simulator(Protocol):
 
 class PointSim:
     """Batched PointRobot episodes: ``episodes`` per goal, the first from the origin, the
-    others from a start jittered uniformly by ±``jitter``."""
+    others from a start jittered uniformly by ±``jitter``; an episode succeeds once a state
+    lies within ``SUCCESS_RADIUS`` of its goal."""
 
     def __init__(self, goals: np.ndarray, episodes: int = 1, seed: int = 0,
                  jitter: float = 0.0) -> None:  # fmt: skip
@@ -100,7 +102,7 @@ class PointSim:
         first = np.arange(b) % episodes == 0
         rng = np.random.default_rng([seed, 77])
         self.starts = np.where(first[:, None], 0.0, rng.uniform(-jitter, jitter, (b, 2)))
-        self.success = np.zeros(b, bool)  # PointRobot has no success flag: stays False
+        self.success = np.zeros(b, bool)
         self.s = self.starts.copy()
 
     def reset(self) -> np.ndarray:
@@ -109,6 +111,7 @@ class PointSim:
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self.s, r = env_step(self.s, actions, self.goals)
+        self.success |= -r <= SUCCESS_RADIUS
         return self.s.copy(), r
 
 

@@ -41,7 +41,7 @@ from .train import Sampler, dt_loss
 class Rollouts:
     returns: np.ndarray  # (tasks, episodes)
     states: np.ndarray  # (tasks, episodes, T + 1, state_dim)
-    success: np.ndarray  # (tasks, episodes): reached the goal (Meta-World; else False)
+    success: np.ndarray  # (tasks, episodes): reached the goal
 
 
 def encode(model: TGDTModel, texts: list[str]) -> Text:
@@ -262,7 +262,8 @@ def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: i
     """Metrics of one trained system: {row: {metric: value}} (row ``name``, default the
     system); with ``share`` also the data-sharing row, with ``shuffled`` the negative control
     (descriptions permuted among the held-out goals: each goal gets the next goal's
-    description). On Meta-World every row also has ``success``."""
+    description). Every row also has ``success`` (the fraction of episodes that reached the
+    goal: Meta-World's flag, or PointRobot's ``SUCCESS_RADIUS``)."""
     name = name or model.system
     model.eval()
     torch.manual_seed(seed)
@@ -291,6 +292,5 @@ def evaluate_model(model: TGDTModel, cfg: TGDTConfig, data: OfflineData, seed: i
         vals = out.setdefault(row_name, {})
         vals["norm_score"] = float(norm_scores(data, tasks, run.returns).mean())
         vals["return"] = float(run.returns.mean())
-        if data.env == "metaworld":  # the fraction of held-out episodes that reached the goal
-            vals["success"] = float(run.success.mean())
+        vals["success"] = float(run.success.mean())  # held-out episodes that reached the goal
     return out

@@ -194,6 +194,8 @@ class TGDTModel(nn.Module):
         self.register_buffer("state_mean", torch.zeros(cfg.state_dim))
         self.register_buffer("state_std", torch.ones(cfg.state_dim))
         self.register_buffer("target_return", torch.zeros(()))
+        if cfg.balanced:  # (w_tbc, w_tbm) factors measured at initialisation (train.py)
+            self.register_buffer("align_factors", torch.full((2,), float("nan")))
 
     @property
     def has_tbc(self) -> bool:

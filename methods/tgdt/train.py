@@ -8,7 +8,9 @@ similarity (uniformly without TBC), a medium or random window of τ itself, and 
 of another task drawn the same way.
 
 A step draws its batch from a generator seeded by (seed, step, rank), so a resumed run sees what
-an uninterrupted one sees. Rows with padding (the first steps of an episode) are left-padded;
+an uninterrupted one sees. With ``loss_balance=text_grad`` the alignment losses' weights are set
+once, before the first step, from their gradient norms on the text encoder at initialisation
+(:func:`balance`; the factors are a buffer of the model, so a checkpoint keeps them). Rows with padding (the first steps of an episode) are left-padded;
 padding never enters L_DT.
 """
 
@@ -205,12 +207,76 @@ class LossModule(torch.nn.Module):
         total = cfg.w_dt * terms["dt"]
         if align is not None:
             terms.update(align_terms(m, align, text, gen))
+            w_tbc, w_tbm = loss_weights(m, cfg)
             if "tbc" in terms:
-                total = total + cfg.w_tbc * terms["tbc"]
+                total = total + w_tbc * terms["tbc"]
             if "tbm" in terms:
-                total = total + cfg.w_tbm * terms["tbm"]
+                total = total + w_tbm * terms["tbm"]
         terms["loss"] = total + 0.0 * sum(p.sum() for p in m.parameters())
         return terms
+
+
+def loss_weights(model: TGDTModel, cfg: TGDTConfig) -> tuple[float, float]:
+    """(w_tbc, w_tbm) of the objective: the config's, times the factors measured at
+    initialisation under ``loss_balance=text_grad``."""
+    if not cfg.balanced:
+        return cfg.w_tbc, cfg.w_tbm
+    f = model.align_factors
+    if bool(torch.isnan(f).any()):
+        raise RuntimeError("loss_balance=text_grad: the factors were never measured")
+    return cfg.w_tbc * float(f[0]), cfg.w_tbm * float(f[1])
+
+
+def gradient_norms(
+    model: TGDTModel, cfg: TGDTConfig, data: OfflineData, batches: int
+) -> dict[str, dict[str, float]]:
+    """Each loss's gradient norm on the text encoder's trained parameters (the char encoder, or
+    MiniLM's projection) and on the decoder blocks, and the cosine of L_DT's and L_TBC's
+    gradients on each, the means over ``batches`` training batches: the draws of the first
+    steps of rank 0 (generator (seed, step, 0)), in eval mode (no dropout), unweighted."""
+    assert model.text is not None
+    was_training = model.training
+    model.eval()
+    sampler = Sampler(cfg, data, model_device(model))
+    groups = {"text_encoder": [p for p in model.text.parameters() if p.requires_grad],
+              "decoder_blocks": list(model.blocks.parameters())}  # fmt: skip
+    params = [p for g in groups.values() for p in g]
+    sizes = [sum(p.numel() for p in g) for g in groups.values()]
+    acc: dict[str, dict[str, list[float]]] = {g: {} for g in groups}
+    for step in range(1, batches + 1):
+        rng = np.random.default_rng([cfg.seed, step, 0, 3])
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        dt, align = sampler.step_batch(rng, align=True)
+        text = model.encode_text(dt.texts, dt.text_index)
+        losses = {"dt": dt_loss(model.act(dt.window, text), dt.target, dt.window.valid)}
+        terms = align_terms(model, align, text, gen)
+        losses |= {k: terms[k] for k in ("tbc", "tbm") if k in terms}
+        vecs: dict[str, list[torch.Tensor]] = {}
+        for k, loss in losses.items():
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            flat = torch.cat([(x if x is not None else torch.zeros_like(p)).flatten()
+                              for x, p in zip(grads, params, strict=True)])  # fmt: skip
+            vecs[k] = list(flat.split(sizes))
+        for i, g in enumerate(groups):
+            for k, parts in vecs.items():
+                acc[g].setdefault(k, []).append(float(parts[i].norm()))
+            if "tbc" in vecs:
+                cos = F.cosine_similarity(vecs["dt"][i], vecs["tbc"][i], dim=0)
+                acc[g].setdefault("cos_dt_tbc", []).append(float(cos))
+    model.train(was_training)
+    return {g: {k: float(np.mean(v)) for k, v in d.items()} for g, d in acc.items()}
+
+
+def balance(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> dict[str, dict[str, float]]:
+    """``loss_balance=text_grad``: set the model's (w_tbc, w_tbm) factors to the ratio of
+    L_DT's mean gradient norm on the text encoder to each alignment loss's (1 for a loss the
+    system does not have), measured on the model as it is (freshly initialised: a resumed run
+    measures the same and then restores the saved factors). The measurement is returned."""
+    norms = gradient_norms(model, cfg, data, cfg.balance_batches)
+    enc = norms["text_encoder"]
+    factors = [enc["dt"] / max(enc[k], 1e-12) if k in enc else 1.0 for k in ("tbc", "tbm")]
+    model.align_factors.copy_(torch.as_tensor(factors, dtype=torch.float32))
+    return norms
 
 
 def build_model(cfg: TGDTConfig, data: OfflineData) -> TGDTModel:
@@ -261,6 +327,9 @@ class TGDTRecipe(Recipe):
         if model is not None and not self.session:  # in process: where the given model is
             self.device = model_device(model)
         self.model = model if model is not None else build_model(cfg, self.data)
+        self.balance_norms = None
+        if cfg.balanced and bool(torch.isnan(self.model.align_factors).any()):
+            self.balance_norms = balance(self.model, cfg, self.data)
         self.optimizer = opt if opt is not None else new_optimizer(cfg, self.model)
         self.forward = LossModule(self.model, cfg)  # DDP-wrapped by the trainer
         self.sampler = Sampler(cfg, self.data, self.device)
@@ -285,7 +354,10 @@ class TGDTRecipe(Recipe):
         return stats
 
     def extra(self) -> dict:
-        return {"system": self.cfg.system}
+        out: dict = {"system": self.cfg.system}
+        if self.cfg.balanced:
+            out["loss_weights"] = list(loss_weights(self.model, self.cfg))
+        return out
 
 
 def fit(
@@ -312,4 +384,14 @@ def train_loop(cfg: TGDTConfig) -> None:
     train(TGDTRecipe(cfg))
 
 
-__all__ = ["Sampler", "TGDTRecipe", "build_model", "dt_loss", "fit", "train_loop"]
+__all__ = [
+    "Sampler",
+    "TGDTRecipe",
+    "balance",
+    "build_model",
+    "dt_loss",
+    "fit",
+    "gradient_norms",
+    "loss_weights",
+    "train_loop",
+]
