@@ -21,8 +21,20 @@ ancestry trained for the same extra steps with λ = 0, the control that separate
 regulariser from the extra training. The thresholds against the copy baselines that allow a
 tie or a loss (``final_not_below_truncation``, ``not_slower_than_truncation``,
 ``not_slower_than_layer_selection``) are weaker than the paper's direction and are ``check``,
-like the unit measurements of the transfer and the refinement's own spectrum and cost. No
-expression or threshold of an earlier claim changed.
+like the unit measurements of the transfer and the refinement's own spectrum and cost.
+
+The speed-up over random init is held to 2×, not to the abstract's 15×: "up to 15×" is the
+paper's best case over its settings, not a floor for each, and on ``small`` it is the
+measurement's own ceiling (epochs to target count whole epochs of a 15-epoch run, and the
+random-init descendant reaches its final accuracy at epoch 12 to 15, so 15× needs FRONT at the
+target after its first epoch on every seed while random init needs all 15).
+
+``ancestry_trained_every_seed`` is a ``control`` of the comparison's precondition: every seed's
+ancestry must have learned the task before a learngene is taken from it (the paper's ancestries
+are trained DeiTs). It reads the lowest of the seeds' ancestry test accuracies and fails when one
+seed's ancestry did not train (below half the test digits, five times the chance level of 0.1),
+so a failed ancestry is reported as such instead of only leaving the descendant comparison not
+evaluable. No expression or threshold of an earlier claim changed.
 """
 
 from __future__ import annotations
@@ -67,7 +79,9 @@ CLAIMS: tuple[Claim, ...] = (
         id="convergence_2x",
         kind="ablation",
         statement="A FRONT descendant reaches the random-init descendant's final accuracy at "
-        "least twice as fast (the paper: up to 15×).",
+        "least twice as fast. The paper reports up to 15×, its best case over its settings; on "
+        "small 15× is the measurement's ceiling (random init reaches its target at epoch 12-15 "
+        "of 15), so the floor held here is 2×.",
         source="Abstract (convergence up to 15× faster on vision tasks)",
         expr="front.speedup >= 2",
         presets=TRAINED,
@@ -148,6 +162,18 @@ CLAIMS: tuple[Claim, ...] = (
         statement="The spectral refinement costs at most 1 point of the ancestry's test accuracy.",
         source="Abstract (refinement with a spectral regulariser)",
         expr="extra('refine', 'acc_after') >= extra('refine', 'acc_before') - 0.01",
+        presets=TRAINED,
+    ),
+    Claim(
+        id="ancestry_trained_every_seed",
+        kind="control",
+        statement="Every seed's ancestry has learned the task before its learngene is taken: "
+        "the lowest of the seeds' ancestry test accuracies is at least 0.5 (half the test "
+        "digits, five times chance). Fails when one seed's ancestry did not train, as the "
+        "seed-1 ancestry at lr 1e-3 did (0.336).",
+        source="Method: the learngene is extracted from a trained ancestry (the paper's "
+        "pretrained DeiTs)",
+        expr="extra('ancestry', 'acc_min') >= 0.5",
         presets=TRAINED,
     ),
     Claim(

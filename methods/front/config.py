@@ -44,6 +44,13 @@ class FrontConfig(MethodConfig):
     anc_heads: int = Field(4, ge=1, le=64, description="ancestry attention heads")
     anc_epochs: int = Field(30, ge=1, description="ancestry training epochs")
     anc_warmup: int = Field(5, ge=0, description="ancestry linear warm-up epochs (DeiT-style)")
+    anc_lr: float | None = Field(
+        None,
+        gt=0.0,
+        description="ancestry AdamW peak learning rate; None: DeiT's linear scaling rule, "
+        "5e-4 x batch / 512 (6.25e-5 at batch 64); the refinement continues at it. The earlier "
+        "recipe trained the ancestry and its refinement at `lr` (1e-3): --set anc_lr=0.001",
+    )
     # descendant ViT
     width: int = Field(64, ge=8, le=1024, description="descendant width")
     depth: int = Field(4, ge=1, le=48, description="descendant depth (blocks)")
@@ -64,12 +71,14 @@ class FrontConfig(MethodConfig):
     refine: bool = Field(False, description="refine the ancestry with the spectral regulariser")
     refine_lambda: float = Field(1e-3, ge=0.0, description="lambda, per regularised parameter")
     refine_frac: float = Field(0.2, gt=0.0, le=1.0, description="refinement steps / ancestry's")
-    refine_lr_scale: float = Field(1.0, gt=0.0, description="refinement lr / lr")
+    refine_lr_scale: float = Field(
+        1.0, gt=0.0, description="refinement lr / the ancestry's lr (it continues its training)"
+    )
     refine_keep_ratio: float = Field(
         0.5, gt=0.0, lt=1.0, description="frequencies outside this block are penalised"
     )
-    # optimisation (ancestry and descendants)
-    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate (cosine schedule)")
+    # optimisation (the descendants; the ancestry and its refinement take anc_lr)
+    lr: float = Field(1e-3, gt=0.0, description="the descendants' AdamW learning rate")
     weight_decay: float = Field(0.05, ge=0.0, description="AdamW weight decay")
     batch: int = Field(64, ge=1, description="images per step (global)")
     # experiments
@@ -82,8 +91,9 @@ class FrontConfig(MethodConfig):
     # A step of the train loop is an epoch: each preset's ``steps`` is its descendant ``epochs``
     # and ``checkpoint_every`` counts epochs (fault injection, ``fail_at_step``, too).
     PRESETS: ClassVar[dict[str, dict]] = {
+        # smoke's one-epoch, 4-layer ancestry keeps the lr its recorded trace was made with
         "smoke": {
-            "anc_width": 32, "anc_depth": 4, "anc_heads": 2, "anc_epochs": 1,
+            "anc_width": 32, "anc_depth": 4, "anc_heads": 2, "anc_epochs": 1, "anc_lr": 1e-3,
             "width": 32, "depth": 2, "heads": 2, "epochs": 1, "seeds": 1,
             "steps": 1, "checkpoint_every": 1,
             "exp_depths": [2], "exp_width32": False, "exp_parity": False, "exp_16px": False,
@@ -92,6 +102,12 @@ class FrontConfig(MethodConfig):
         "paper": {"seeds": 3, "anc_epochs": 300, "epochs": 100, "steps": 100,
                   "checkpoint_every": 25},
     }  # fmt: skip
+
+    def ancestry_lr(self) -> float:
+        """The ancestry's AdamW peak learning rate: ``anc_lr``, else DeiT's linear scaling rule
+        (5e-4 per 512 images of batch; Touvron et al. 2021, the recipe of FRONT's DeiT
+        ancestries)."""
+        return self.anc_lr if self.anc_lr is not None else 5e-4 * self.batch / 512
 
     @model_validator(mode="after")
     def _check(self) -> FrontConfig:

@@ -231,6 +231,8 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
         "ancestry": {
             "acc": anc_acc,
             "acc_mean": float(np.mean(anc_acc)),
+            "acc_min": float(np.min(anc_acc)),  # the claim ancestry_trained_every_seed
+            "lr": cfg.ancestry_lr(),
             "curve": [float(x) for x in np.mean([a["history"]["acc"] for a in anc.values()], 0)],
             "shape": next(iter(anc.values()))["shape"],
         },
@@ -249,7 +251,8 @@ def run_experiments(cfg: FrontConfig, workdir: Path) -> ResultsTable:
 def _notes(cfg, seeds, anc_acc, refine, more, tables, sets) -> list[str]:
     notes = [
         f"{len(seeds)} seeds; ancestry ViT depth {cfg.anc_depth} width {cfg.anc_width} trained "
-        f"{cfg.anc_epochs} epochs on ancestry_train (test acc {np.mean(anc_acc):.3f}); rows: "
+        f"{cfg.anc_epochs} epochs on ancestry_train at lr {cfg.ancestry_lr():.3g} (test acc "
+        f"{np.mean(anc_acc):.3f}; per seed {', '.join(f'{a:.3f}' for a in anc_acc)}); rows: "
         f"depth-{cfg.depth} width-{cfg.width} descendants on descendant_train, "
         f"{cfg.epochs} epochs, identical loop and budget; ± over seeds.",
         "target = the random-init descendant's final accuracy (per seed); epochs_to_target is "

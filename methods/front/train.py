@@ -251,10 +251,12 @@ def _ancestry_parts(cfg: FrontConfig, seed: int) -> tuple[ViT, Split, Split]:
 def train_ancestry(
     cfg: FrontConfig, seed: int, on_epoch: Callable[[int, History], None] | None = None
 ) -> tuple[ViT, History]:
-    """The source ViT trained on ``ancestry_train`` (ten digits, 8×8)."""
+    """The source ViT trained on ``ancestry_train`` (ten digits, 8×8) at the ancestry's
+    learning rate (:meth:`FrontConfig.ancestry_lr`)."""
     model, train, test = _ancestry_parts(cfg, seed)
     hist = train_classifier(
-        model, train, test, epochs=cfg.anc_epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        model, train, test, epochs=cfg.anc_epochs, lr=cfg.ancestry_lr(),
+        weight_decay=cfg.weight_decay,
         batch=cfg.batch, seed=seed, warmup_epochs=cfg.anc_warmup, on_epoch=on_epoch,
     )  # fmt: skip
     return model, hist
@@ -262,7 +264,9 @@ def train_ancestry(
 
 def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[str, float]]:
     """Continue training a copy of the ancestry for ``refine_frac`` of its steps with the
-    spectral regulariser λ · Σ_θ E_high(θ̃) / (trainable parameters) (the paper's section 2)."""
+    spectral regulariser λ · Σ_θ E_high(θ̃) / (trainable parameters) (the paper's section 2),
+    at the ancestry's learning rate × ``refine_lr_scale``: the refinement continues the
+    ancestry's training."""
     import copy
 
     from .learngene import high_freq_energy, high_freq_fraction
@@ -276,7 +280,8 @@ def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[
     acc_before = accuracy(refined, test)
     epochs = max(1, math.ceil(cfg.refine_frac * cfg.anc_epochs))  # whole epochs
     hist = train_classifier(
-        refined, train, test, epochs=epochs, lr=cfg.lr * cfg.refine_lr_scale, weight_decay=cfg.weight_decay,
+        refined, train, test, epochs=epochs, lr=cfg.ancestry_lr() * cfg.refine_lr_scale,
+        weight_decay=cfg.weight_decay,
         batch=cfg.batch, seed=seed + 7,
         penalty=lambda: cfg.refine_lambda * high_freq_energy(refined, kr) / n_params,
     )  # fmt: skip
@@ -290,13 +295,15 @@ def refine_ancestry(cfg: FrontConfig, model: ViT, seed: int) -> tuple[ViT, dict[
 
 
 ANCESTRY_FIELDS = (
-    "seed", "patch", "anc_width", "anc_depth", "anc_heads", "anc_epochs", "anc_warmup", "lr",
-    "weight_decay", "batch", "refine", "refine_lambda", "refine_frac", "refine_keep_ratio",
+    "seed", "patch", "anc_width", "anc_depth", "anc_heads", "anc_epochs", "anc_warmup",
+    "weight_decay", "batch", "refine", "refine_lambda", "refine_frac", "refine_lr_scale",
+    "refine_keep_ratio",
 )  # fmt: skip
 
 
 def ancestry_key(cfg: FrontConfig) -> str:
     values = {k: getattr(cfg, k) for k in ANCESTRY_FIELDS}
+    values["anc_lr"] = cfg.ancestry_lr()  # resolved: DeiT's rule and its value are one ancestry
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -307,7 +314,7 @@ class AncestryRecipe(ClassifierRecipe):
 
     def __init__(self, cfg: FrontConfig, seed: int | None = None, *, log: bool = False) -> None:
         super().__init__(
-            cfg, epochs=cfg.anc_epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            cfg, epochs=cfg.anc_epochs, lr=cfg.ancestry_lr(), weight_decay=cfg.weight_decay,
             batch=cfg.batch, seed=cfg.seed if seed is None else seed,
             warmup_epochs=cfg.anc_warmup, on_epoch=self._show if log else None,
         )  # fmt: skip
