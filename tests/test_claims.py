@@ -351,7 +351,6 @@ AWAITING_RERUN = {
 # claims whose row a declared change adds: the committed small results predate the row (the test
 # fails once the row appears, so the entry cannot outlive the rerun)
 AWAITING_ROW: set[tuple[str, str]] = {
-    ("bsr", "bsr_beats_time_resolved_bandpower"),
     ("tail", "served_within_1pt_of_nearest_centroid"),
     ("tgdt", "alignment_helps_the_policy"),
     ("tgdt", "minilm_approaches_oracle"),

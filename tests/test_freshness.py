@@ -156,9 +156,9 @@ def test_a_dirty_tree_may_not_write_committed_results(repo):
 STALE = {
     "atha": "code changed since",
     "auxbo": "no run record",
-    "bsr": "code changed since",
     "cfr": "code changed since",
     "dirclip": "code changed since",
+    "front": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
