@@ -27,7 +27,18 @@ def test_list_as_installed_script():
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     tail = next(r for r in rows if r["name"] == "tail")
-    assert tail["presets"] == ["paper", "small", "smoke", "tabular"] and "TAIL" in tail["paper"]
+    assert (
+        tail["presets"]
+        == [
+            "paper",
+            "quickstart",
+            "small",
+            "small-v1",
+            "smoke",
+            "tabular",
+        ]
+        and "TAIL" in tail["paper"]
+    )
 
 
 def test_user_errors_exit_2_with_one_line(capsys, tmp_path):

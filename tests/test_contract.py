@@ -17,7 +17,14 @@ def test_tail_is_registered_with_the_contract():
     method = get("tail")
     assert isinstance(method, Method)
     d = method.describe()
-    assert d["name"] == "tail" and d["presets"] == ["paper", "small", "smoke", "tabular"]
+    assert d["name"] == "tail" and d["presets"] == [
+        "paper",
+        "quickstart",
+        "small",
+        "small-v1",
+        "smoke",
+        "tabular",
+    ]
     for fn in ("data", "train_loop", "evaluate", "predictor", "experiments"):
         assert callable(getattr(method, fn))
     for preset in ("smoke", "small", "paper", "tabular"):
