@@ -158,7 +158,6 @@ STALE = {
     "auxbo": "no run record",
     "cfr": "code changed since",
     "dirclip": "code changed since",
-    "front": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",

@@ -295,7 +295,7 @@ def test_claims_on_the_committed_small_results():
     assert unevaluable <= tested | speed | {"ancestry_trained_every_seed"}, unevaluable
     assert (unevaluable & speed == set()) == every_seed_reached
     assert (claims["ancestry_trained_every_seed"] is not None) == recorded
-    assert claims["faster_start_init"] is True and claims["roundtrip"] is True
+    assert claims["roundtrip"] is True  # a unit check; the paper claims are whatever the run gave
     ett = {"front": [4.0, 5.0, 6.0], "uniform": [5.0, 6.0, 8.0], "random": [13.0] * 3,
            "front_refined": [3.0, 3.0, 3.0], "front_more": [3.0, 3.0, 3.0],
            "truncation": [5.0, 6.0, 7.0]}  # fmt: skip
