@@ -359,10 +359,6 @@ AWAITING_ROW: set[tuple[str, str]] = {
     ("timemode", "frozen_finetune_helps_disc"),
     ("timemode", "longer_pretraining_helps_disc"),
     ("urs", "urs_beats_mtpomo_unseen"),
-    ("zerounlearn", "forgets_more_than_alphaedit"),
-    ("zerounlearn", "forgets_more_than_memit"),
-    ("zerounlearn", "paraphrases_forgotten_more_than_alphaedit"),
-    ("zerounlearn", "editing_baselines_forget_something"),
 }
 
 

@@ -163,7 +163,6 @@ STALE = {
     "timemode": "code changed since",
     "urs": "dirty tree",
     "weightspace": "no run record",
-    "zerounlearn": "no run record",
 }
 WITH_RESULTS = [
     n for n in available() if (reproduce.method_results_dir(n) / "small.json").is_file()
