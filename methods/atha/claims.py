@@ -60,6 +60,31 @@ TARGETS = TARGETS_ZERO_SHOT + " and extra('targets', 'coop_mean_abs_change') >= 
 #: three rho- values, a family-wise 0.05)
 SWEEP_ALPHA = 0.05 / 3
 
+
+SWEEP_RHOS = ("0.2", "0.4", "0.8")  # the tail sweep's fixed rho-, as in its rows' names
+
+
+def _tail_push(rho: str) -> Claim:
+    """The tail sweep's claim at one fixed rho-: its row ``tail_rho<rho with p for .>``."""
+    row = "tail_rho" + rho.replace(".", "p")
+    return Claim(
+        id=f"{row.replace('tail_', 'tail_push_')}_beats_coop_lora",
+        statement=f"Pushing the tail tokens away alone (rho+ = 0, rho- held at {rho} at the "
+        "middle visual block) raises the 5-way 1-shot accuracy averaged over the target "
+        "domains above CoOp + LoRA's, paired over (training seed, episode) (one-sided paired "
+        "t-test at the Bonferroni level 0.05 / 3 over the sweep's three rho-).",
+        source="Abstract (pushing the tail tokens away from text improves target-domain "
+        "accuracy); the tail half of ATHA's update (paper §3)",
+        expr=f"{row}.acc_1shot_avg > coop_lora.acc_1shot_avg",
+        test="paired_t",
+        alpha=SWEEP_ALPHA,
+        presets=TRAINED,
+        experiment="tail_sweep",
+        kind="ablation",
+        requires=PRECONDITION + " and " + TARGETS_ZERO_SHOT,
+    )
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         id="atha_beats_coop_lora_paired",
@@ -158,52 +183,5 @@ CLAIMS: tuple[Claim, ...] = (
         kind="check",
     ),
     # experiment=tail_sweep (declared before its run): the tail push alone at fixed sizes
-    Claim(
-        id="tail_push_rho0p2_beats_coop_lora",
-        statement="Pushing the tail tokens away alone (rho+ = 0, rho- held at 0.2 at the "
-        "middle visual block) raises the 5-way 1-shot accuracy averaged over the target "
-        "domains above CoOp + LoRA's, paired over (training seed, episode) (one-sided paired "
-        "t-test at the Bonferroni level 0.05 / 3 over the sweep's three rho-).",
-        source="Abstract (pushing the tail tokens away from text improves target-domain "
-        "accuracy); the tail half of ATHA's update (paper §3)",
-        expr="tail_rho0p2.acc_1shot_avg > coop_lora.acc_1shot_avg",
-        test="paired_t",
-        alpha=SWEEP_ALPHA,
-        presets=TRAINED,
-        experiment="tail_sweep",
-        kind="ablation",
-        requires=PRECONDITION + " and " + TARGETS_ZERO_SHOT,
-    ),
-    Claim(
-        id="tail_push_rho0p4_beats_coop_lora",
-        statement="Pushing the tail tokens away alone (rho+ = 0, rho- held at 0.4 at the "
-        "middle visual block) raises the 5-way 1-shot accuracy averaged over the target "
-        "domains above CoOp + LoRA's, paired over (training seed, episode) (one-sided paired "
-        "t-test at the Bonferroni level 0.05 / 3 over the sweep's three rho-).",
-        source="Abstract (pushing the tail tokens away from text improves target-domain "
-        "accuracy); the tail half of ATHA's update (paper §3)",
-        expr="tail_rho0p4.acc_1shot_avg > coop_lora.acc_1shot_avg",
-        test="paired_t",
-        alpha=SWEEP_ALPHA,
-        presets=TRAINED,
-        experiment="tail_sweep",
-        kind="ablation",
-        requires=PRECONDITION + " and " + TARGETS_ZERO_SHOT,
-    ),
-    Claim(
-        id="tail_push_rho0p8_beats_coop_lora",
-        statement="Pushing the tail tokens away alone (rho+ = 0, rho- held at 0.8 at the "
-        "middle visual block) raises the 5-way 1-shot accuracy averaged over the target "
-        "domains above CoOp + LoRA's, paired over (training seed, episode) (one-sided paired "
-        "t-test at the Bonferroni level 0.05 / 3 over the sweep's three rho-).",
-        source="Abstract (pushing the tail tokens away from text improves target-domain "
-        "accuracy); the tail half of ATHA's update (paper §3)",
-        expr="tail_rho0p8.acc_1shot_avg > coop_lora.acc_1shot_avg",
-        test="paired_t",
-        alpha=SWEEP_ALPHA,
-        presets=TRAINED,
-        experiment="tail_sweep",
-        kind="ablation",
-        requires=PRECONDITION + " and " + TARGETS_ZERO_SHOT,
-    ),
+    *(_tail_push(rho) for rho in SWEEP_RHOS),
 )
