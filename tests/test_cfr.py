@@ -268,17 +268,76 @@ def test_a_stage_steps_only_its_own_part_also_through_the_ddp_dispatch(smoke_cfg
 def test_frozen_extractors_are_seeded_and_zero_off_the_object(smoke_cfg):
     import torch
 
-    from nshot.methods.cfr.features import Extractors, valid_mask
+    from nshot.methods.cfr.features import valid_mask
+    from nshot.nn.backbone import load_backbone
 
     smp = heightfield_sample("ring", 32, "good", np.random.default_rng(1))
-    f2, f3 = Extractors(smoke_cfg)(smp.rgb[None], smp.xyz[None])
+    ext = load_backbone(smoke_cfg.backbone_spec())
+    f2, f3 = ext(smp.rgb[None], smp.xyz[None])
     assert f2.shape == (1, 32, 32, smoke_cfg.rgb_dim) and f3.shape == (1, 32, 32, smoke_cfg.xyz_dim)
     valid = torch.from_numpy(valid_mask(smp.xyz[None]))
     assert torch.all(f3[~valid] == 0) and torch.all(f3[valid].abs().sum(-1) > 0)
-    again = Extractors(smoke_cfg).rgb(smp.rgb[None])
+    again = load_backbone(smoke_cfg.backbone_spec()).rgb(smp.rgb[None])
     torch.testing.assert_close(f2, again)
-    other = Extractors(smoke_cfg.replace(feature_seed=1)).rgb(smp.rgb[None])
+    other = load_backbone(smoke_cfg.replace(feature_seed=1).backbone_spec()).rgb(smp.rgb[None])
     assert not torch.allclose(f2, other)
+
+
+def test_the_config_names_its_backbone_and_a_record_reads_it_back(smoke_cfg):
+    """The presets swap the backbone (``features`` -> kind), not the code: the smoke config's
+    random extractors through nshot.nn.backbone equal the ones the method uses, a record
+    rebuilds them (the same weights) and refuses other weights."""
+    import torch
+
+    from nshot.errors import CheckpointError
+    from nshot.methods.cfr.features import make_extractors
+    from nshot.nn.backbone import (
+        BackboneSpec,
+        backbone_from_record,
+        backbone_problems,
+        load_backbone,
+    )
+
+    spec = smoke_cfg.backbone_spec()
+    assert spec == BackboneSpec("random-features", {"rgb_dim": 30, "xyz_dim": 16, "seed": 0})
+    paper = CfrConfig.from_preset("paper", dino_path="d", pointmae_path="p").backbone_spec()
+    assert paper.kind == "dino-pointmae" and paper.options["pointmae_groups"] == 1024
+    bb = load_backbone(spec)
+    assert (bb.rgb_dim, bb.xyz_dim, bb.image_size) == (30, 16, None)
+    smp = heightfield_sample("bump", 32, "good", np.random.default_rng(2))
+    used = make_extractors(smoke_cfg)(smp.rgb[None], smp.xyz[None])
+    for a, b in zip(bb(smp.rgb[None], smp.xyz[None]), used, strict=True):
+        assert torch.equal(a, b)
+    rec = json_roundtrip(bb.record())
+    assert rec["kind"] == "random-features" and len(rec["sha256"]) == 64
+    again = backbone_from_record(rec, "ckpt")
+    assert again.fingerprint() == bb.fingerprint() and again.record() == rec
+    with pytest.raises(CheckpointError, match="ckpt: .*other weights"):
+        backbone_from_record({**rec, "sha256": "0" * 64}, "ckpt")
+    twin = bb.copy()
+    twin.model.w1.add_(1.0)
+    assert twin.fingerprint() != bb.fingerprint()
+    assert backbone_problems(BackboneSpec("random-features", {"rgb_dim": 31})) == [
+        "field 'rgb_dim': must be a positive multiple of 3 (three CNN layers)"
+    ]
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['width'\]"):
+        load_backbone(BackboneSpec("random-features", {"width": 3}))
+
+
+def test_no_cfr_module_names_a_device():
+    """The device comes from the trainer or the job (local_device), never from cfr's code."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "methods" / "cfr"
+    for f in root.glob("*.py"):
+        text = f.read_text()
+        assert '"cuda' not in text and "'cuda" not in text, f.name
+
+
+def json_roundtrip(obj):
+    import json
+
+    return json.loads(json.dumps(obj))
 
 
 def test_mesh_generator_masks_lie_on_the_visible_surface_and_background_is_zero():

@@ -20,8 +20,8 @@ from nshot.methods.cfr.mvtec3d import (
     read_float_tiff,
     write_float_tiff,
 )
-from nshot.methods.cfr.pointmae import load_pointmae, write_tiny_pointmae
 from nshot.nn.hfvit import load_vit, write_tiny_vit
+from nshot.nn.pointmae import load_pointmae, write_tiny_pointmae
 
 SIDE = 100  # pixels of the generated scans (a multiple of 100: CFM's square padding is a no-op)
 
@@ -291,6 +291,47 @@ def test_pointmae_loads_the_official_layout_and_refuses_a_mismatched_file(tmp_pa
     save_file({**state, "cls_head.weight": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(CheckpointError, match="'cls_head.weight' has no place"):
         load_pointmae(tmp_path / "x.safetensors")
+
+
+def test_the_paper_backbone_is_a_kind_of_the_same_family(paper_files, tmp_path):
+    """The paper preset swaps the backbone: kind dino-pointmae, loaded by nshot.nn.backbone on
+    the device it is given, read back from its record only with the same weights, its widths
+    and image side checked against the config's fields."""
+    from nshot.methods.cfr.features import DinoPointMAE, make_extractors
+    from nshot.nn.backbone import (
+        BackboneSpec,
+        backbone_from_record,
+        backbone_problems,
+        load_backbone,
+    )
+
+    cfg = paper_cfg(paper_files)
+    bb = load_backbone(cfg.backbone_spec(), "cpu")
+    assert isinstance(bb, DinoPointMAE) and (bb.rgb_dim, bb.xyz_dim, bb.image_size) == (48, 96, 32)
+    rgb = np.random.default_rng(0).integers(0, 256, (1, 32, 32, 3), dtype=np.uint8)
+    xyz = np.zeros((1, 32, 32, 3), np.float32)
+    xyz[0, 8:24, 8:24] = np.random.default_rng(1).uniform(0.1, 1.0, (16, 16, 3))
+    f2, f3 = bb(rgb, xyz)
+    g2, g3 = make_extractors(cfg)(rgb, xyz)
+    assert torch.equal(f2, g2) and torch.equal(f3, g3)
+    assert bb.valid(xyz, f3)[0, 16, 16] and not bb.valid(xyz, f3)[0, 0, 0]
+    rec = bb.record()
+    assert rec["kind"] == "dino-pointmae" and rec["pointmae_path"] == str(paper_files["pointmae"])
+    assert backbone_from_record(rec, "ckpt").fingerprint() == rec["sha256"]
+    other = write_tiny_pointmae(tmp_path / "other.safetensors", seed=1)
+    with pytest.raises(CheckpointError, match="other weights"):
+        backbone_from_record({**rec, "pointmae_path": str(other)}, "ckpt")
+    with pytest.raises(ConfigError, match="field 'rgb_dim': 64, but backbone 'dino-pointmae'"):
+        make_extractors(cfg.replace(rgb_dim=64))
+    with pytest.raises(ConfigError, match="field 'grid': 48, .* gives 32 pixels"):
+        make_extractors(cfg.replace(grid=48))
+    assert backbone_problems(BackboneSpec("dino-pointmae", {"dino_path": str(tmp_path / "x")})) == [
+        f"field 'dino_path': {tmp_path / 'x'} does not exist",
+        "field 'pointmae_path' is not set (Point-MAE's weights as .safetensors)",
+    ]
+    (tmp_path / "pm.pth").write_bytes(b"not read")
+    with pytest.raises(ConfigError, match="field 'pointmae_path': .*never unpickled"):
+        load_backbone(cfg.replace(pointmae_path=str(tmp_path / "pm.pth")).backbone_spec())
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,18 +10,23 @@ the others, and 1 for the memory-bank-only baselines (PatchCore, BTF); it is set
 stand-ins for MVTec 3D-AD's ten classes and its defect taxonomy) run on generated RGB +
 organised-xyz images with frozen random feature extractors; ``paper`` is the paper's scale
 (§4.1): MVTec 3D-AD read from ``data_path`` (:mod:`.mvtec3d`), DINO ViT-B/8 and Point-MAE
-features from local weight files (``dino_path``, ``pointmae_path``; :mod:`.paper_features`),
-224² grids, k ∈ {1, 2, 4}, θ = 0.4.
+features from local weight files (``dino_path``, ``pointmae_path``), 224² grids,
+k ∈ {1, 2, 4}, θ = 0.4. The extractors are the backbone the config names
+(:meth:`CfrConfig.backbone_spec`, kinds ``random-features`` and ``dino-pointmae`` of
+:mod:`.features`): the presets swap the backbone, the method's code is the same.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, Int, TuneSpec
+
+if TYPE_CHECKING:
+    from nshot.nn.backbone import BackboneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -109,7 +114,8 @@ class CfrConfig(MethodConfig):
     # features (frozen, never trained)
     features: Literal["random", "paper"] = Field(
         "random",
-        description="random (seeded random CNN and geometric-descriptor MLP) or paper (DINO "
+        description="the frozen extractors (backbone_spec): random (backbone random-features: "
+        "seeded random CNN and geometric-descriptor MLP) or paper (backbone dino-pointmae: DINO "
         "ViT-B/8 patch tokens from dino_path, Point-MAE group features from pointmae_path)",
     )
     rgb_dim: int = Field(96, ge=3, le=3072, description="C2: RGB feature channels")
@@ -253,6 +259,23 @@ class CfrConfig(MethodConfig):
             self.__dict__["cycles"] = False
         self.__dict__["steps"] = self.planned_steps()
         return self
+
+    def backbone_spec(self) -> BackboneSpec:
+        """The frozen extractors this config names (:mod:`nshot.nn.backbone`; the kinds are
+        registered by :mod:`.features`): the seeded random ones (``random-features``) or DINO
+        ViT-B/8 and Point-MAE from ``dino_path`` and ``pointmae_path`` (``dino-pointmae``)."""
+        from nshot.nn.backbone import BackboneSpec
+
+        from . import features  # noqa: F401 - registers the kinds
+
+        if self.features == "paper":
+            return BackboneSpec("dino-pointmae", {
+                "dino_path": self.dino_path, "pointmae_path": self.pointmae_path,
+                "pointmae_groups": self.pointmae_groups,
+                "pointmae_group_size": self.pointmae_group_size,
+            })  # fmt: skip
+        return BackboneSpec("random-features", {"rgb_dim": self.rgb_dim, "xyz_dim": self.xyz_dim,
+                                                "seed": self.feature_seed})  # fmt: skip
 
     def planned_steps(self) -> int:
         """Epochs of the stages this system trains (1 for the bank-only baselines)."""

@@ -326,11 +326,28 @@ def _split_of(tab: pa.Table, g: int) -> Split:
     )  # fmt: skip
 
 
+def check_inputs(cfg: CfrConfig) -> None:
+    """A :class:`~nshot.errors.ConfigError` naming everything that keeps the config's backbone
+    (:func:`~nshot.nn.backbone.backbone_problems`: the paper's weight files) or its real data
+    (``data_path``) from loading, found without reading either."""
+    from pathlib import Path
+
+    from nshot.nn.backbone import backbone_problems, raise_problems
+
+    missing = backbone_problems(cfg.backbone_spec())
+    if cfg.generator == "mvtec3d":
+        if not cfg.data_path:
+            missing.append("field 'data_path' is not set (the MVTec 3D-AD root)")
+        elif not Path(cfg.data_path).is_dir():
+            missing.append(f"field 'data_path': {cfg.data_path} is not a directory")
+    raise_problems(f"cfr (preset {cfg.preset!r}, generator {cfg.generator}, features "
+                   f"{cfg.features})", missing, "methods/cfr/README.md (Paper path)")  # fmt: skip
+
+
 def _real(cfg: CfrConfig, cls: str, split: str, indices: list[int] | None = None) -> pa.Table:
     from .mvtec3d import split_table
-    from .paper_features import check_paper
 
-    check_paper(cfg)
+    check_inputs(cfg)
     return split_table(cfg.data_path or "", cls, split, cfg.grid, cfg.preprocess, indices)
 
 
@@ -405,9 +422,8 @@ def shot_split(cfg: CfrConfig, cls: str, k: int) -> Split:
     from nshot.errors import ConfigError
 
     from .mvtec3d import list_items
-    from .paper_features import check_paper
 
-    check_paper(cfg)
+    check_inputs(cfg)
     n = len(list_items(cfg.data_path or "", cls, "train"))
     if k > n:
         raise ConfigError(f"field 'shots': k = {k}, but {cls}/train/good holds {n} images")

@@ -22,9 +22,13 @@ class TestFeatures:
     valid: torch.Tensor  # n × H × W bool
 
 
-def class_test_features(cfg: CfrConfig, cls: str, split: str = "test") -> TestFeatures:
+def class_test_features(
+    cfg: CfrConfig, cls: str, split: str = "test", device: torch.device | str | None = None
+) -> TestFeatures:
+    """The frozen features of a class's split, extracted on ``device`` (default: the CPU) and
+    kept on the CPU."""
     test = load_class(cfg, cls)[split]
-    ext = make_extractors(cfg)
+    ext = make_extractors(cfg, device)
     f2, f3 = ext(test.rgb, test.xyz)
     return TestFeatures(test, f2, f3, ext.valid(test.xyz, f3))
 
@@ -60,9 +64,12 @@ def metrics(
     }
 
 
-def evaluate_model(model: CfrModel, cfg: CfrConfig, cls: str) -> dict[str, float]:
-    """The metrics of ``cfg.system`` on the test images of class ``cls``."""
-    feats = class_test_features(cfg, cls)
+def evaluate_model(
+    model: CfrModel, cfg: CfrConfig, cls: str, device: torch.device | str | None = None
+) -> dict[str, float]:
+    """The metrics of ``cfg.system`` on the test images of class ``cls`` (features extracted
+    on ``device``)."""
+    feats = class_test_features(cfg, cls, device=device)
     theta = None if cfg.theta_mode == "quantile" else cfg.theta
     scores = score_images(model, feats, cfg.system, theta, cfg.infer_seed)
     return metrics(scores, feats.split, cfg.pro_thresholds)

@@ -48,7 +48,7 @@ def _job(cfg_dict: dict[str, Any], cls: str, k: int, seed: int) -> dict[str, Any
     t0 = time.time()
     base = CfrConfig.validated({**cfg_dict, "class_name": cls, "shot": k, "seed": seed})
     shots = shot_features(base, device=local_device())  # the GPU the task holds, else the CPU
-    feats = class_test_features(base, cls)
+    feats = class_test_features(base, cls, device=local_device())
     losses: dict[str, list[float]] = {}
     models = {}
     for trained in ("cfr", "cfm"):
@@ -99,10 +99,10 @@ def run_experiments(cfg: CfrConfig, workdir: Path) -> ResultsTable:
     planned = is_planning()  # a dry run lists the grid without the user's data
     if not planned and (cfg.features == "paper" or cfg.generator == "mvtec3d"):
         # fail here, not in a Ray task
+        from .data import check_inputs
         from .mvtec3d import list_items
-        from .paper_features import check_paper
 
-        check_paper(cfg)
+        check_inputs(cfg)
         if cfg.generator == "mvtec3d":
             for cls in cfg.classes:
                 for split in ("train", "test"):

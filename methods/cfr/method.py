@@ -42,6 +42,8 @@ class CfrMethod(Method):
         """I-AUROC, P-AUROC, AUPRO@30 %, AUPRO@10 % and the replaced fraction on normal test
         images of the checkpoint's class; for a bundle, every model's, named
         ``<class>.k<k>.<metric>``."""
+        from nshot.train.trainer import local_device
+
         from .evaluation import evaluate_model
 
         per_model = {}
@@ -49,7 +51,9 @@ class CfrMethod(Method):
             if not m.banks_built:
                 raise ValueError("checkpoint: saved during stage 1, before its memory banks exist")
             run_cfg = m.cfg.replace(**{k: getattr(cfg, k) for k in CfrConfig.EVAL_FIELDS})
-            per_model[f"{m.class_name}.k{m.shot}."] = evaluate_model(m.model, run_cfg, m.class_name)
+            per_model[f"{m.class_name}.k{m.shot}."] = evaluate_model(
+                m.model, run_cfg, m.class_name, local_device()
+            )
         if "bundle" not in checkpoint.extra:
             (metrics,) = per_model.values()
             return metrics

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from nshot.method import Predictor
 from nshot.serve.schema import StrictRequest, check_finite
 from nshot.train.checkpoint import LoadedCheckpoint
+from nshot.train.trainer import local_device
 
 from .data import load_class
 from .features import make_extractors
@@ -142,7 +143,7 @@ class CfrPredictor(Predictor[CfrRequest, CfrResponse]):
         self.by_key = {(m.class_name, m.shot): m for m in self.models}
         # a bundle's models share the extractors and the grid (BUNDLE_SHARED)
         self.cfg = self.models[0].cfg
-        self.extractors = make_extractors(self.cfg)
+        self.extractors = make_extractors(self.cfg, local_device())
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint) -> CfrPredictor:

@@ -50,11 +50,12 @@ def shot_features(
     cfg: CfrConfig, cls: str | None = None, k: int | None = None,
     device: torch.device | str = "cpu",
 ) -> Shots:  # fmt: skip
-    """The k shots' features; their valid rows on ``device`` (the grids stay on the CPU)."""
+    """The k shots' features, extracted on ``device``; their valid rows on ``device`` (the
+    grids stay on the CPU)."""
     cls = cls or cfg.class_name
     k = k or cfg.shot
     shots = shot_split(cfg, cls, k)
-    ext = make_extractors(cfg)
+    ext = make_extractors(cfg, device)
     g2, g3 = ext(shots.rgb, shots.xyz)
     valid = ext.valid(shots.xyz, g3)
     f2 = [g2[i][valid[i]].to(device) for i in range(k)]
@@ -198,7 +199,8 @@ class CfrRecipe(Recipe):
         self.trains_maps = cfg.system in MAPPING_SYSTEMS
         if self.world_size > 1 and self.trains_maps:
             self.forward = _Dispatch(self.model)  # DDP-wrapped by the trainer
-        self.val = class_test_features(cfg, cfg.class_name, "val") if self.session else None
+        self.val = (class_test_features(cfg, cfg.class_name, "val", self.device)
+                    if self.session else None)  # fmt: skip
         self.stage, self.record, self.placed = 0.0, None, False
 
     def step(self, step: int) -> dict[str, float]:

@@ -1,5 +1,9 @@
-"""Point-MAE's encoder (Pang et al. 2022) as CFM and CFR use it for 3-D features (CFR §4.1,
-CFM's ``models/full_models.py``), loaded from a local safetensors file.
+"""Point-MAE's encoder (Pang et al. 2022), read from a local safetensors file in the key
+layout of the authors' pre-training checkpoint, and the read-out of its group features onto an
+organised point cloud's pixels that CFM uses for 3-D features (CFM's ``models/full_models.py``
+and ``get_features_maps``; CFR §4.1 keeps it). Nothing here belongs to one method: a method
+that needs Point-MAE features wraps :func:`load_pointmae` in its own backbone kind (cfr's
+``dino-pointmae``, :mod:`nshot.methods.cfr.features`).
 
 * Grouping: farthest-point sampling of ``num_group`` centres (from the first point, as the
   CUDA kernel of ``pointnet2_ops`` CFM calls), the ``group_size`` nearest points of each centre,
@@ -42,8 +46,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from nshot.errors import CheckpointError
+from nshot.nn.hfclip import PICKLE_SUFFIXES
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+__all__ = ["PointMAE", "encoder_state", "farthest_points", "interpolate", "load_pointmae",
+           "write_tiny_pointmae"]  # fmt: skip
+
 STRIP = ("module.", "base_model.", "MAE_encoder.")
 DECODER = ("MAE_decoder.", "decoder_pos_embed.", "increase_dim.", "mask_token")
 FETCH = {12: (3, 7, 11), 8: (1, 4, 7), 4: (1, 2, 3)}  # CFM's blocks per depth
@@ -258,7 +265,7 @@ def load_pointmae(path: str | Path, num_group: int = 1024, group_size: int = 128
     if p.suffix.lower() in PICKLE_SUFFIXES:
         raise CheckpointError(
             f"{p}: a pickle file ({p.suffix}) is never unpickled here; convert it to safetensors "
-            "first (see nshot.methods.cfr.pointmae or methods/cfr/README.md)"
+            "first (see nshot.nn.pointmae or methods/cfr/README.md)"
         )
     if not p.is_file():
         raise CheckpointError(f"{p}: no such file (a Point-MAE .safetensors file)")
