@@ -1,7 +1,9 @@
 """bsr model: tube masking keeps a visible patch at every preset, the masked loss uses
 transformers' token order (it equals VideoMAE's own loss when every token lies in the head),
 the encoder moves into the classifier whole, layer-wise lr decay, VideoMAE's peak learning rates
-and schedules, the linear probe."""
+and schedules, the linear probe; the backbone the config names (nshot.nn.backbone kinds
+``videomae-scratch`` and ``videomae``), trainable, recorded in checkpoints, and checkpoints
+written before the kinds still load."""
 
 from __future__ import annotations
 
@@ -149,7 +151,7 @@ def test_pretraining_starts_from_a_videomae_checkpoint_on_disk(tmp_path):
     from nshot.methods.bsr.model import vmae_config
     from nshot.methods.bsr.train import new_pretrainer
 
-    cfg = BsrConfig.from_preset("smoke")
+    cfg = BsrConfig.from_preset("smoke", backbone="videomae")
     torch.manual_seed(123)
     saved = VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
     assert any(k.startswith("videomae.layernorm.") for k in saved.state_dict())
@@ -162,7 +164,7 @@ def test_pretraining_starts_from_a_videomae_checkpoint_on_disk(tmp_path):
     model, _ = new_pretrainer(
         cfg.replace(init_weights=str(tmp_path / "encoder" / "model.safetensors"))
     )
-    fresh, _ = new_pretrainer(cfg)
+    fresh, _ = new_pretrainer(cfg.replace(backbone="videomae-scratch"))
     for name, t in model.state_dict().items():
         want = (
             encoder.state_dict()[name[9:]]
@@ -251,3 +253,105 @@ def test_classifier_starts_as_videomae_fine_tuning(head_pool):
     for name, p in pre.videomae.named_parameters():
         if not name.startswith("layernorm."):
             assert torch.equal(got[name], p), name
+
+
+def test_the_config_names_its_backbone_and_bsr_trains_it(tmp_path):
+    """``backbone_spec()``: ``videomae-scratch`` (VideoMAE of the config's shape, seeded) for
+    smoke and small, ``videomae`` for paper and wherever ``init_weights`` is given; loaded
+    trainable it is the pretrainer masked pretraining starts from (training mode, gradients
+    on), loaded frozen it is the same weights; ``videomae`` without weights names the field
+    before any weight is read; records rebuild the architecture and keep where the initial
+    weights came from."""
+    from transformers import VideoMAEForPreTraining
+
+    from nshot.errors import CheckpointError, ConfigError
+    from nshot.methods.bsr.config import ARCH_FIELDS
+    from nshot.methods.bsr.model import PretrainedVideoMAE, ScratchVideoMAE, vmae_config
+    from nshot.methods.bsr.train import new_pretrainer
+    from nshot.nn.backbone import (
+        backbone_from_record,
+        backbone_problems,
+        load_backbone,
+        prepare_backbone,
+    )
+    from nshot.nn.hfclip import clip_fingerprint
+
+    cfg = BsrConfig.from_preset("smoke")
+    spec = cfg.backbone_spec()
+    assert spec.kind == "videomae-scratch" and "init_weights" not in spec.options
+    assert {f: spec.options[f] for f in ARCH_FIELDS} == {f: getattr(cfg, f) for f in ARCH_FIELDS}
+    assert spec.options["seed"] == cfg.seed
+    assert BsrConfig.from_preset("small").backbone_spec().kind == "videomae-scratch"
+    paper = BsrConfig.from_preset("paper")
+    assert paper.backbone_spec().kind == "videomae"
+    problems = backbone_problems(paper.backbone_spec())
+    assert len(problems) == 1 and "field 'init_weights' is not set" in problems[0]
+    with pytest.raises(ConfigError, match="init_weights"):
+        prepare_backbone(paper.backbone_spec())
+    assert BsrConfig.from_preset("smoke", init_weights="/x").backbone == "videomae"
+    with pytest.raises(ConfigError, match="field 'init_weights'.*videomae-scratch"):
+        cfg.replace(init_weights="/x")
+
+    trained = load_backbone(spec, trainable=True)
+    assert isinstance(trained, ScratchVideoMAE) and trained.model.training
+    assert all(p.requires_grad for p in trained.model.parameters())
+    model, _ = new_pretrainer(cfg)
+    frozen = load_backbone(spec)
+    assert not frozen.model.training and not any(p.requires_grad for p in frozen.model.parameters())
+    for name, t in model.state_dict().items():  # the same seed, the same initial weights
+        assert torch.equal(t, trained.model.state_dict()[name]), name
+        assert torch.equal(t, frozen.model.state_dict()[name]), name
+    assert trained.fingerprint() == frozen.fingerprint() == clip_fingerprint(model)
+    assert trained.encoder is trained.model.videomae
+    record = trained.record()
+    assert record == {"kind": "videomae-scratch", **{f: getattr(cfg, f) for f in ARCH_FIELDS}}
+    back = backbone_from_record(record, "ckpt")
+    assert isinstance(back, ScratchVideoMAE)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    assert {k: v.shape for k, v in back.model.state_dict().items()} == shapes
+
+    torch.manual_seed(5)
+    saved = VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
+    saved.save_pretrained(tmp_path / "vmae")
+    hf = BsrConfig.from_preset("smoke", init_weights=str(tmp_path / "vmae"))
+    assert backbone_problems(hf.backbone_spec()) == []
+    read = load_backbone(hf.backbone_spec(), trainable=True)
+    assert isinstance(read, PretrainedVideoMAE) and read.model.training
+    assert read.fingerprint() == clip_fingerprint(saved)  # a pretrainer is read whole
+    record = read.record()
+    assert record["kind"] == "videomae" and record["init_weights"] == str(tmp_path / "vmae")
+    assert record["init_sha256"] == clip_fingerprint(saved)
+    (tmp_path / "vmae" / "model.safetensors").unlink()  # a record is not read from its path
+    again = backbone_from_record(record, "ckpt")
+    assert isinstance(again, PretrainedVideoMAE) and again.record() == record
+    with pytest.raises(CheckpointError, match="ckpt.*options"):
+        backbone_from_record({"kind": "videomae", "grid": 16}, "ckpt")
+
+
+@pytest.mark.parametrize("old_config", [False, True])
+def test_checkpoints_written_before_the_backbones_still_load(tmp_path, old_config):
+    """A checkpoint whose extra has no backbone record and whose config has no ``backbone``
+    field (with or without ``init_weights``) loads its pretrainer from its config's shape;
+    a new checkpoint keeps the backbone's record."""
+    from nshot.methods.bsr.config import VERSION
+    from nshot.methods.bsr.model import backbone_record, load_model
+    from nshot.methods.bsr.train import new_backbone
+    from nshot.train.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = BsrConfig.from_preset("smoke")
+    bb = new_backbone(cfg)
+    config = cfg.model_dump()
+    del config["backbone"]
+    if old_config:
+        config["init_weights"] = str(tmp_path / "gone")  # read once, when pretraining began
+    path = save_checkpoint(tmp_path / "ckpt", method="bsr", method_version=VERSION,
+                           config=config, step=4, model_state=bb.model.state_dict(),
+                           extra={"renderer": {}})  # fmt: skip
+    ckpt = load_checkpoint(path, method="bsr")
+    model, got, extra = load_model(ckpt)
+    assert got.backbone == ("videomae" if old_config else "videomae-scratch")
+    assert backbone_record(got, extra)["kind"] == "videomae-scratch"
+    assert not model.training
+    for name, t in bb.model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], t), name
+    assert backbone_record(cfg, {"backbone": bb.record()}) == bb.record()

@@ -19,12 +19,15 @@ validation budget on ``select_subjects`` source subjects (``experiments.RECIPE_G
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, Int, TuneSpec
+
+if TYPE_CHECKING:
+    from nshot.nn.backbone import BackboneSpec
 
 VERSION = "1"  # of the checkpoint format
 
@@ -51,6 +54,12 @@ DATA_FIELDS_V2 = (
     "beta_rebound",
 )  # fmt: skip
 
+
+# the fields that shape VideoMAE (the options of the backbone spec; ``model.vmae_config``)
+ARCH_FIELDS = (
+    "grid", "patch", "frames", "tubelet", "width", "depth", "heads", "dec_width", "dec_depth",
+    "dec_heads",
+)  # fmt: skip
 
 # the fields that shape the eegbci trials (dataset eegbci: the cache key of the data)
 EEGBCI_FIELDS = (
@@ -157,12 +166,19 @@ class BsrConfig(MethodConfig):
     warmup_steps: int = Field(150, ge=0, description="linear warm-up steps")
     weight_decay: float = Field(0.05, ge=0.0, le=1.0)
     val_frac: float = Field(0.1, gt=0.0, lt=0.5, description="source clips held out for mae_mse")
+    backbone: Literal["videomae-scratch", "videomae"] = Field(
+        "videomae-scratch",
+        description="what masked pretraining starts from (nshot.nn.backbone): videomae-scratch, "
+        "VideoMAE of the fields above randomly initialised (seed); videomae, the video "
+        "foundation model at init_weights (preset paper; default when init_weights is given)",
+    )  # fmt: skip
     init_weights: str | None = Field(
         None,
-        description="start masked pretraining from a VideoMAE checkpoint on disk (the paper's "
-        "video foundation model, e.g. Kinetics-400 VideoMAE-Base): a Hugging Face folder with "
-        "model.safetensors, or the file; the encoder must fit the config (preset paper fits "
-        "VideoMAE-Base), the decoder is loaded when present; never a pickle",
+        description="backbone videomae: the VideoMAE checkpoint on disk masked pretraining "
+        "starts from (the paper's video foundation model, e.g. Kinetics-400 VideoMAE-Base): a "
+        "Hugging Face folder with model.safetensors, or the file; the encoder must fit the "
+        "config (preset paper fits VideoMAE-Base), the decoder is loaded when present; never a "
+        "pickle",
     )  # fmt: skip
     mae_references: bool = Field(
         False,
@@ -255,7 +271,7 @@ class BsrConfig(MethodConfig):
             "grid": 224, "patch": 16, "width": 768, "depth": 12, "heads": 12, "dec_width": 384,
             "dec_depth": 4, "dec_heads": 6, "steps": 40_000, "warmup_steps": 2000,
             "batch": 64, "lr_ref_batch": 2048, "ft_epochs": 100, "eval_subjects": 10,
-            "seeds": 3, "log_every": 100, "checkpoint_every": 2000,
+            "seeds": 3, "log_every": 100, "checkpoint_every": 2000, "backbone": "videomae",
         },
     }  # fmt: skip
 
@@ -289,8 +305,35 @@ class BsrConfig(MethodConfig):
             fields = DATA_FIELDS + DATA_FIELDS_V2
         return {k: getattr(self, k) for k in fields}
 
+    def backbone_spec(self) -> BackboneSpec:
+        """The backbone this config names (:mod:`nshot.nn.backbone`; its kinds are registered
+        by :mod:`.model`): VideoMAE of the ``ARCH_FIELDS`` randomly initialised with ``seed``
+        (``videomae-scratch``), or the VideoMAE checkpoint at ``init_weights`` read into it
+        (``videomae``)."""
+        from nshot.nn.backbone import BackboneSpec
+
+        options: dict[str, Any] = {f: getattr(self, f) for f in ARCH_FIELDS}
+        options["seed"] = self.seed
+        if self.backbone == "videomae":
+            options["init_weights"] = self.init_weights
+        return BackboneSpec(self.backbone, options)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backbone_of_init_weights(cls, data: Any) -> Any:
+        """``init_weights`` without a ``backbone`` names ``videomae`` (``--set init_weights=``
+        on any preset, and the configs of checkpoints written before the field)."""
+        if isinstance(data, dict) and data.get("init_weights") and "backbone" not in data:
+            data = {**data, "backbone": "videomae"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> BsrConfig:
+        if self.backbone == "videomae-scratch" and self.init_weights is not None:
+            raise ValueError(
+                "field 'init_weights': backbone videomae-scratch starts from random weights; "
+                "set backbone=videomae to start from init_weights"
+            )
         if self.grid % self.patch:
             raise ValueError("field 'patch': must divide grid")
         if self.frames % self.tubelet:

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from nshot.experiment import Job, aggregate, fetch, run_jobs, submit
+from nshot.experiment import Job, aggregate, fetch, is_planning, run_jobs, submit
 from nshot.method import ResultsTable
+from nshot.nn.backbone import prepare_backbone
 
 from .baselines import (
     bandpower_frames_lr,
@@ -177,6 +178,8 @@ def _run_references(cfg_dict: dict) -> dict:
 
 def run_experiments(cfg: BsrConfig, workdir: Path) -> ResultsTable:
     t0 = time.time()
+    if any(s in PRETRAINED for s in cfg.systems) and not is_planning():
+        prepare_backbone(cfg.backbone_spec())  # a missing init_weights fails before any task
     ds = load_dataset(cfg)  # built once here, so the tasks read the cache
     subjects = ds.names("target")[: cfg.eval_subjects]
     seeds = [cfg.seed + i for i in range(cfg.seeds)]

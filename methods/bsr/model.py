@@ -1,5 +1,8 @@
-"""VideoMAE on spectrum videos (transformers' implementation; randomly initialised, or loaded
-from a VideoMAE checkpoint on disk with ``init_weights``: :func:`load_init_weights`).
+"""VideoMAE on spectrum videos (transformers' implementation), bsr's backbone family: the
+config's ``backbone`` names what masked pretraining starts from, through
+:mod:`nshot.nn.backbone` (:class:`VideoMAEBackbone`; kinds ``videomae-scratch``, randomly
+initialised, and ``videomae``, a VideoMAE checkpoint on disk read by
+:mod:`nshot.nn.hfvideomae`).
 
 Stage 1 (paper §3, following VideoMAE): tube masking (one spatial mask repeated over every
 temporal position), an encoder on the visible tubelets, a light decoder over all tokens, MSE on
@@ -14,23 +17,38 @@ LayerNorm, concatenated → linear head; :class:`PositionClassifier`). Videos ar
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nshot.errors import NshotError
+from nshot.errors import CheckpointError, ConfigError, NshotError
+from nshot.nn.backbone import (
+    Backbone,
+    BackboneKind,
+    backbone_from_record,
+    raise_problems,
+    register_backbone,
+)
+from nshot.nn.hfvideomae import read_videomae, state_fingerprint, videomae_problems
 from nshot.train.checkpoint import LoadedCheckpoint
 
-from .config import BsrConfig
+from .config import ARCH_FIELDS, BsrConfig
 from .data import CLASSES
 
 LN_EPS = 1e-6  # VideoMAE's LayerNorms (its models' norm_layer); transformers' default is 1e-12
 HEAD_INIT_SCALE = 1e-3  # VideoMAE's fine-tuning scales its new head's initial weights by this
 
 
-def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: bool = False):
-    """transformers' VideoMAE config of ``cfg``. The pretrainer's encoder ends in a LayerNorm
+def vmae_config(cfg: BsrConfig | Any, num_labels: int = len(CLASSES), *,
+                pretraining: bool = False):  # fmt: skip
+    """transformers' VideoMAE config of ``cfg`` (a config, or any object with its
+    ``ARCH_FIELDS``). The pretrainer's encoder ends in a LayerNorm
     (VideoMAE's pre-training encoder, and the tensors ``videomae.layernorm.*`` of its
     checkpoints: ``use_mean_pooling=False``); the classifier mean-pools the tokens into its own
     ``fc_norm`` instead (VideoMAE's fine-tuning), so it drops that LayerNorm."""
@@ -47,9 +65,9 @@ def vmae_config(cfg: BsrConfig, num_labels: int = len(CLASSES), *, pretraining: 
     )  # fmt: skip
 
 
-def build_pretrainer(cfg: BsrConfig) -> nn.Module:
-    """``VideoMAEForPreTraining`` of the config, randomly initialised as VideoMAE's
-    pre-training model is (:func:`videomae_init`)."""
+def build_pretrainer(cfg: BsrConfig | Any) -> nn.Module:
+    """``VideoMAEForPreTraining`` of the config (or any object with its ``ARCH_FIELDS``),
+    randomly initialised as VideoMAE's pre-training model is (:func:`videomae_init`)."""
     from transformers import VideoMAEForPreTraining
 
     model = VideoMAEForPreTraining(vmae_config(cfg, pretraining=True))
@@ -103,67 +121,120 @@ def pretrain_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": exempt, "weight_decay": 0.0}]  # fmt: skip
 
 
-def load_init_weights(model: nn.Module, path: str) -> None:
-    """Load a VideoMAE checkpoint from disk into a pretrainer (``init_weights``): a Hugging Face
-    folder holding ``model.safetensors`` (or that file), read by transformers' own loader with
-    this config, safetensors only and no network. Accepted: a pretrainer
-    (``VideoMAEForPreTraining``: encoder and decoder), a video classifier or a bare
-    ``VideoMAEModel`` (their encoder; the decoder keeps its own initialisation). Every encoder
-    tensor must be there with the config's shape. Pickled ``.bin`` / ``.pt`` files are never
-    read."""
-    from pathlib import Path
+# --------------------------------------------------------------------------------------------
+# the backbone family: what masked pretraining starts from
 
-    from transformers import VideoMAEForPreTraining
 
-    p = Path(path).expanduser()
-    folder = p.parent if p.name == "model.safetensors" else p
-    if not (folder / "model.safetensors").is_file():
-        raise NshotError(
-            f"field 'init_weights': {path}: no model.safetensors there (pickled .bin / .pt "
-            "files are not read: convert one where you trust it, with save_pretrained(..., "
-            "safe_serialization=True))"
-        )
-    c = model.config
-    shape = (f"width {c.hidden_size}, depth {c.num_hidden_layers}, patch {c.patch_size}, "
-             f"frames {c.num_frames}")  # fmt: skip
-    with torch.random.fork_rng():  # the loader's own initialisation leaves the seed alone
-        try:
-            loaded, info = VideoMAEForPreTraining.from_pretrained(
-                str(folder), config=model.config, use_safetensors=True, local_files_only=True,
-                output_loading_info=True, ignore_mismatched_sizes=True,
-            )  # fmt: skip
-        except (OSError, RuntimeError, ValueError) as err:
-            msg = " ".join(str(err).split())[:400]
-            raise NshotError(
-                f"field 'init_weights': {folder} does not load into this config's VideoMAE "
-                f"({shape}): {msg}"
-            ) from None
-    if wrong := [str(m) for m in info.get("mismatched_keys", [])]:
-        raise NshotError(
-            f"field 'init_weights': {folder} does not fit this config's VideoMAE ({shape}): "
-            f"shapes of {len(wrong)} tensors differ, e.g. {'; '.join(sorted(wrong)[:2])}"
-        )
-    # a video classifier's head is of no use here; any other tensor the config lacks means a
-    # deeper or otherwise different model
-    if extra := sorted(k for k in info["unexpected_keys"]
-                       if not k.startswith(("classifier.", "fc_norm."))):  # fmt: skip
-        raise NshotError(
-            f"field 'init_weights': {folder} holds tensors this config's VideoMAE ({shape}) "
-            f"lacks: {len(extra)}, e.g. {extra[:2]}"
-        )
-    missing = set(info["missing_keys"])
-    # a fine-tuned encoder (bare or a classifier's) has no final LayerNorm: it stays fresh
-    if enc_missing := sorted(k for k in missing if k.startswith("videomae.")
-                             and not k.startswith("videomae.layernorm.")):  # fmt: skip
-        raise NshotError(
-            f"field 'init_weights': {folder} lacks encoder tensors of this config's VideoMAE: "
-            f"{enc_missing[:3]}"
-        )
-    state = {k: v for k, v in loaded.state_dict().items() if k not in missing}
-    for name, t in state.items():
-        if not torch.isfinite(t).all():
-            raise NshotError(f"field 'init_weights': {folder}: tensor {name} is not finite")
+class VideoMAEBackbone(Backbone):
+    """A ``VideoMAEForPreTraining`` (:attr:`model`: encoder ``videomae``, its final LayerNorm,
+    the decoder) that bsr trains: masked pretraining on the spectrum videos, then its encoder
+    fine-tuned per subject (:func:`build_classifier`). Loaded with
+    ``load_backbone(cfg.backbone_spec(), trainable=True)``; a checkpoint keeps all its
+    weights (the pretrained ones), and its :meth:`record` the architecture and where the
+    initial weights came from."""
+
+    weights_in_checkpoint: ClassVar[bool] = True
+
+    def __init__(self, model: nn.Module, options: Mapping[str, Any]) -> None:
+        self.model = model
+        self.options = dict(options)
+
+    @property
+    def encoder(self) -> nn.Module:
+        """The encoder (transformers' ``VideoMAEModel``) the classifiers take."""
+        return self.model.videomae
+
+    def record(self) -> dict[str, Any]:
+        return {"kind": self.kind, **{f: self.options[f] for f in ARCH_FIELDS}}
+
+    def copy(self) -> VideoMAEBackbone:
+        out = copy.copy(self)
+        out.model = copy.deepcopy(self.model)
+        return out
+
+
+class ScratchVideoMAE(VideoMAEBackbone):
+    """Kind ``videomae-scratch``: VideoMAE of the options' shape, VideoMAE's pre-training
+    initialisation (:func:`videomae_init`) drawn after seeding torch's global generator with
+    the option ``seed`` (the same initial weights on every rank)."""
+
+    kind: ClassVar[str] = "videomae-scratch"
+
+
+class PretrainedVideoMAE(VideoMAEBackbone):
+    """Kind ``videomae``: :class:`ScratchVideoMAE`'s model with the VideoMAE checkpoint at the
+    option ``init_weights`` read over it (:func:`nshot.nn.hfvideomae.read_videomae`: a
+    pretrainer whole, a classifier's or a bare encoder into the encoder, the rest keeping its
+    initialisation). Its record adds ``init_weights`` and ``init_sha256``, the fingerprint of
+    the tensors read."""
+
+    kind: ClassVar[str] = "videomae"
+
+    def __init__(self, model: nn.Module, options: Mapping[str, Any],
+                 init_sha256: str | None = None) -> None:  # fmt: skip
+        super().__init__(model, options)
+        self.init_sha256 = init_sha256
+
+    def record(self) -> dict[str, Any]:
+        return {**super().record(), "init_weights": self.options.get("init_weights"),
+                "init_sha256": self.init_sha256}  # fmt: skip
+
+
+def _architecture(options: Mapping[str, Any]) -> SimpleNamespace:
+    if missing := [f for f in ARCH_FIELDS if f not in options]:
+        raise ConfigError(f"a VideoMAE backbone needs the options {missing}")
+    return SimpleNamespace(**{f: int(options[f]) for f in ARCH_FIELDS})
+
+
+def _initialised(options: Mapping[str, Any]) -> nn.Module:
+    if options.get("seed") is not None:
+        torch.manual_seed(int(options["seed"]))
+    return build_pretrainer(_architecture(options))
+
+
+def _load_scratch(options: Mapping[str, Any]) -> ScratchVideoMAE:
+    return ScratchVideoMAE(_initialised(options), options)
+
+
+def _videomae_problems(options: Mapping[str, Any]) -> list[str]:
+    return videomae_problems(options.get("init_weights"), "init_weights")
+
+
+def _load_videomae(options: Mapping[str, Any]) -> PretrainedVideoMAE:
+    raise_problems("bsr backbone 'videomae'", _videomae_problems(options),
+                   "methods/bsr/README.md (Backbones)")  # fmt: skip
+    model = _initialised(options)
+    state = read_videomae(options["init_weights"], model.config, "init_weights")
     model.load_state_dict(state, strict=False)
+    return PretrainedVideoMAE(model, options, state_fingerprint(state))
+
+
+def _from_record(record: Mapping[str, Any], where: Any) -> VideoMAEBackbone:
+    """The architecture a checkpoint records, freshly initialised (the checkpoint holds the
+    weights; the initial weights are not read again)."""
+    try:
+        model = build_pretrainer(_architecture(record))
+    except ConfigError as err:
+        raise CheckpointError(f"{where}: {err}") from None
+    if record.get("kind") == "videomae":
+        return PretrainedVideoMAE(model, record, record.get("init_sha256"))
+    return ScratchVideoMAE(model, record)
+
+
+register_backbone("videomae-scratch", BackboneKind(load=_load_scratch, from_record=_from_record))
+register_backbone(
+    "videomae",
+    BackboneKind(load=_load_videomae, problems=_videomae_problems, from_record=_from_record),
+)
+
+
+def backbone_record(cfg: BsrConfig, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The backbone record of a checkpoint: its ``extra["backbone"]``, or, in a checkpoint
+    written before bsr's backbones were named, the ``videomae-scratch`` architecture of its
+    config (its weights are all in the checkpoint either way)."""
+    if isinstance(extra.get("backbone"), Mapping):
+        return dict(extra["backbone"])
+    return {"kind": "videomae-scratch", **{f: getattr(cfg, f) for f in ARCH_FIELDS}}
 
 
 class PositionClassifier(nn.Module):
@@ -369,11 +440,13 @@ def smoothed_ce(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torc
 
 
 def load_model(checkpoint: LoadedCheckpoint) -> tuple[nn.Module, BsrConfig, dict]:
-    """The pretrainer of a bsr checkpoint (eval mode), its config and its extra record."""
+    """The pretrainer of a bsr checkpoint (eval mode, frozen), its config and its extra
+    record; the backbone's architecture from its record (:func:`backbone_record`)."""
     cfg = BsrConfig.validated(checkpoint.config)
-    model = build_pretrainer(cfg)
+    extra = dict(checkpoint.extra)
+    model = backbone_from_record(backbone_record(cfg, extra), checkpoint.path).model
     try:
         model.load_state_dict(checkpoint.weights())
     except RuntimeError as err:
         raise NshotError(f"{checkpoint.path}: weights do not fit the config: {err}") from None
-    return model.eval(), cfg, dict(checkpoint.extra)
+    return model.eval(), cfg, extra

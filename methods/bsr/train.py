@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from nshot.nn.backbone import load_backbone
 from nshot.nn.lm import model_device
 from nshot.train.trainer import Recipe, train
 
@@ -35,8 +36,7 @@ from .data import (
     montage_xy,
 )
 from .model import (
-    build_pretrainer,
-    load_init_weights,
+    VideoMAEBackbone,
     masked_loss,
     normalised_targets,
     patch_in_head,
@@ -215,16 +215,24 @@ def renderer_record(cfg: BsrConfig, stats: NormStats, subjects: dict[str, NormSt
     }
 
 
-def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = build_pretrainer(cfg)
-    if cfg.init_weights is not None:  # the video foundation model the paper starts from
-        load_init_weights(model, cfg.init_weights)
-    opt = torch.optim.AdamW(
+def new_backbone(cfg: BsrConfig) -> VideoMAEBackbone:
+    """The backbone the config names (``backbone``: randomly initialised with ``seed``, the
+    same on every rank, or the video foundation model the paper starts from), trainable."""
+    return load_backbone(cfg.backbone_spec(), trainable=True)  # type: ignore[return-value]
+
+
+def pretrain_optimizer(cfg: BsrConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """VideoMAE's pre-training AdamW (β = (0.9, 0.95), its weight-decay exemptions)."""
+    return torch.optim.AdamW(
         pretrain_param_groups(model, cfg.weight_decay), lr=lr_at(cfg, 1), betas=(0.9, 0.95),
         foreach=True,
     )  # fmt: skip
-    return model, opt
+
+
+def new_pretrainer(cfg: BsrConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The backbone's pretrainer (:func:`new_backbone`) and its optimiser."""
+    model = new_backbone(cfg).model
+    return model, pretrain_optimizer(cfg, model)
 
 
 def batch_loss(cfg: BsrConfig, model: torch.nn.Module, clips: Clips, train_idx: np.ndarray,
@@ -278,7 +286,9 @@ class BsrRecipe(Recipe):
         ds = self.ds if self.ds is not None else load_dataset(cfg)
         self.clips, self.stats, self.subjects = source_clips(cfg, ds)
         self.train_idx, self.val_idx = split_clips(cfg, len(self.clips.powers))
-        self.model, self.optimizer = new_pretrainer(cfg)
+        self.backbone = new_backbone(cfg)
+        self.model = self.backbone.model
+        self.optimizer = pretrain_optimizer(cfg, self.model)
         self.samples_per_step = min(cfg.batch, len(self.train_idx))
 
     def schedule(self) -> tuple[int, int, int]:
@@ -301,7 +311,8 @@ class BsrRecipe(Recipe):
                                             self.val_idx)}  # fmt: skip
 
     def extra(self) -> dict:
-        return {"renderer": renderer_record(self.cfg, self.stats, self.subjects)}
+        return {"renderer": renderer_record(self.cfg, self.stats, self.subjects),
+                "backbone": self.backbone.record()}  # fmt: skip
 
 
 def pretrain(cfg: BsrConfig, ds: Dataset | None = None) -> tuple[torch.nn.Module, dict]:

@@ -7,8 +7,9 @@ of ``smoke`` / ``small``, a real CLIP read by path for ``paper``):
 * :class:`BackboneSpec`: a registered ``kind`` and its options (JSON-able). A method's config
   makes one from its fields (``cfg.backbone_spec()``);
 * :func:`load_backbone` builds the backbone of a spec, frozen, on a device (nothing is
-  downloaded, nothing is unpickled); :func:`backbone_problems` says what keeps a spec from
-  loading without reading any weights; :func:`prepare_backbone` makes a spec loadable before
+  downloaded, nothing is unpickled; ``trainable=True`` for a backbone the method trains:
+  bsr's VideoMAE); :func:`backbone_problems` says what keeps a spec from loading without
+  reading any weights; :func:`prepare_backbone` makes a spec loadable before
   many jobs load it (the tiny CLIP trained and cached once; a real CLIP's files checked);
 * every :class:`Backbone` has ``model`` (its weights as one module), ``fingerprint()`` (SHA-256
   of its parameters), ``record()`` (what a checkpoint tuned from it keeps to rebuild it) and
@@ -151,6 +152,13 @@ class Backbone:
             p.requires_grad_(False)
         return self
 
+    def unfreeze(self) -> Backbone:
+        """Training mode, every parameter requires a gradient (a backbone the method trains)."""
+        self.model.train()
+        for p in self.model.parameters():
+            p.requires_grad_(True)
+        return self
+
     def fingerprint(self) -> str:
         """SHA-256 of the parameters and buffers (names, dtypes, shapes and bytes)."""
         from nshot.nn.hfclip import clip_fingerprint
@@ -197,12 +205,16 @@ def _kind(spec: BackboneSpec) -> BackboneKind:
     return KINDS[spec.kind]
 
 
-def load_backbone(spec: BackboneSpec, device: torch.device | str | None = None) -> Backbone:
+def load_backbone(
+    spec: BackboneSpec, device: torch.device | str | None = None, *, trainable: bool = False
+) -> Backbone:
     """The backbone ``spec`` names, frozen (eval mode, no gradients), on ``device`` (default:
-    where it was read, the CPU)."""
+    where it was read, the CPU). ``trainable=True``: in training mode with every parameter
+    requiring a gradient instead, for a method that trains the backbone itself (bsr pretrains
+    and fine-tunes its VideoMAE)."""
     bb = _kind(spec).load(spec.options)
     bb.spec = spec
-    return bb.freeze().to(device)
+    return (bb.unfreeze() if trainable else bb.freeze()).to(device)
 
 
 def backbone_problems(spec: BackboneSpec) -> list[str]:
