@@ -66,13 +66,17 @@ class AthaConfig(MethodConfig):
         description="tiny: nshot's tiny CLIP, pre-trained by `nshot train atha` (or taken from "
         "the cache); clip: a real CLIP read from clip_path (paper preset, a GPU)",
     )
-    clip_preset: Literal["smoke", "small", "small-cls", "small-cls-ln"] = Field(
-        "small-cls-ln",
-        description="the tiny CLIP preset (nshot.train.clip.PRESETS): small-cls-ln (recipe 8: "
-        "recipe 7 with CLIP's text-feature scale, the MiniLM embedding entering the projection "
-        "with ln_final's norm), small-cls (recipe 7, the class token and a joint space "
-        "narrower than the width, as CLIP's head) or small (recipe 6, mean-pooled, a square "
-        "projection)",
+    clip_preset: Literal["smoke", "small", "small-cls", "small-cls-ln", "small-cls-ln-glyphs"] = (
+        Field(
+            "small-cls-ln-glyphs",
+            description="the tiny CLIP preset (nshot.train.clip.PRESETS): small-cls-ln-glyphs "
+            "(recipe 9, the default since its pilot met the README's rule: recipe 8 whose "
+            "source adds printed numerals captioned with their words and line drawings of the "
+            "shapes), small-cls-ln (recipe 8: recipe 7 with CLIP's "
+            "text-feature scale, the MiniLM embedding entering the projection with ln_final's "
+            "norm), small-cls (recipe 7, the class token and a joint space narrower than the "
+            "width, as CLIP's head) or small (recipe 6, mean-pooled, a square projection)",
+        )
     )
     text: Literal["word", "minilm"] = Field(
         "minilm", description="the tiny CLIP's text tower: word (no extra) or frozen MiniLM"

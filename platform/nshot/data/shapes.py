@@ -37,11 +37,17 @@ __all__ = [
     "BACKGROUNDS",
     "CAPTION_TEMPLATES",
     "COLOURS",
+    "DRAWING_STROKES",
+    "DRAWING_TEMPLATES",
     "HELDOUT_COMBOS",
     "SHAPES",
     "SIZES",
     "caption_text",
     "caption_vocabulary",
+    "drawing_alpha",
+    "drawing_caption",
+    "drawings_table",
+    "render_drawings",
     "render_shapes",
     "shape_alpha",
     "shapes_arrays",
@@ -49,6 +55,8 @@ __all__ = [
 ]
 
 VERSION = "2"
+#: the version of the line drawings (:func:`render_drawings`)
+DRAWINGS_VERSION = "1"
 
 SHAPES: tuple[str, ...] = (
     "circle",
@@ -95,6 +103,13 @@ CAPTION_TEMPLATES: tuple[str, ...] = (
     "a photo of a {size} {colour} {shape}",
     "a {shape} on a {background} background",
 )
+
+#: Caption forms of a line drawing of a shape (:func:`render_drawings`).
+DRAWING_TEMPLATES: tuple[str, ...] = ("a drawing of a {shape}",)
+#: A drawing's stroke width in pixels (uniform in this range): at least a pixel, and below the
+#: half-width of the thinnest parts at the small size (the cross's arms, 2.1 pixels; the
+#: ring's band, 1.6), so that every shape keeps an interior of background.
+DRAWING_STROKES: tuple[float, float] = (1.0, 1.6)
 
 _SUPERSAMPLE = 4
 _MAX_ROTATION_DEG = 15.0
@@ -208,6 +223,15 @@ def shape_alpha(
     """Coverage in [0, 1] (float32 ``[side, side]``) of one shape of outer ``radius`` pixels,
     centred at pixel coordinates ``(cx, cy)`` (x right, y down), rotated by ``angle`` radians
     counter-clockwise; 4 × 4 supersampled."""
+    mask = _shape_mask(shape, side, cx=cx, cy=cy, radius=radius, angle=angle)
+    ss = _SUPERSAMPLE
+    return mask.astype(np.float32).reshape(side, ss, side, ss).mean(axis=(1, 3))
+
+
+def _shape_mask(
+    shape: str | int, side: int, *, cx: float, cy: float, radius: float, angle: float
+) -> np.ndarray:
+    """The shape's inside (bool ``[side * 4, side * 4]``) at the 4 × 4 supersampling points."""
     name = SHAPES[shape] if isinstance(shape, int | np.integer) else shape
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; choose from {SHAPES}")
@@ -217,8 +241,29 @@ def shape_alpha(
     dx, dy = (px - cx) / radius, (cy - py) / radius  # y up
     c, s = math.cos(angle), math.sin(angle)
     ux, uy = c * dx + s * dy, -s * dx + c * dy  # rotate the points by -angle
-    mask = _unit_mask(name, ux, uy).astype(np.float32)
-    return mask.reshape(side, ss, side, ss).mean(axis=(1, 3))
+    return _unit_mask(name, ux, uy)
+
+
+def drawing_alpha(
+    shape: str | int,
+    side: int,
+    *,
+    cx: float,
+    cy: float,
+    radius: float,
+    angle: float = 0.0,
+    stroke: float = 1.5,
+) -> np.ndarray:
+    """Coverage in [0, 1] (float32 ``[side, side]``) of the outline of one shape (as
+    :func:`shape_alpha`): the points of the shape within ``stroke`` pixels of its edge (a
+    line of that width drawn along the inside of every edge, the ring's inner edge too), so
+    the shape's interior keeps the background; 4 × 4 supersampled."""
+    from scipy.ndimage import distance_transform_edt
+
+    mask = _shape_mask(shape, side, cx=cx, cy=cy, radius=radius, angle=angle)
+    ss = _SUPERSAMPLE
+    line = mask & (distance_transform_edt(mask) <= stroke * ss)
+    return line.astype(np.float32).reshape(side, ss, side, ss).mean(axis=(1, 3))
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,11 +280,23 @@ def render_shapes(
     ``[n, side, side, 3]``), ``shape``, ``colour``, ``size``, ``background`` (int8 indices),
     ``heldout`` (bool) and ``caption`` (the full caption, template 0).
     """
+    a = _draw_attributes(np.random.default_rng(seed), n, side, split)
+    images = np.empty((n, side, side, 3), dtype=np.uint8)
+    for i in range(n):
+        alpha = shape_alpha(
+            int(a["shape"][i]), side, cx=a["cx"][i], cy=a["cy"][i], radius=a["radius"][i],
+            angle=a["angle"][i],
+        )[..., None]  # fmt: skip
+        images[i] = _paint(a["rng"], alpha, a["fg"][i], a["bg"][i])
+    return _attribute_columns(a, images, caption_text)
+
+
+def _draw_attributes(rng: np.random.Generator, n: int, side: int, split: str) -> dict:
+    """The random attributes of ``n`` shapes (the draws of :func:`render_shapes`, in order)."""
     if n < 1 or side < 8:
         raise ValueError(f"need n >= 1 and side >= 8, got n={n}, side={side}")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
-    rng = np.random.default_rng(seed)
     shape = rng.integers(0, len(SHAPES), n)
     if split == "train":  # 7 allowed colours per shape: skip the held-out one
         held = np.array([dict(HELDOUT_COMBOS)[s] for s in range(len(SHAPES))])
@@ -260,31 +317,93 @@ def render_shapes(
     bg_jitter = rng.integers(-_BACKGROUND_JITTER, _BACKGROUND_JITTER + 1, (n, 3))
     fg = np.array(list(COLOURS.values()), dtype=np.float32)[colour] + fg_jitter
     bg = np.array(list(BACKGROUNDS.values()), dtype=np.float32)[background] + bg_jitter
-    images = np.empty((n, side, side, 3), dtype=np.uint8)
-    for i in range(n):
-        alpha = shape_alpha(
-            int(shape[i]), side, cx=cx[i], cy=cy[i], radius=radius[i], angle=angle[i]
-        )[..., None]
-        img = bg[i] * (1 - alpha) + fg[i] * alpha + rng.normal(0, _NOISE_STD, (side, side, 3))
-        images[i] = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    return {"rng": rng, "shape": shape, "colour": colour, "size": size,
+            "background": background, "radius": radius, "cx": cx, "cy": cy, "angle": angle,
+            "fg": fg, "bg": bg}  # fmt: skip
+
+
+def _paint(rng: np.random.Generator, alpha: np.ndarray, fg: np.ndarray, bg: np.ndarray):
+    """One uint8 image: ``fg`` over ``bg`` by coverage ``alpha`` ``[side, side, 1]``, plus
+    the pixel noise."""
+    side = alpha.shape[0]
+    img = bg * (1 - alpha) + fg * alpha + rng.normal(0, _NOISE_STD, (side, side, 3))
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+def _attribute_columns(a: dict, images: np.ndarray, caption) -> dict[str, np.ndarray]:
     combos = set(HELDOUT_COMBOS)
-    heldout = np.array([(int(s), int(c)) in combos for s, c in zip(shape, colour, strict=True)])
-    captions = np.array(
-        [
-            caption_text(shape=int(s), colour=int(c), size=int(z), background=int(b))
-            for s, c, z, b in zip(shape, colour, size, background, strict=True)
-        ],
-        dtype=object,
-    )
+    pairs = zip(a["shape"], a["colour"], strict=True)
+    heldout = np.array([(int(s), int(c)) in combos for s, c in pairs])
+    rows = zip(a["shape"], a["colour"], a["size"], a["background"], strict=True)
+    captions = [
+        caption(shape=int(s), colour=int(c), size=int(z), background=int(b)) for s, c, z, b in rows
+    ]
     return {
         "image": images,
-        "shape": shape.astype(np.int8),
-        "colour": colour.astype(np.int8),
-        "size": size.astype(np.int8),
-        "background": background.astype(np.int8),
+        "shape": a["shape"].astype(np.int8),
+        "colour": a["colour"].astype(np.int8),
+        "size": a["size"].astype(np.int8),
+        "background": a["background"].astype(np.int8),
         "heldout": heldout,
-        "caption": captions,
+        "caption": np.array(captions, dtype=object),
     }
+
+
+def drawing_caption(*, shape: int, template: int = 0, **_: int) -> str:
+    """The caption of a line drawing of shape ``shape`` (:data:`DRAWING_TEMPLATES`)."""
+    return DRAWING_TEMPLATES[template].format(shape=SHAPES[shape])
+
+
+def render_drawings(
+    n: int, *, seed: int = 0, side: int = 32, split: str = "train"
+) -> dict[str, np.ndarray]:
+    """``n`` captioned line drawings of the shapes, drawn with
+    ``numpy.random.default_rng([seed, 8])``: the attributes of :func:`render_shapes` (shape,
+    colour with the same held-out pairs, size, position, ±15° rotation, background, jitter
+    and noise), each shape's outline only (:func:`drawing_alpha`, a stroke of width uniform
+    in :data:`DRAWING_STROKES` pixels) in its colour, its interior the background. Returns
+    the columns of :func:`render_shapes` (``caption``: "a drawing of a star") and
+    ``radius``, ``cx``, ``cy``, ``angle``, ``stroke`` (float32)."""
+    a = _draw_attributes(np.random.default_rng([seed, 8]), n, side, split)
+    stroke = a["rng"].uniform(*DRAWING_STROKES, n)
+    images = np.empty((n, side, side, 3), dtype=np.uint8)
+    for i in range(n):
+        alpha = drawing_alpha(
+            int(a["shape"][i]), side, cx=a["cx"][i], cy=a["cy"][i], radius=a["radius"][i],
+            angle=a["angle"][i], stroke=stroke[i],
+        )[..., None]  # fmt: skip
+        images[i] = _paint(a["rng"], alpha, a["fg"][i], a["bg"][i])
+    out = _attribute_columns(a, images, drawing_caption)
+    for k in ("radius", "cx", "cy", "angle"):
+        out[k] = a[k].astype(np.float32)
+    out["stroke"] = stroke.astype(np.float32)
+    return out
+
+
+def drawings_table(n: int, *, seed: int = 0, side: int = 32, split: str = "train") -> pa.Table:
+    """:func:`render_drawings` as a cached, verified Parquet table with the columns of
+    :func:`shapes_table`."""
+    return cached_table(
+        f"drawings-{split}-n{n}-s{seed}-{side}px",
+        lambda: _table(render_drawings(n, seed=seed, side=side, split=split)),
+        version=DRAWINGS_VERSION,
+    )
+
+
+def _table(d: dict[str, np.ndarray]) -> pa.Table:
+    flat = d["image"].reshape(len(d["image"]), -1)
+    return pa.table(
+        {
+            "image": pa.array([row.tobytes() for row in flat], type=pa.binary()),
+            "label": pa.array(d["shape"].astype(np.int64), type=pa.int64()),
+            "shape": pa.array(d["shape"], type=pa.int8()),
+            "colour": pa.array(d["colour"], type=pa.int8()),
+            "size": pa.array(d["size"], type=pa.int8()),
+            "background": pa.array(d["background"], type=pa.int8()),
+            "heldout": pa.array(d["heldout"], type=pa.bool_()),
+            "caption": pa.array(d["caption"].tolist(), type=pa.string()),
+        }
+    )
 
 
 def shapes_table(n: int, *, seed: int = 0, side: int = 32, split: str = "train") -> pa.Table:
@@ -296,23 +415,11 @@ def shapes_table(n: int, *, seed: int = 0, side: int = 32, split: str = "train")
     to render on one core, once.
     """
 
-    def build() -> pa.Table:
-        d = render_shapes(n, seed=seed, side=side, split=split)
-        flat = d["image"].reshape(n, -1)
-        return pa.table(
-            {
-                "image": pa.array([row.tobytes() for row in flat], type=pa.binary()),
-                "label": pa.array(d["shape"].astype(np.int64), type=pa.int64()),
-                "shape": pa.array(d["shape"], type=pa.int8()),
-                "colour": pa.array(d["colour"], type=pa.int8()),
-                "size": pa.array(d["size"], type=pa.int8()),
-                "background": pa.array(d["background"], type=pa.int8()),
-                "heldout": pa.array(d["heldout"], type=pa.bool_()),
-                "caption": pa.array(d["caption"].tolist(), type=pa.string()),
-            }
-        )
-
-    return cached_table(f"shapes-{split}-n{n}-s{seed}-{side}px", build, version=VERSION)
+    return cached_table(
+        f"shapes-{split}-n{n}-s{seed}-{side}px",
+        lambda: _table(render_shapes(n, seed=seed, side=side, split=split)),
+        version=VERSION,
+    )
 
 
 def shapes_arrays(table: pa.Table, *, uint8: bool = False) -> tuple[np.ndarray, np.ndarray]:

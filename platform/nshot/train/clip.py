@@ -33,6 +33,15 @@ Presets (:data:`PRESETS`):
   projection, the norm of CLIP's ``ln_final`` output, so the text features have the scale of
   the image features as in CLIP (recipe 7's are about 20 times smaller); the zero-shot
   classifier and its training do not depend on the scale;
+* ``small-cls-ln-glyphs``: recipe version 9, ``small-cls-ln`` whose source adds pairings the
+  shapes never show and a real CLIP's web data holds: 10,000 printed numerals
+  (:mod:`nshot.data.glyphs`, captioned "a photo of the number seven" or "a photo of a seven")
+  and 10,000 line drawings of the eight shapes (:func:`nshot.data.shapes.render_drawings`,
+  "a drawing of a star") beside the 20,000 shapes; the same towers, 1,500 steps of 128 (4.8
+  epochs of the 40,000 images) and 32² images; :func:`zero_shot_report` adds
+  ``acc_glyphs_10way`` and ``acc_drawings_8way`` on fresh renders of both; zero-shot
+  ``acc_src_8way`` 0.997 with MiniLM (seed 0, two workers; numerals 0.995, drawings 0.726),
+  a step costing what recipe 8's does;
 * ``digits``: the same towers on scikit-learn's 8 × 8 grey digits (patch 2, 16 tokens,
   ``in_chans=1``), pre-trained on the dirclip method's 1,200-image training split
   (:func:`digits_split`) with captions such as "this is a photo of a seven"; zero-shot on the
@@ -93,14 +102,18 @@ import numpy as np
 import torch
 
 from nshot.data.cache import cache_dir, file_lock
+from nshot.data.glyphs import DIGIT_WORDS, GLYPH_TEMPLATES, glyph_caption, glyphs_table
 from nshot.data.shapes import (
     BACKGROUNDS,
     CAPTION_TEMPLATES,
     COLOURS,
+    DRAWING_TEMPLATES,
     SHAPES,
     SIZES,
     caption_text,
     caption_vocabulary,
+    drawing_caption,
+    drawings_table,
     shapes_arrays,
     shapes_table,
 )
@@ -134,21 +147,15 @@ __all__ = [
 VERSION = "5"
 
 #: The class names of the digits preset (also words of the word tower's vocabulary).
-DIGIT_NAMES: tuple[str, ...] = (
-    "zero",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-)
+DIGIT_NAMES: tuple[str, ...] = DIGIT_WORDS
 
-#: Words in the word tower's vocabulary that the captions never use (their embeddings stay as
-#: initialised): class names of later target domains (digits "zero" … "nine", the atha method's
+#: The source of recipe 9: the captioned shapes, printed numerals
+#: (:mod:`nshot.data.glyphs`) and line drawings of the shapes
+#: (:func:`nshot.data.shapes.render_drawings`).
+MIXED_SOURCE = "shapes-glyphs-drawings"
+
+#: Words in the word tower's vocabulary that the shapes' captions never use (their embeddings
+#: stay as initialised unless recipe 9's glyph and drawing captions use them): class names of later target domains (digits "zero" … "nine", the atha method's
 #: class names unseen in pre-training) and common prompt words.
 EXTRA_WORDS: tuple[str, ...] = (
     "this",
@@ -233,6 +240,10 @@ class ClipPreset:
     log_every: int = 25
     #: :attr:`nshot.nn.clip.CLIPConfig.minilm_scale` (the MiniLM tower's embedding scale)
     minilm_scale: float = 1.0
+    #: printed numerals and line drawings beside the ``images`` shapes (``source`` =
+    #: :data:`MIXED_SOURCE` only)
+    glyphs: int = 0
+    drawings: int = 0
     #: the recipe's version: part of the cache name, so a changed recipe trains anew
     version: str = VERSION
 
@@ -280,6 +291,18 @@ PRESETS: dict[str, ClipPreset] = {
     # projects a LayerNorm output. The zero-shot classifier and the training are the same as
     # recipe 7's (cosines do not see the scale); the atha method's anchors are not.
     "small-cls-ln": replace(_SMALL_CLS, minilm_scale=math.sqrt(384), version="8"),
+    # ... and pairings the shapes never show (recipe 9): 10,000 printed numerals captioned
+    # "a photo of the number seven" / "a photo of a seven" and 10,000 line drawings of the
+    # eight shapes captioned "a drawing of a star", beside the same 20,000 shapes; the same
+    # towers, steps (1,500 of 128: 4.8 epochs of the 40,000 images) and resolution
+    "small-cls-ln-glyphs": replace(
+        _SMALL_CLS,
+        minilm_scale=math.sqrt(384),
+        source=MIXED_SOURCE,
+        glyphs=10_000,
+        drawings=10_000,
+        version="9",
+    ),
     "digits": ClipPreset(
         images=DIGITS_TRAIN,
         side=8,
@@ -369,7 +392,9 @@ def _batch_rows(n: int, batch: int, step: int, seed: int) -> np.ndarray:
 
 def _batch_captions(attrs: np.ndarray, step: int, seed: int, source: str = "shapes") -> list[str]:
     """One caption per row of ``attrs`` (shapes: ``[B, 4]`` shape, colour, size, background;
-    digits: ``[B, 1]`` the digit), its template drawn from the generator of (seed, step)."""
+    digits: ``[B, 1]`` the digit; :data:`MIXED_SOURCE`: ``[B, 5]``, the shapes' columns (a
+    numeral's digit in the first) and the kind, 0 a shape, 1 a numeral, 2 a drawing), its
+    template drawn from the generator of (seed, step)."""
     rng = np.random.default_rng([seed, 2, step])
     if source == "digits":
         tpl = rng.integers(0, len(DIGIT_TEMPLATES), len(attrs))
@@ -380,6 +405,17 @@ def _batch_captions(attrs: np.ndarray, step: int, seed: int, source: str = "shap
             DIGIT_TEMPLATES[t].format(DIGIT_NAMES[d])
             for d, t in zip(attrs[:, 0].tolist(), tpl, strict=True)
         ]
+    if source == MIXED_SOURCE:  # the shapes' draw as above, then a numeral's form
+        form = rng.integers(0, len(GLYPH_TEMPLATES), len(attrs))
+        out = []
+        for (s, c, z, b, kind), t, f in zip(attrs.tolist(), tpl, form, strict=True):
+            if kind == 1:
+                out.append(glyph_caption(s, int(f)))
+            elif kind == 2:
+                out.append(drawing_caption(shape=s))
+            else:
+                out.append(caption_text(shape=s, colour=c, size=z, background=b, template=int(t)))
+        return out
     return [
         caption_text(shape=s, colour=c, size=z, background=b, template=int(t))
         for (s, c, z, b), t in zip(attrs.tolist(), tpl, strict=True)
@@ -390,6 +426,14 @@ def all_captions(source: str = "shapes") -> list[str]:
     """Every caption the pre-training can draw (for precomputing MiniLM embeddings)."""
     if source == "digits":
         return sorted({t.format(n) for t in DIGIT_TEMPLATES for n in DIGIT_NAMES})
+    if source == MIXED_SOURCE:
+        extra = [glyph_caption(d, t) for d in range(10) for t in range(len(GLYPH_TEMPLATES))]
+        extra += [
+            drawing_caption(shape=s, template=t)
+            for s in range(len(SHAPES))
+            for t in range(len(DRAWING_TEMPLATES))
+        ]
+        return sorted(set(all_captions("shapes") + extra))
     out = []
     for t in range(len(CAPTION_TEMPLATES)):
         for s in range(len(SHAPES)):
@@ -504,13 +548,31 @@ def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 def _source(p: ClipPreset, seed: int, split: str) -> tuple[np.ndarray, np.ndarray]:
     """``(images, attrs)`` of a preset's pre-training data: shapes as uint8 ``[n, 3, s, s]``
-    with ``attrs`` ``[n, 4]``; digits as float32 ``[n, 1, 8, 8]`` with ``attrs`` ``[n, 1]``."""
+    with ``attrs`` ``[n, 4]``; digits as float32 ``[n, 1, 8, 8]`` with ``attrs`` ``[n, 1]``;
+    :data:`MIXED_SOURCE`: the shapes, then the numerals, then the drawings, uint8, with
+    ``attrs`` ``[n, 5]`` (:func:`_batch_captions`)."""
     if p.source == "digits":
         x_tr, y_tr, x_te, y_te = digits_split(seed)
         return (x_tr, y_tr[:, None]) if split == "train" else (x_te, y_te[:, None])
     table = shapes_table(p.images, seed=seed, side=p.side, split="train")
     attrs = np.stack([table.column(c).to_numpy().astype(np.int64) for c in SHAPE_ATTRS], axis=1)
-    return shapes_arrays(table, uint8=True)[0], attrs
+    images = shapes_arrays(table, uint8=True)[0]
+    if p.source != MIXED_SOURCE:
+        return images, attrs
+    glyphs = glyphs_table(p.glyphs, seed=seed, side=p.side)
+    drawings = drawings_table(p.drawings, seed=seed, side=p.side, split="train")
+    g_attrs = np.zeros((p.glyphs, 5), dtype=np.int64)
+    g_attrs[:, 0] = glyphs.column("digit").to_numpy().astype(np.int64)
+    g_attrs[:, 1] = glyphs.column("colour").to_numpy().astype(np.int64)
+    g_attrs[:, 3] = glyphs.column("background").to_numpy().astype(np.int64)
+    g_attrs[:, 4] = 1
+    d_cols = [drawings.column(c).to_numpy().astype(np.int64) for c in SHAPE_ATTRS]
+    d_attrs = np.stack([*d_cols, np.full(p.drawings, 2, dtype=np.int64)], axis=1)
+    s_attrs = np.concatenate([attrs, np.zeros((len(attrs), 1), dtype=np.int64)], axis=1)
+    images = np.concatenate(
+        [images, shapes_arrays(glyphs, uint8=True)[0], shapes_arrays(drawings, uint8=True)[0]]
+    )
+    return images, np.concatenate([s_attrs, g_attrs, d_attrs])
 
 
 # --------------------------------------------------------------------------------------------
@@ -792,6 +854,10 @@ def pretrain(
 # zero-shot measurement
 
 
+#: Fresh numerals and drawings of :func:`zero_shot_report` (recipe 9).
+GLYPH_TEST_IMAGES = 1000
+
+
 def _accuracy(model: TinyCLIP, images: torch.Tensor, labels: np.ndarray, names, tpl) -> float:
     if len(labels) == 0:
         return float("nan")
@@ -812,7 +878,10 @@ def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> d
     * ``acc_colour_8way``: the 8 colour names, all images;
     * ``acc_plural_names_8way`` / ``acc_synonym_names_8way``: the shapes under class names never
       used in pre-training ("circles"…; "disc", "box", …);
-    * ``unknown_words``: how many words of those held-out names the tokenizer did not know.
+    * ``unknown_words``: how many words of those held-out names the tokenizer did not know;
+    * recipe 9 (:data:`MIXED_SOURCE`) only: ``acc_glyphs_10way``, the ten digit words on 1,000
+      fresh printed numerals, and ``acc_drawings_8way``, the 8 shapes on 1,000 fresh line
+      drawings (every (shape, colour) pair), both with the same prompt.
     """
     p = _preset(preset)
     if p.source == "digits":
@@ -838,6 +907,12 @@ def zero_shot_report(model: TinyCLIP, preset: str = "small", seed: int = 0) -> d
     report["unknown_words"] = (
         0 if tok is None else tok.unknown_words(list(PLURAL_NAMES) + list(SYNONYM_NAMES))
     )
+    if p.source == MIXED_SOURCE:  # the added pairings, on fresh renders of their own
+        gx, gy = shapes_arrays(glyphs_table(GLYPH_TEST_IMAGES, seed=10_000 + seed, side=p.side))
+        report["acc_glyphs_10way"] = _accuracy(model, torch.from_numpy(gx), gy, DIGIT_NAMES, tpl)
+        drawings = drawings_table(GLYPH_TEST_IMAGES, seed=10_000 + seed, side=p.side, split="test")
+        dx, dy = shapes_arrays(drawings)
+        report["acc_drawings_8way"] = _accuracy(model, torch.from_numpy(dx), dy, SHAPES, tpl)
     return report
 
 
