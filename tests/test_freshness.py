@@ -158,7 +158,6 @@ STALE = {
     "auxbo": "no run record",
     "bsr": "code changed since",
     "cfr": "code changed since",
-    "dirclip": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "timemode": "code changed since",
