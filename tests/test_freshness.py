@@ -160,7 +160,6 @@ STALE = {
     "cfr": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
-    "timemode": "code changed since",
     "urs": "dirty tree",
     "weightspace": "no run record",
 }
