@@ -157,7 +157,6 @@ STALE = {
     "atha": "code changed since",
     "auxbo": "no run record",
     "bsr": "code changed since",
-    "cfr": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "urs": "dirty tree",
