@@ -320,3 +320,94 @@ def test_comments_and_docstrings_do_not_make_a_result_stale(repo):
     assert _fresh(root, made) == "fresh"
     _commit(root, {"methods/toy/sub/extra.py": "# only a comment\n"})
     assert _fresh(root, made) == "stale (code changed since)"  # a new file of the run
+
+
+# --------------------------------------------------------------------------- other committed results
+
+# results files besides `small.json` (sub-runs, earlier runs kept) that were not made from a clean
+# tree; the method's README says so where it first cites each. `small.json` is held by the test
+# above (STALE). A file leaves this list when it is re-made from a clean tree.
+_BEFORE = "no run record (made before run records)"
+NOT_CLEAN = {
+    ("atha", "clip-v7-small.json"): "dirty tree at ad0a57e",
+    ("atha", "push0.05-small.json"): "dirty tree at 86c4417",
+    ("atha", "push0.1-small.json"): "dirty tree at 86c4417",
+    ("atha", "push0.2-small.json"): "dirty tree at 86c4417",
+    ("atha", "push0.4-small.json"): "dirty tree at 86c4417",
+    ("atha", "push1.6-small.json"): "dirty tree at 86c4417",
+    ("atha", "textile-small.json"): "dirty tree at a3f6c74",
+    ("auxbo", "small-first-run.json"): _BEFORE,
+    ("auxbo", "small-heldout56.json"): _BEFORE,
+    ("auxbo", "small-lcbench-perturbed.json"): _BEFORE,
+    ("auxbo", "small-seed1.json"): _BEFORE,
+    ("bsr", "mae-references-small.json"): "dirty tree at a9d17f1",
+    ("bsr", "no-final-norm-small.json"): "dirty tree at dce2780",
+    ("bsr", "steps1000-small.json"): "dirty tree at 279e461",
+    ("cfr", "epochs40-small.json"): "dirty tree at 11f1abf",
+    ("cfr", "pro99-small.json"): "dirty tree at be5ba00",
+    ("cfr", "theta-low-small.json"): "dirty tree at 90012f0",
+    ("dirclip", "lambda-sweep.json"): "dirty tree at c5c957f",
+    ("dirclip", "steps400-small.json"): "dirty tree at 42c7cc8",
+    ("front", "small-v1.json"): _BEFORE,
+    ("keystone", "small-v1.json"): _BEFORE,
+    ("modhnn", "small-v1.json"): _BEFORE,
+    ("tgdt", "minilm-small.json"): "dirty tree at 09191cc",
+    ("tgdt", "small-metaworld.json"): "dirty tree at 6c968af",
+    ("timemode", "disc1-small.json"): "dirty tree at 2676488",
+    ("timemode", "disc3-steps4x-small.json"): "dirty tree at a9d17f1",
+    ("weightspace", "small-seeds3.json"): _BEFORE,
+    ("zerounlearn", "small-capital-language.json"): _BEFORE,
+    ("zerounlearn", "small-layers-4-6.json"): _BEFORE,
+    ("zerounlearn", "small-subject-first.json"): _BEFORE,
+    ("zerounlearn", "small-v1.json"): _BEFORE,
+}
+
+
+def _why_not_clean(data: dict) -> str | None:
+    """Why a results file does not record a clean tree (``None``: it does). Older run records
+    mark a dirty tree with ``+dirty`` on the commit and have no ``dirty`` field."""
+    run = data.get("run")
+    if not isinstance(run, dict) or not run:
+        return _BEFORE
+    commit, dirty = provenance.run_commit(run)
+    if not commit:
+        return "no commit recorded"
+    return f"dirty tree at {commit[:7]}" if dirty else None
+
+
+def _other_results() -> dict[tuple[str, str], str | None]:
+    """Every results file (a JSON with ``method`` and ``rows``) in a ``methods/*/results/``
+    folder except ``small.json``, with why it is not clean."""
+    found = {}
+    for path in sorted(ROOT.glob("methods/*/results/*.json")):
+        if path.name == "small.json":
+            continue
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "method" in data and "rows" in data:
+            found[(path.parent.parent.name, path.name)] = _why_not_clean(data)
+    return found
+
+
+def test_other_committed_results_record_a_clean_tree_or_are_listed():
+    found = _other_results()
+    problems = [
+        f"methods/{m}/results/{f}: "
+        + (f"{why}: re-make it from a clean tree" if why else "clean now: it leaves NOT_CLEAN")
+        + (f" (NOT_CLEAN says {NOT_CLEAN[m, f]!r})" if why and (m, f) in NOT_CLEAN else "")
+        for (m, f), why in found.items()
+        if why != NOT_CLEAN.get((m, f))
+    ]
+    problems += [
+        f"methods/{m}/results/{f}: listed in NOT_CLEAN but not a committed results file"
+        for m, f in set(NOT_CLEAN) - set(found)
+    ]
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_not_clean_reads_the_run_record():
+    assert _why_not_clean({"rows": {}}) == _BEFORE
+    assert _why_not_clean({"run": {"commit": "86c4417+dirty"}}) == "dirty tree at 86c4417"
+    assert _why_not_clean({"run": {"commit": "a" * 40, "dirty": True}}) == "dirty tree at aaaaaaa"
+    assert _why_not_clean({"run": {"commit": "a" * 40, "dirty": False}}) is None
+    assert _why_not_clean({"run": {"commit": "4bfeaca"}}) is None  # older record, clean tree
+    assert _why_not_clean({"run": {"date": "2026-12-01"}}) == "no commit recorded"
