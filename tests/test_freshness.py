@@ -156,7 +156,6 @@ def test_a_dirty_tree_may_not_write_committed_results(repo):
 STALE = {
     "atha": "code changed since",
     "auxbo": "no run record",
-    "bsr": "code changed since",
     "tail": "no run record",
     "tgdt": "dirty tree",
     "urs": "dirty tree",
