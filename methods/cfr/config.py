@@ -266,8 +266,6 @@ class CfrConfig(MethodConfig):
         ViT-B/8 and Point-MAE from ``dino_path`` and ``pointmae_path`` (``dino-pointmae``)."""
         from nshot.nn.backbone import BackboneSpec
 
-        from . import features  # noqa: F401 - registers the kinds
-
         if self.features == "paper":
             return BackboneSpec("dino-pointmae", {
                 "dino_path": self.dino_path, "pointmae_path": self.pointmae_path,

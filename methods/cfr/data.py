@@ -334,6 +334,8 @@ def check_inputs(cfg: CfrConfig) -> None:
 
     from nshot.nn.backbone import backbone_problems, raise_problems
 
+    from . import features  # noqa: F401 - registers the backbone kinds
+
     missing = backbone_problems(cfg.backbone_spec())
     if cfg.generator == "mvtec3d":
         if not cfg.data_path:
