@@ -356,7 +356,6 @@ AWAITING_ROW: set[tuple[str, str]] = {
     ("tgdt", "minilm_approaches_oracle"),
     ("tgdt", "minilm_beats_language_baseline"),
     ("tgdt", "zero_shot_approaches_oracle"),
-    ("urs", "urs_beats_mtpomo_unseen"),
 }
 
 
