@@ -346,16 +346,11 @@ def test_a_headline_stated_for_another_preset_gives_no_verdict():
 # cannot outlive the rerun).
 AWAITING_RERUN = {
     ("auxbo", "below_f_only_over_seeds_lcbench"),
-    ("tgdt", "goal_matters_success"),
 }
 # claims whose row a declared change adds: the committed small results predate the row (the test
 # fails once the row appears, so the entry cannot outlive the rerun)
 AWAITING_ROW: set[tuple[str, str]] = {
     ("tail", "served_within_1pt_of_nearest_centroid"),
-    ("tgdt", "alignment_helps_the_policy"),
-    ("tgdt", "minilm_approaches_oracle"),
-    ("tgdt", "minilm_beats_language_baseline"),
-    ("tgdt", "zero_shot_approaches_oracle"),
 }
 
 
