@@ -220,9 +220,10 @@ def test_experiments_smoke_has_every_row_and_claim(monkeypatch, tmp_path):
 
 
 def test_committed_small_results_carry_their_claims():
-    """The claims recorded in the committed small results are what the claims give on them, and
-    they can fail: an OCE row no better than k = 1 breaks the OCE claims. The headline's paired
-    test needs per-seed samples, which that run predates: not evaluable until it is re-made;
+    """The claims recorded in the committed small results (the 3-seed ``small.json`` and the
+    earlier 1-seed ``small-v1.json``) are what the claims give on them, and they can fail: an OCE
+    row no better than k = 1 breaks the OCE claims. The headline's paired test needs per-seed
+    samples: the 3-seed run evaluates it, the 1-seed run predates them (not evaluable there);
     with three seeds' samples it holds, or fails when k = 8 is no better."""
     import copy
     import json
@@ -230,11 +231,18 @@ def test_committed_small_results_carry_their_claims():
 
     from nshot.reproduce import with_claims
 
-    path = Path(__file__).parents[1] / "methods" / "weightspace" / "results" / "small.json"
-    data = json.loads(path.read_text())
+    results = Path(__file__).parents[1] / "methods" / "weightspace" / "results"
 
     def main(claims):  # the claims of the 1-D comparison (not those of experiment=mnist_inr)
         return [c for c in claims if c.get("other") != "experiment"]
+
+    current = json.loads((results / "small.json").read_text())
+    assert main(with_claims(current)["claims"]) == main(current["claims"])
+    assert current["seeds"] == 3
+    assert all(c["holds"] is not None for c in main(current["claims"]))  # every one evaluable
+    assert {c["id"]: c for c in current["claims"]}["oce_k8_below_k1"]["effect"]["n"] == 3
+
+    data = json.loads((results / "small-v1.json").read_text())
 
     fresh = main(with_claims(data)["claims"])
     assert fresh == main(data["claims"])
