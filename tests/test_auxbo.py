@@ -307,18 +307,20 @@ def test_extra_meta_training_seeds_pair_aux_bo_with_f_only(monkeypatch, tmp_path
     assert got["effect"]["n"] == 3 and got["holds"] in (True, False)
 
 
-def test_claims_on_the_committed_small_results():
+@pytest.mark.parametrize("results", ["small.json", "small-v1.json"])
+def test_claims_on_the_committed_small_results(results):
     """The claims read the committed small results (rows, the run's own paired Wilcoxon
     p-values, prediction figures); a p-value past 0.05 flips the claim that reads it. The
     headline's paired test needs the per-seed regrets, and the synthetic family's checks the
-    figures of its precondition: without them they are not evaluable. Results of the first
-    synthetic family (version 1, before the field existed) fail the leak check."""
+    figures of its precondition: without them they are not evaluable (the earlier ``small-v1``
+    run has neither). Results of the first synthetic family (version 1, before the field
+    existed) fail the leak check."""
     import json
     from pathlib import Path
 
     from nshot.reproduce import with_claims
 
-    path = Path(__file__).parents[1] / "methods" / "auxbo" / "results" / "small.json"
+    path = Path(__file__).parents[1] / "methods" / "auxbo" / "results" / results
     data = json.loads(path.read_text())
     claims = with_claims(data)["claims"]
     holds = {c["id"]: c["holds"] for c in claims if c.get("applies", True)}

@@ -345,7 +345,6 @@ def test_a_headline_stated_for_another_preset_gives_no_verdict():
 # are not evaluable until small is re-made (the test fails once the metric appears, so the entry
 # cannot outlive the rerun).
 AWAITING_RERUN = {
-    ("auxbo", "below_f_only_over_seeds_lcbench"),
 }
 # claims whose row a declared change adds: the committed small results predate the row (the test
 # fails once the row appears, so the entry cannot outlive the rerun)
