@@ -348,7 +348,6 @@ NOT_CLEAN = {
     ("modhnn", "small-v1.json"): _BEFORE,
     ("tgdt", "minilm-small.json"): "dirty tree at 09191cc",
     ("tgdt", "small-metaworld.json"): "dirty tree at 6c968af",
-    ("tgdt", "small-v1.json"): "dirty tree at c84bb02",
     ("timemode", "disc1-small.json"): "dirty tree at 2676488",
     ("timemode", "disc3-steps4x-small.json"): "dirty tree at a9d17f1",
     ("urs", "small-v1.json"): "dirty tree at fe7134e",
