@@ -46,6 +46,31 @@ def test_config_validation_names_the_field():
     assert atha.config("small").text == "minilm" and atha.config("smoke").text == "word"
 
 
+def test_clip_seed_maps_training_seeds_to_the_tiny_clip_they_adapt():
+    """clip_seed (default 0): every training seed adapts the one tiny CLIP of that seed, so the
+    backbone spec (the cache's key) is the same for each while the config's seed, which draws
+    the pools, episodes and LoRA initialisations, still varies; per_seed: seed s adapts the
+    CLIP of seed s. Nothing is pre-trained."""
+    from nshot.methods.atha.config import clip_seed_for
+
+    atha = get("atha")
+    for preset in ("smoke", "small"):
+        assert atha.config(preset).clip_seed == 0
+    cfg = atha.config("small", seeds=3)
+    assert [clip_seed_for(cfg, s) for s in (0, 1, 2)] == [0, 0, 0]
+    specs = [cfg.replace(seed=s).backbone_spec().to_dict() for s in (0, 1, 2)]
+    assert all(spec == specs[0] for spec in specs) and specs[0]["seed"] == 0
+    assert [clip_seed_for(cfg.replace(seed=s)) for s in (0, 1, 2)] == [0, 0, 0]
+    assert [clip_seed_for(atha.config("small", clip_seed=4), s) for s in (0, 1, 2)] == [4, 4, 4]
+    per = atha.config("small", clip_seed="per_seed", seeds=3)
+    assert [clip_seed_for(per, s) for s in (0, 1, 2)] == [0, 1, 2]
+    assert [per.replace(seed=s).backbone_spec().to_dict()["seed"] for s in (0, 1, 2)] == [0, 1, 2]
+    assert per.model_dump()["clip_seed"] == "per_seed"  # the resolved config carries it
+    for bad in (-1, "per-seed", "1", 1.5, True, None):
+        with pytest.raises(ConfigError, match="clip_seed"):
+            atha.config("small", clip_seed=bad)
+
+
 def test_the_context_learns_at_coops_rate_carried_to_the_logit_scale():
     """small's context takes CoOp's step (2e-3 at CLIP's logit scale 100) at ATHA's s: 0.1 at
     one shot (s = 2), 0.05 above (s = 4); smoke and paper keep the authors' 2e-3 as is; the

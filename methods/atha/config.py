@@ -14,9 +14,9 @@ episodes (adaptation on a support set, classification of its queries) run in ``e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nshot.method import MethodConfig
 from nshot.tune.space import Float, TuneSpec
@@ -176,9 +176,20 @@ class AthaConfig(MethodConfig):
         ge=1,
         le=20,
         description="training seeds of the tiny-CLIP reproduction (seed, seed + 1, ...): each "
-        "pre-trains its own tiny CLIP and draws its own pools, episodes and LoRA "
-        "initialisations; rows are means over seeds and the claims' samples are per seed (one "
-        "seed: per episode); the paper preset runs one real CLIP, so one seed",
+        "adapts the tiny CLIP clip_seed names (per_seed: pre-trains its own) and draws its own "
+        "pools, episodes and LoRA initialisations; rows are means over seeds and the claims' "
+        "samples are per seed (one seed: per episode); the paper preset runs one real CLIP, so "
+        "one seed",
+    )
+    clip_seed: Annotated[int, Field(ge=0)] | Literal["per_seed"] = Field(
+        0,
+        description="the pre-training seed of the tiny CLIP the episodes adapt (clip_seed_for): "
+        "an int, the one tiny CLIP pre-trained with that seed, which every training seed "
+        "adapts (cached once; the paper's setting, one pre-trained CLIP whose adaptation the "
+        "seeds vary); per_seed: training seed s adapts the tiny CLIP pre-trained with seed s. "
+        "nshot train atha pre-trains the same CLIP; the training seed still draws the pools, "
+        "episodes and LoRA / context initialisations. backbone=clip (paper) reads the one "
+        "real CLIP of clip_path: clip_seed does not matter there",
     )
     experiment: Experiment = Field(
         "comparison",
@@ -268,9 +279,9 @@ class AthaConfig(MethodConfig):
 
     def backbone_spec(self, seed: int | None = None) -> BackboneSpec:
         """The backbone this config names (:mod:`nshot.nn.backbone`): the tiny CLIP of
-        ``clip_preset`` / ``text`` pre-trained with training seed ``seed`` (default: the
-        config's) on ``clip_workers`` workers and cached (``tiny``), or the real CLIP at
-        ``clip_path`` (``clip``)."""
+        ``clip_preset`` / ``text`` that training seed ``seed`` (default: the config's) adapts,
+        pre-trained with :func:`clip_seed_for`'s seed on ``clip_workers`` workers and cached
+        (``tiny``), or the real CLIP at ``clip_path`` (``clip``; ``clip_seed`` unused)."""
         from nshot.nn.backbone import BackboneSpec
 
         if self.backbone == "clip":
@@ -279,8 +290,18 @@ class AthaConfig(MethodConfig):
                                            "clip_arch": self.clip_arch})  # fmt: skip
         return BackboneSpec("tinyclip", {
             "preset": self.clip_preset, "text": self.text,
-            "seed": self.seed if seed is None else seed, "workers": self.clip_workers,
+            "seed": clip_seed_for(self, seed), "workers": self.clip_workers,
         })  # fmt: skip
+
+    @field_validator("clip_seed", mode="before")
+    @classmethod
+    def _check_clip_seed(cls, value: Any) -> Any:
+        """A non-negative int (not a bool, not a numeral in a string) or ``'per_seed'``."""
+        if value == "per_seed" or (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        ):
+            return value
+        raise ValueError(f"a non-negative int or 'per_seed' (got {value!r})")
 
     @model_validator(mode="after")
     def _check(self) -> AthaConfig:
@@ -311,3 +332,12 @@ class AthaConfig(MethodConfig):
                 "its episodes are the paired units)"
             )
         return self
+
+
+def clip_seed_for(cfg: AthaConfig, seed: int | None = None) -> int:
+    """The pre-training seed of the tiny CLIP that training seed ``seed`` (default: the
+    config's ``seed``) adapts: ``clip_seed``, the same for every training seed, or with
+    ``clip_seed='per_seed'`` the training seed itself."""
+    if isinstance(cfg.clip_seed, int):
+        return cfg.clip_seed
+    return cfg.seed if seed is None else seed  # per_seed

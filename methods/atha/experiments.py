@@ -12,7 +12,9 @@ an episode, the same LoRA initialisation, so the differences are paired.
 
 With one seed, means are over episodes, the spread is the 95 % interval 1.96 · sd / √episodes
 and the claims' samples are per episode. With ``seeds`` > 1 (``small``: 3) each training seed
-pre-trains its own tiny CLIP and draws its own pools and episodes; each seed is summarised as
+adapts the tiny CLIP of ``clip_seed`` (:func:`.config.clip_seed_for`: by default the one CLIP
+pre-trained with seed 0, the paper's one pre-trained CLIP; ``per_seed``: its own) and draws its
+own pools, episodes and LoRA initialisations; each seed is summarised as
 one seed would be (:func:`summarise`), the rows are the means over seeds, the spread the
 standard deviation over seeds (Bessel-corrected) and the samples the per-seed values, paired by
 seed (:func:`nshot.experiment.aggregate`); each seed's own table is kept in
@@ -40,7 +42,7 @@ from nshot.experiment import Job, aggregate, check_gpus, is_planning, run_jobs
 from nshot.method import ResultsTable
 from nshot.nn.backbone import BackboneSpec, CLIPBackbone, load_backbone, prepare_backbone
 
-from .config import AthaConfig, sweep_row
+from .config import AthaConfig, clip_seed_for, sweep_row
 from .data import Pool, domain_pool, sample_episode
 from .model import EpisodeModel, select_tokens
 from .train import domains_of, episode_seed, pool_of, prepare_data, run_block, run_episode
@@ -171,8 +173,8 @@ def _setup(cfg: AthaConfig) -> tuple[list[int], dict, dict, dict, dict, list[str
             list(cfg.data_domains) or ["<each domain folder of data_path>"])  # fmt: skip
     else:
         prepare_data(cfg)  # a missing CLIP or image folder fails here, before any task
-        for s in seeds:  # one tiny CLIP per training seed, pre-trained in turn on a cold cache
-            prepare_backbone(cfgs[s].backbone_spec())
+        for spec in dict.fromkeys(specs.values()):  # each clip seed's tiny CLIP (one with an
+            prepare_backbone(BackboneSpec.from_dict(json.loads(spec)))  # int clip_seed), in turn
         bbs = {s: _backbone(specs[s]) for s in seeds}
         domains = domains_of(cfg)
         pools = {
@@ -229,6 +231,7 @@ def run_experiments(cfg: AthaConfig, workdir: Path) -> ResultsTable:
         if cfg.backbone == "tiny":
             extra["tiny_clip"] = {
                 "folder": bb.folder.name,
+                "clip_seed": clip_seed_for(cfgs[seed]),
                 "text": cfg.text,
                 "world_size": meta.get("world_size"),
                 "zero_shot": zero_shot,
@@ -322,10 +325,15 @@ def combine_seeds(cfg: AthaConfig, tables: dict[int, ResultsTable]) -> ResultsTa
         str(s): {"rows": tables[s].rows, "stds": tables[s].stds, "extra": tables[s].extra}
         for s in seeds
     }
+    clip = (
+        "each pre-trains its own tiny CLIP (clip_seed=per_seed)"
+        if cfg.clip_seed == "per_seed"
+        else f"each adapts the one tiny CLIP pre-trained with seed {cfg.clip_seed} (clip_seed)"
+    )
     notes = [
         *tables[seeds[0]].notes[:1],
-        f"{len(seeds)} training seeds ({', '.join(map(str, seeds))}): each pre-trains its own "
-        "tiny CLIP and draws its own pools, episodes and LoRA initialisations; rows are means "
+        f"{len(seeds)} training seeds ({', '.join(map(str, seeds))}): {clip}"
+        " and draws its own pools, episodes and LoRA initialisations; rows are means "
         "over seeds, ± the standard deviation over seeds (Bessel), and the claims' samples the "
         "per-seed values (a seed's mean over its episodes), paired by seed; each seed's own "
         "table (± 95 % intervals over its episodes) is in extra.per_seed",
@@ -602,10 +610,11 @@ def summarise_sweep(
 
 
 def run_tail_sweep(cfg: AthaConfig, workdir: Path) -> ResultsTable:
-    """``experiment=tail_sweep``: for each training seed (its own tiny CLIP, as the comparison)
-    and domain, ``sweep_episodes`` one-shot episodes, each run by zero-shot, CoOp + LoRA and
-    the tail push alone at every fixed rho- of ``sweep_rho_minus`` (:func:`run_sweep_block`),
-    in Ray tasks of ``episodes_per_job`` episodes; summarised by :func:`summarise_sweep`."""
+    """``experiment=tail_sweep``: for each training seed (the tiny CLIP of ``clip_seed``, as the
+    comparison) and domain, ``sweep_episodes`` one-shot episodes, each run by zero-shot, CoOp +
+    LoRA and the tail push alone at every fixed rho- of ``sweep_rho_minus``
+    (:func:`run_sweep_block`), in Ray tasks of ``episodes_per_job`` episodes; summarised by
+    :func:`summarise_sweep`."""
     t0 = time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     seeds, cfgs, specs, bbs, pools, domains = _setup(cfg)
@@ -636,7 +645,11 @@ def run_tail_sweep(cfg: AthaConfig, workdir: Path) -> ResultsTable:
     }
     if cfg.backbone == "tiny":
         table.extra["tiny_clip"] = {
-            str(s): {"folder": bbs[s].folder.name, "acc_src_8way": acc_src[s]}  # type: ignore[attr-defined]
+            str(s): {
+                "folder": bbs[s].folder.name,  # type: ignore[attr-defined]
+                "clip_seed": clip_seed_for(cfgs[s]),
+                "acc_src_8way": acc_src[s],
+            }
             for s in seeds
         }
     table.extra["sizes"] = {"sweep_episodes": n_ep, "epochs": cfg.epochs, "n_way": cfg.n_way,

@@ -1,7 +1,8 @@
 """ATHA's two kinds of training.
 
 * :func:`train_loop` (``nshot train atha``): the backbone every episode starts from. The tiny
-  CLIP is pre-trained contrastively (:class:`PretrainRecipe` on :mod:`nshot.train.trainer`), run by
+  CLIP is pre-trained contrastively (:class:`PretrainRecipe` on :mod:`nshot.train.trainer`), with
+  the seed of ``clip_seed`` (:func:`.config.clip_seed_for`, the CLIP the experiments adapt), run by
   :func:`nshot.train.clip.pretrain` in this worker (on a worker group its loop all-gathers the
   image features and averages the gradients over the workers). It runs in chunks of
   ``checkpoint_every`` steps; after each chunk rank 0 reports an nshot checkpoint (the tiny
@@ -39,7 +40,7 @@ from nshot.nn.backbone import CLIPBackbone, load_backbone
 from nshot.train import session
 from nshot.train.trainer import Recipe, train
 
-from .config import AthaConfig
+from .config import AthaConfig, clip_seed_for
 from .data import Episode, Pool, domain_pool, sample_episode
 from .model import EpisodeModel, backbone_from_weights
 
@@ -93,6 +94,7 @@ class PretrainRecipe(Recipe):
             "clip_config": clip_config(cfg.clip_preset, cfg.text).to_dict(),
             "clip_preset": cfg.clip_preset,
             "text": cfg.text,
+            "clip_seed": clip_seed_for(cfg),
         }
         self.began = False
         self.chunk = (0, 0)  # the chunk's steps: (first - 1, last)
@@ -123,7 +125,7 @@ class PretrainRecipe(Recipe):
                 cfg.clip_preset,
                 out=self.work,
                 text=cfg.text,
-                seed=cfg.seed,
+                seed=clip_seed_for(cfg),
                 steps=cfg.steps,
                 stop_at=end,
                 threads=cfg.torch_threads,
@@ -216,7 +218,7 @@ def _final_metrics(
     from nshot.train.clip import zero_shot_report
 
     bb = backbone_from_weights(clip_cfg, state)
-    report = zero_shot_report(bb.model, cfg.clip_preset, cfg.seed)  # type: ignore[arg-type]
+    report = zero_shot_report(bb.model, cfg.clip_preset, clip_seed_for(cfg))  # type: ignore[arg-type]
     out = {"acc_src_8way": float(report["acc_src_8way"])}
     out.update(episode_accuracy(bb, cfg, ["atha"]))
     return out
