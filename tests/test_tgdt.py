@@ -79,11 +79,12 @@ def test_config_names_the_field():
     sub = small.replace(minilm_row=True, rows=["tgdt", "tgdt_minilm", "naive_text_dt"])
     assert list(trained_rows(sub)) == ["tgdt", "tgdt_minilm", "naive_text_dt"]
     assert trained_rows(sub)["tgdt_minilm"] == {"system": "tgdt", "text_encoder": "minilm"}
-    assert trained_rows(small)["naive_text_dt_minilm"] == {
+    assert trained_rows(small.replace(minilm_row=True))["naive_text_dt_minilm"] == {
         "system": "naive_text_dt", "text_encoder": "minilm"
     }  # fmt: skip
     assert (
-        len(trained_rows(small)) == 10 and len(trained_rows(small.replace(minilm_row=False))) == 8
+        len(trained_rows(small.replace(minilm_row=True))) == 10
+        and len(trained_rows(small.replace(minilm_row=False))) == 8
     )
     for bad in (["tgdt_minilm"], [], ["tgdt", "dt"]):
         with pytest.raises(ConfigError, match="rows"):
@@ -94,15 +95,109 @@ def test_config_names_the_field():
 
 
 def test_the_small_preset_declared_for_the_headline():
-    """small: ~200 training goals, 1,000 steps, 3 seeds for every row, the alignment losses
-    balanced on the text encoder, the MiniLM rows beside the char rows; the paper preset keeps
-    the paper's unit weights."""
+    """small (the next small, declared before its run): 200 / 20 goals, 550 steps (warm-up 55),
+    3 seeds for every row, the alignment losses balanced on the text encoder and re-balanced
+    every 100 steps, the MiniLM rows off (measurable with minilm_row=true); the paper preset
+    keeps the paper's unit weights."""
     small = TGDTConfig.from_preset("small")
     assert (small.n_train_tasks, small.n_test_tasks) == (200, 20)
-    assert small.steps >= 1000 and small.seeds == 3 and small.rows is None
-    assert small.loss_balance == "text_grad" and small.minilm_row
+    assert (small.steps, small.warmup) == (550, 55)
+    assert small.seeds == 3 and small.rows is None
+    assert small.loss_balance == "text_grad_running" and small.balance_every == 100
+    assert small.balance_batches == 5 and not small.minilm_row
+    assert [s for s in range(1, small.steps + 1) if small.rebalances_at(s)] == [
+        101, 201, 301, 401, 501
+    ]  # fmt: skip
     assert TGDTConfig.from_preset("paper").loss_balance == "unit"
     assert TGDTConfig.from_preset("smoke").loss_balance == "unit"
+
+
+def test_running_balance_config_and_schedule():
+    """balance_every is a positive step count; text_grad_running re-measures at the start of
+    steps balance_every + 1, 2 balance_every + 1, ... (global steps), only for the systems with
+    an alignment loss; text_grad and unit never re-measure during training."""
+    for bad in (0, -5):
+        with pytest.raises(ConfigError, match="balance_every"):
+            TGDTConfig.from_preset("smoke", loss_balance="text_grad_running", balance_every=bad)
+    with pytest.raises(ConfigError, match="loss_balance"):
+        TGDTConfig.from_preset("smoke", loss_balance="running")
+    cfg = TGDTConfig.from_preset(
+        "smoke", steps=10, loss_balance="text_grad_running", balance_every=3
+    )
+    assert cfg.balanced and [s for s in range(1, 11) if cfg.rebalances_at(s)] == [4, 7, 10]
+    assert TGDTConfig.from_preset("smoke", loss_balance="text_grad_running").balance_every == 100
+    for other in (
+        cfg.replace(loss_balance="text_grad"),
+        cfg.replace(loss_balance="unit"),
+        cfg.replace(system="tgdt_no_align"),
+        cfg.replace(system="naive_text_dt"),
+    ):
+        assert not any(other.rebalances_at(s) for s in range(1, 11))
+    assert cfg.replace(system="tgdt_no_tbc").rebalances_at(4)
+
+
+def test_running_balance_re_measures_on_schedule_and_resumes(monkeypatch):
+    """text_grad_running: measured at initialisation and again after every balance_every steps
+    (on the model as trained so far and the next steps' draws), each measurement making the
+    weighted alignment losses' gradient norms on the text encoder equal L_DT's; the trajectory
+    records (steps done, w_tbc, w_tbm); a run resumed between re-measurements (the model,
+    optimiser and the checkpoint's extra restored) re-measures at the same global steps and ends
+    equal to an uninterrupted run; text_grad measures once, unit never."""
+    from types import SimpleNamespace
+
+    from nshot.methods.tgdt import train as tgdt_train
+    from nshot.methods.tgdt.data import load_data
+    from nshot.train.trainer import train
+
+    torch.set_num_threads(1)
+    cfg = TGDTConfig.from_preset(
+        "smoke", steps=7, loss_balance="text_grad_running", balance_every=3, balance_batches=1
+    )
+    data = load_data(cfg)
+    measured: list[int] = []
+    real = tgdt_train.balance
+
+    def counted(model, c, d, done=0):  # noqa: ANN001, ANN202
+        norms = real(model, c, d, done=done)
+        measured.append(done)
+        if done == 3:  # the re-measurement holds the balance on its own batches
+            w_tbc, w_tbm = tgdt_train.loss_weights(model, c)
+            enc = tgdt_train.gradient_norms(model, c, d, 1, first_step=4)["text_encoder"]
+            assert w_tbc * enc["tbc"] == pytest.approx(enc["dt"], rel=1e-4)
+            assert w_tbm * enc["tbm"] == pytest.approx(enc["dt"], rel=1e-4)
+        return norms
+
+    monkeypatch.setattr(tgdt_train, "balance", counted)
+    whole = train(tgdt_train.TGDTRecipe(cfg, data), session=False)
+    assert measured == [0, 3, 6]
+    traj = whole.extra()["balance_trajectory"]
+    assert [e[0] for e in traj] == [0, 3, 6] and len({tuple(e[1:]) for e in traj}) == 3
+    assert traj[-1][1:] == list(tgdt_train.loss_weights(whole.model, cfg))
+    # resumed after step 3: the re-measurement at the start of step 4 happens in the resumed run
+    measured.clear()
+    first = train(tgdt_train.TGDTRecipe(cfg.replace(steps=3), data), session=False)
+    saved = SimpleNamespace(step=3, extra=first.extra())  # what the checkpoint at step 3 holds
+
+    class Resumed(tgdt_train.TGDTRecipe):
+        def build(self) -> None:  # as the trainer does after restoring the checkpoint
+            super().build()
+            self.on_restore(saved)
+
+    rest = Resumed(cfg, data, model=first.model, optimizer=first.optimizer)
+    train(rest, session=False, start=3)
+    assert measured == [0, 3, 6]
+    assert rest.extra()["balance_trajectory"] == traj
+    for a, b in zip(whole.model.state_dict().values(), rest.model.state_dict().values(),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)
+    # text_grad: one measurement, at initialisation; unit: none
+    measured.clear()
+    once = train(tgdt_train.TGDTRecipe(cfg.replace(loss_balance="text_grad"), data),
+                 session=False)  # fmt: skip
+    assert measured == [0] and [e[0] for e in once.extra()["balance_trajectory"]] == [0]
+    measured.clear()
+    train(tgdt_train.TGDTRecipe(cfg.replace(loss_balance="unit", steps=2), data), session=False)
+    assert measured == []
 
 
 def test_text_grad_balance_equalises_the_text_encoder_gradients_at_initialisation():

@@ -10,7 +10,9 @@ the held-out task), not a zero-shot system. ``oracle_dt_70pct`` is not trained: 
 the oracle DT's normalised score (the bar of the claim that TG-DT approaches the oracle, so that
 the claim can be tested paired over the seeds). Every text row also records its loss
 gradients on the text encoder after training (``extra.text_gradients``, beside the
-measurement that set its loss weights at initialisation under ``loss_balance=text_grad``).
+measurement that set its loss weights at initialisation under ``loss_balance=text_grad`` and,
+under ``text_grad_running``, the weights' trajectory: ``[steps done, w_tbc, w_tbm]`` at each
+measurement).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def _job(cfg_dict: dict, row: str, overrides: dict, seed: int) -> dict[str, Any]
         grads = {"loss_weights": [cfg.w_dt, *loss_weights(model, cfg)],
                  "init": recipe.balance_norms,
                  "final": gradient_norms(model, cfg, data, cfg.balance_batches)}  # fmt: skip
+        if cfg.loss_balance == "text_grad_running" and cfg.balanced:
+            grads["trajectory"] = recipe.balance_trajectory
     main = row == "tgdt"
     rows = evaluate_model(model, cfg, data, seed, share=main, shuffled=main, name=row)
     return {"rows": rows, "curve": curve, "train_seconds": t1 - t0, "gradients": grads,
@@ -185,15 +189,7 @@ def _notes(cfg: TGDTConfig) -> list[str]:
         f"{ORACLE_BAR}: not trained; per seed {ORACLE_FRACTION} × oracle_dt's norm_score (the "
         "bar of the claim that TG-DT approaches the oracle). tgdt_no_align: TG-DT's "
         "cross-attending text DT trained on L_DT alone.",
-        "loss weights: "
-        + (
-            "w_tbc and w_tbm times L_DT's gradient norm on the text encoder over each alignment "
-            "loss's, measured at initialisation on "
-            f"{cfg.balance_batches} training batches (extra.text_gradients)"
-            if cfg.loss_balance == "text_grad"
-            else f"unit (w_dt {cfg.w_dt}, w_tbc {cfg.w_tbc}, w_tbm {cfg.w_tbm})"
-        )
-        + ".",
+        "loss weights: " + _weights_note(cfg) + ".",
     ]
     if cfg.minilm_row:
         notes.append(
@@ -213,6 +209,17 @@ def _notes(cfg: TGDTConfig) -> list[str]:
             "policy told the goal, random data: uniform actions."
         )
     return notes
+
+
+def _weights_note(cfg: TGDTConfig) -> str:
+    if cfg.loss_balance == "unit":
+        return f"unit (w_dt {cfg.w_dt}, w_tbc {cfg.w_tbc}, w_tbm {cfg.w_tbm})"
+    text = ("w_tbc and w_tbm times L_DT's gradient norm on the text encoder over each alignment "
+            f"loss's, measured at initialisation on {cfg.balance_batches} training batches")  # fmt: skip
+    if cfg.loss_balance == "text_grad":
+        return text + " (extra.text_gradients)"
+    return text + (f" and again after every {cfg.balance_every} steps on the next steps' draws, "
+                   "each resetting the weights (extra.text_gradients: trajectory)")  # fmt: skip
 
 
 def reference_scores(cfg: TGDTConfig, data: OfflineData) -> dict[str, float]:

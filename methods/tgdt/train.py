@@ -10,8 +10,12 @@ of another task drawn the same way.
 A step draws its batch from a generator seeded by (seed, step, rank), so a resumed run sees what
 an uninterrupted one sees. With ``loss_balance=text_grad`` the alignment losses' weights are set
 once, before the first step, from their gradient norms on the text encoder at initialisation
-(:func:`balance`; the factors are a buffer of the model, so a checkpoint keeps them). Rows with padding (the first steps of an episode) are left-padded;
-padding never enters L_DT.
+(:func:`balance`; the factors are a buffer of the model, so a checkpoint keeps them). With
+``loss_balance=text_grad_running`` the same measurement is repeated after every
+``balance_every`` steps (on the model as trained so far and the draws of the next steps) and
+resets the factors; the schedule counts global steps, so a run resumed from a checkpoint
+re-measures where an uninterrupted one does. Rows with padding (the first steps of an episode)
+are left-padded; padding never enters L_DT.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from nshot.nn.lm import model_device
+from nshot.train.session import Restored
 from nshot.train.trainer import Recipe, train
 
 from .config import TGDTConfig
@@ -217,23 +222,25 @@ class LossModule(torch.nn.Module):
 
 
 def loss_weights(model: TGDTModel, cfg: TGDTConfig) -> tuple[float, float]:
-    """(w_tbc, w_tbm) of the objective: the config's, times the factors measured at
-    initialisation under ``loss_balance=text_grad``."""
+    """(w_tbc, w_tbm) of the objective: the config's, times the factors last measured (at
+    initialisation under ``loss_balance=text_grad``; also during training under
+    ``text_grad_running``)."""
     if not cfg.balanced:
         return cfg.w_tbc, cfg.w_tbm
     f = model.align_factors
     if bool(torch.isnan(f).any()):
-        raise RuntimeError("loss_balance=text_grad: the factors were never measured")
+        raise RuntimeError(f"loss_balance={cfg.loss_balance}: the factors were never measured")
     return cfg.w_tbc * float(f[0]), cfg.w_tbm * float(f[1])
 
 
 def gradient_norms(
-    model: TGDTModel, cfg: TGDTConfig, data: OfflineData, batches: int
+    model: TGDTModel, cfg: TGDTConfig, data: OfflineData, batches: int, first_step: int = 1
 ) -> dict[str, dict[str, float]]:
     """Each loss's gradient norm on the text encoder's trained parameters (the char encoder, or
     MiniLM's projection) and on the decoder blocks, and the cosine of L_DT's and L_TBC's
-    gradients on each, the means over ``batches`` training batches: the draws of the first
-    steps of rank 0 (generator (seed, step, 0)), in eval mode (no dropout), unweighted."""
+    gradients on each, the means over ``batches`` training batches: the draws of rank 0 for
+    steps ``first_step``, ``first_step + 1``, ... (generator (seed, step, 0); by default the
+    first steps), in eval mode (no dropout), unweighted."""
     assert model.text is not None
     was_training = model.training
     model.eval()
@@ -243,7 +250,7 @@ def gradient_norms(
     params = [p for g in groups.values() for p in g]
     sizes = [sum(p.numel() for p in g) for g in groups.values()]
     acc: dict[str, dict[str, list[float]]] = {g: {} for g in groups}
-    for step in range(1, batches + 1):
+    for step in range(first_step, first_step + batches):
         rng = np.random.default_rng([cfg.seed, step, 0, 3])
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
         dt, align = sampler.step_batch(rng, align=True)
@@ -267,12 +274,16 @@ def gradient_norms(
     return {g: {k: float(np.mean(v)) for k, v in d.items()} for g, d in acc.items()}
 
 
-def balance(model: TGDTModel, cfg: TGDTConfig, data: OfflineData) -> dict[str, dict[str, float]]:
-    """``loss_balance=text_grad``: set the model's (w_tbc, w_tbm) factors to the ratio of
-    L_DT's mean gradient norm on the text encoder to each alignment loss's (1 for a loss the
-    system does not have), measured on the model as it is (freshly initialised: a resumed run
-    measures the same and then restores the saved factors). The measurement is returned."""
-    norms = gradient_norms(model, cfg, data, cfg.balance_batches)
+def balance(
+    model: TGDTModel, cfg: TGDTConfig, data: OfflineData, done: int = 0
+) -> dict[str, dict[str, float]]:
+    """``loss_balance=text_grad`` (and ``text_grad_running``): set the model's (w_tbc, w_tbm)
+    factors to the ratio of L_DT's mean gradient norm on the text encoder to each alignment
+    loss's (1 for a loss the system does not have), measured on the model as it is after
+    ``done`` training steps (0: freshly initialised; a resumed run measures the same and then
+    restores the saved factors) on the draws of steps done + 1 ... done + balance_batches.
+    The measurement is returned."""
+    norms = gradient_norms(model, cfg, data, cfg.balance_batches, first_step=done + 1)
     enc = norms["text_encoder"]
     factors = [enc["dt"] / max(enc[k], 1e-12) if k in enc else 1.0 for k in ("tbc", "tbm")]
     model.align_factors.copy_(torch.as_tensor(factors, dtype=torch.float32))
@@ -301,7 +312,12 @@ class TGDTRecipe(Recipe):
     """One AdamW step per batch on L_DT (+ L_TBC, L_TBM for the systems with alignment heads),
     at the step's warm-up learning rate, gradients clipped to ``grad_clip``; the batches are
     built on the recipe's device. In process (``data`` given) ``on_step`` sees each step's
-    terms; a ``model`` given (with its ``optimizer``, or a fresh one) trains where it is."""
+    terms; a ``model`` given (with its ``optimizer``, or a fresh one) trains where it is.
+
+    Under a balanced ``loss_balance`` the factors are measured in :meth:`build` (a model whose
+    factors are unset) and, under ``text_grad_running``, again at the start of each step
+    :meth:`TGDTConfig.rebalances_at` names; ``balance_trajectory`` holds one
+    ``[steps done, w_tbc, w_tbm]`` per measurement (the checkpoint's extra carries it)."""
 
     def __init__(
         self,
@@ -328,8 +344,10 @@ class TGDTRecipe(Recipe):
             self.device = model_device(model)
         self.model = model if model is not None else build_model(cfg, self.data)
         self.balance_norms = None
+        self.balance_trajectory: list[list[float]] = []
         if cfg.balanced and bool(torch.isnan(self.model.align_factors).any()):
             self.balance_norms = balance(self.model, cfg, self.data)
+            self.balance_trajectory.append([0, *loss_weights(self.model, cfg)])
         self.optimizer = opt if opt is not None else new_optimizer(cfg, self.model)
         self.forward = LossModule(self.model, cfg)  # DDP-wrapped by the trainer
         self.sampler = Sampler(cfg, self.data, self.device)
@@ -348,6 +366,9 @@ class TGDTRecipe(Recipe):
         if not self.placed:  # an in-process run places the model on the CPU: back to its device
             self.model.to(self.device)
             self.placed = True
+        if self.cfg.rebalances_at(step):  # text_grad_running: after every balance_every steps
+            balance(self.model, self.cfg, self.data, done=step - 1)
+            self.balance_trajectory.append([step - 1, *loss_weights(self.model, self.cfg)])
         stats = super().step(step)
         if self.on_step is not None:
             self.on_step(step, stats)
@@ -357,7 +378,15 @@ class TGDTRecipe(Recipe):
         out: dict = {"system": self.cfg.system}
         if self.cfg.balanced:
             out["loss_weights"] = list(loss_weights(self.model, self.cfg))
+            out["balance_trajectory"] = [list(e) for e in self.balance_trajectory]
         return out
+
+    def on_restore(self, restored: Restored) -> None:
+        """A resumed run continues the checkpoint's trajectory (its factors come back with
+        the weights; the measurement :meth:`build` made on the fresh model is replaced)."""
+        kept = (restored.extra or {}).get("balance_trajectory")
+        if kept is not None:
+            self.balance_trajectory = [list(e) for e in kept]
 
 
 def fit(
