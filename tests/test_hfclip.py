@@ -220,12 +220,13 @@ def _b64_png(arr):
 
 @pytest.mark.ray
 def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
-    tiny, ray_session, nshot_cache, tmp_path
+    tiny, ray_session, nshot_cache, tmp_path, capsys
 ):
     """The ``paper`` preset's code path end to end on a tiny random CLIP in the Hugging Face
     format and an ImageFolder: validation names what is missing; two UCAT steps under Ray
     Train (in-process) with a checkpoint holding g only; a run interrupted after step 1 and
-    resumed ends with the same weights; evaluation on val/; the predictor reads the CLIP from
+    resumed ends with the same weights; evaluation on val/, and zero-shot on two image folders
+    of other classes (``eval_paths``); the predictor reads the CLIP from
     the recorded clip_path and answers over HTTP with the in-process model's probabilities."""
     from fastapi.testclient import TestClient
 
@@ -282,6 +283,39 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
     metrics = dirclip.evaluate(ckpt, cfg)
     for k in ("clean", "pgd", "apgd", "h", "ece_clean", "ece_adv", "au", "pu"):
         assert k in metrics and 0.0 <= metrics[k] <= 1.0, k
+    # zero-shot on two more image folders with other classes (eval_paths, as `nshot eval
+    # --set` gives it): one in test/ with a class_names.json, one named NAME=PATH holding its
+    # class folders itself; the metrics on val/ are the same as without them
+    _image_folder(tmp_path / "shapes" / "test", ["circle", "square", "gold_star"], 2, 2)
+    (tmp_path / "shapes" / "class_names.json").write_text(json.dumps({"circle": "round"}))
+    _image_folder(tmp_path / "pets_folder", ["cat", "dog"], 2, 3)
+    zcfg = cfg.replace(eval_paths=[str(tmp_path / "shapes"), f"pets={tmp_path / 'pets_folder'}"])
+    check_paper(zcfg)
+    capsys.readouterr()
+    zs = dirclip.evaluate(ckpt, zcfg)
+    progress = capsys.readouterr().err
+    assert "zero-shot shapes (1/2): 6 images of 3 classes" in progress
+    assert "zero-shot pets (2/2): 4 images of 2 classes" in progress
+    assert {k: v for k, v in zs.items() if not k.startswith("zs/")} == metrics
+    for d in ("shapes", "pets", "mean"):
+        for k in ("clean", "pgd", "apgd", "h", "ece_clean", "ece_adv", "au", "pu"):
+            assert 0.0 <= zs[f"zs/{d}/{k}"] <= 1.0, (d, k)
+    for k in ("clean", "pgd", "ece_adv", "au_adv"):
+        assert zs[f"zs/mean/{k}"] == pytest.approx((zs[f"zs/shapes/{k}"] + zs[f"zs/pets/{k}"]) / 2)
+    # the shapes' clean accuracy and ECE, recomputed here on the prompts of its own classes
+    from nshot.methods.dirclip.dirichlet import ece
+    from nshot.methods.dirclip.model import load_model
+    from nshot.nn.hfclip import FolderImages, image_folder
+
+    tuned = load_model(ckpt)[0]
+    shapes = image_folder(tmp_path / "shapes" / "test")
+    xz = torch.from_numpy(FolderImages(shapes.paths, tuned.backbone.image_size)[:])
+    with torch.no_grad():
+        text = tuned.text_features_of(["round", "gold star", "square"], rec["template"])
+        lz = tuned.logits(xz, text_features=text)
+    yz = torch.from_numpy(shapes.labels)
+    assert zs["zs/shapes/clean"] == pytest.approx(float((lz.argmax(-1) == yz).double().mean()))
+    assert zs["zs/shapes/ece_clean"] == pytest.approx(ece(lz.softmax(-1), yz), abs=1e-6)
     # the predictor: the CLIP from the recorded clip_path, g's selected weights put in
     rng = np.random.default_rng(5)
     arrays = [rng.integers(0, 256, (30, 44, 3), dtype=np.uint8) for _ in range(3)]
@@ -343,6 +377,38 @@ def test_dirclip_paper_path_trains_resumes_evaluates_and_serves_on_a_tiny_clip(
         load_recorded_clip({**ckpt.config, "clip_path": str(tmp_path / "gone")}, rec, "ck")
     with pytest.raises(CheckpointError, match="field 'clip_path'.*not the one"):
         load_recorded_clip(ckpt.config, {**rec, "clip_sha256": "0" * 64}, "ck")
+
+
+def test_dirclip_eval_paths_problems_are_named_in_one_error(tiny, tmp_path):
+    """``eval_paths``: check_paper names every problem of every entry in one ConfigError (a
+    missing folder, one class folder, a name given twice, a bad or reserved name); a good
+    entry passes; the toy backbone refuses the field; ``small`` leaves it empty."""
+    from nshot.method import ConfigError, get
+    from nshot.methods.dirclip.paper_data import check_paper
+
+    folder, _ = tiny
+    dirclip = get("dirclip")
+    _image_folder(tmp_path / "data" / "train", ["zero", "one"], 1, 0)
+    _image_folder(tmp_path / "data" / "val", ["zero", "one"], 1, 1)
+    _image_folder(tmp_path / "a" / "val", ["x", "y"], 1, 2)
+    _image_folder(tmp_path / "b" / "a", ["x", "y"], 1, 3)  # named "a" too
+    _image_folder(tmp_path / "one", ["x"], 1, 4)
+    paper = dict(clip_path=str(folder), data_path=str(tmp_path / "data"), clip_arch="any")
+    check_paper(dirclip.config("paper", **paper, eval_paths=[str(tmp_path / "a")]))
+    bad = [str(tmp_path / "a"), str(tmp_path / "missing"), str(tmp_path / "one"),
+           str(tmp_path / "b" / "a"), f"mean={tmp_path / 'a'}"]  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        check_paper(dirclip.config("paper", **paper, eval_paths=bad))
+    msg = str(err.value)
+    assert "'eval_paths[0]'" not in msg and "clip_path" not in msg, msg
+    assert f"'eval_paths[1]': {tmp_path / 'missing'} is not a directory" in msg
+    assert f"'eval_paths[2]': {tmp_path / 'one'} has 1 class folder(s)" in msg
+    assert "'eval_paths[3]': the name 'a' is eval_paths[0]'s too" in msg
+    assert "'eval_paths[4]': the name 'mean' is reserved" in msg
+    assert msg.count("eval_paths[") == 4 + 1, msg  # four problems, one naming eval_paths[0]
+    with pytest.raises(ConfigError, match="eval_paths.*backbone=clip"):
+        dirclip.config("small", eval_paths=[str(tmp_path / "a")])
+    assert dirclip.config("small").eval_paths == []
 
 
 @pytest.mark.ray

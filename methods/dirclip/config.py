@@ -6,8 +6,9 @@ digits: ε = 0.1 (a digit pixel is in [0, 1]), PGD-2 of step 0.05 in training, A
 mean_alpha0``, ``kl_weight = 30``: on the tiny CLIP's cosines the released code's constant λ
 makes the KL outweigh the cross-entropy by orders of magnitude). ``paper`` is the released code's setting (ViT-B/32 read by path with
 ``transformers``' CLIP, TinyImageNet as an ImageFolder, ε = 1/255, PGD-2 of 1/255, SGD 1e-4,
-batch 256, ``tau = 1e5``; a GPU; see the README's Paper preset). The two differ in the backbone
-(:meth:`DirclipConfig.backbone_spec`) and the data, not in the method's code.
+batch 256, ``tau = 1e5``; a GPU; see the README's Paper preset; a checkpoint is also scored
+zero-shot on the image folders of ``eval_paths``: :mod:`.paper_zeroshot`). The two differ in
+the backbone (:meth:`DirclipConfig.backbone_spec`) and the data, not in the method's code.
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ class DirclipConfig(MethodConfig):
     )
     data_path: str | None = Field(
         None, description="ImageFolder root with train/ and val/ class folders (backbone=clip)"
+    )
+    eval_paths: list[str] = Field(
+        [],
+        max_length=100,
+        description="zero-shot evaluation datasets (backbone=clip): each PATH (named by its "
+        "folder) or NAME=PATH, an image folder whose test/ (else val/, else itself) holds "
+        "class folders, class_names.json beside as data_path's; scored on its own classes' "
+        "prompts: metrics zs/<name>/<metric> and zs/mean/<metric>",
     )
     template: str = Field(TEMPLATE, description="prompt of the class text features")
     logit_scale: float | Literal["backbone"] = Field(
@@ -131,6 +140,7 @@ class DirclipConfig(MethodConfig):
     )
     EVAL_FIELDS: ClassVar[frozenset[str]] = MethodConfig.EVAL_FIELDS | {
         "pgd_steps", "pgd_step", "apgd_steps", "apgd_images", "mnist_images", "eps",
+        "eval_paths",
     }  # fmt: skip
 
     PRESETS: ClassVar[dict[str, dict]] = {
@@ -165,6 +175,11 @@ class DirclipConfig(MethodConfig):
             raise ValueError("field 'checkpoint_every': must be a multiple of log_every")
         if self.backbone == "tinyclip" and (self.clip_path or self.data_path):
             raise ValueError("field 'clip_path': clip_path and data_path are for backbone=clip")
+        if self.backbone == "tinyclip" and self.eval_paths:
+            raise ValueError(
+                "field 'eval_paths': zero-shot image folders are for a real CLIP "
+                "(backbone=clip, the paper preset); the tiny CLIP is evaluated on the digits"
+            )
         if self.logit_scale != "backbone" and not 0 < self.logit_scale <= 1000:
             raise ValueError("field 'logit_scale': must lie in (0, 1000] or be 'backbone'")
         if self.backbone == "clip" and self.logit_scale not in (100.0, "backbone"):

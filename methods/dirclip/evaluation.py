@@ -12,7 +12,9 @@ the evaluation images of a real CLIP's image folders, ``chunk`` images at a time
 * ``clean_rolled``, ``pgd_rolled``, ``clean_mnist8`` (the digits only; a real CLIP's image
   folders have no shifted domains);
 * the Dirichlet read-outs (evaluation α): ``au``, ``eu``, ``eu_code``, ``pu``, clean and
-  ``*_adv``.
+  ``*_adv``;
+* ``zs/<dataset>/<metric>`` and ``zs/mean/<metric>``: the same on each zero-shot image folder of
+  ``eval_paths`` (a real CLIP only; :mod:`.paper_zeroshot`).
 """
 
 from __future__ import annotations
@@ -124,9 +126,15 @@ def evaluate_model(
     apgd: bool = True,
     apgd_offset: int = 0,
 ) -> dict[str, float]:
-    """Every metric of one model (the shifted domains where the splits have them).
-    ``apgd_offset``: the first test image of the APGD subset (the reproduction gives each seed
-    its own images)."""
+    """Every metric of one model (the shifted domains where the splits have them; with
+    ``shifts``, the zero-shot datasets of ``cfg.eval_paths``: :mod:`.paper_zeroshot`, listed
+    and checked before anything is scored). ``apgd_offset``: the first test image of the APGD
+    subset (the reproduction gives each seed its own images)."""
+    zero_shot = None
+    if shifts and cfg.eval_paths:
+        from .paper_zeroshot import eval_sets
+
+        zero_shot = eval_sets(cfg)
     model.eval()
     gen = torch.Generator().manual_seed(10_007 * seed + 1)
     x, y = splits.x_test, splits.y_test
@@ -151,4 +159,9 @@ def evaluate_model(
         out["clean_rolled"], out["pgd_rolled"] = _acc(lr, yt), _acc(lra, yt)
         xm, ym = torch.from_numpy(splits.x_mnist8), torch.from_numpy(splits.y_mnist8)
         out["clean_mnist8"] = _acc(logits_of(model, xm.to(_device(model))).cpu(), ym)
+    if zero_shot:
+        from .paper_zeroshot import zero_shot_metrics
+
+        out.update(zero_shot_metrics(model, zero_shot, cfg, seed, apgd=apgd,
+                                     apgd_offset=apgd_offset))  # fmt: skip
     return {k: float(v) for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}

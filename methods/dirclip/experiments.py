@@ -4,10 +4,11 @@ One Ray task per (system, seed): every trained row starts from the same pre-trai
 config's backbone: the tiny CLIP, or for ``paper`` the real one at ``clip_path``, on the task's
 device), with the same data order and attack seeds, trains ``steps`` steps and keeps the tower
 the validation split selects; then all metrics of :mod:`.evaluation` on the test images (and,
-on the digits, the rolled digits and MNIST pooled to 8 × 8). APGD-CE runs on ``apgd_images``
-test images per seed, a different slice for each seed. The λ sweep (UCAT at tau ∈
-``sweep_taus``, ``sweep_seeds`` seeds) reports clean and PGD accuracy on the test images; the
-sweep point at the config's tau is the ``ucat`` row itself.
+on the digits, the rolled digits and MNIST pooled to 8 × 8; on a real CLIP, each zero-shot
+image folder of ``eval_paths``: columns ``zs/<dataset>/<metric>`` and ``zs/mean/<metric>``).
+APGD-CE runs on ``apgd_images`` test images per seed, a different slice for each seed. The λ
+sweep (UCAT at tau ∈ ``sweep_taus``, ``sweep_seeds`` seeds) reports clean and PGD accuracy on
+the test images; the sweep point at the config's tau is the ``ucat`` row itself.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .data import prepare_data, splits_of
 from .dirichlet import alpha_train, dirichlet_kl, lambda_of
 from .evaluation import evaluate_model
 from .model import base_clip, build_model
+from .paper_zeroshot import MEAN, PREFIX, eval_sets
+from .paper_zeroshot import names as zero_shot_names
 from .train import fit_model
 
 # system -> config overrides (None: the original CLIP, not trained)
@@ -148,6 +151,9 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
     rows, stds, samples = aggregate(per)
     sizes = done[("clip", seeds[0])]["sizes"]
     metrics = {m: up for m, up in METRICS.items() if sizes["shifts"] or m not in SHIFTED}
+    zs = zero_shot_names(cfg)  # every column of the evaluation images, per dataset and mean
+    zs_keys = [f"{PREFIX}/{d}/" for d in ([MEAN, *zs] if zs else [])]
+    metrics.update({z + m: up for z in zs_keys for m, up in METRICS.items() if m not in SHIFTED})
     lam0 = lambda_of(PAPER_TAU, cfg.tau_prime)
     sweep_rows = {}
     for tau in sorted(set(values)):
@@ -166,9 +172,14 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
             "ece_adv": _mean([v.get("ece_adv") for v in vals]),
             "seeds": len(vals),
         }
+    unc_keys = [*UNCERTAINTY, *(z + k for z in zs_keys for k in UNCERTAINTY)]
     unc = {
-        s: {k: _mean([done[(s, seed)]["metrics"].get(k) for seed in seeds]) for k in UNCERTAINTY}
+        s: {k: _mean([done[(s, seed)]["metrics"].get(k) for seed in seeds]) for k in unc_keys}
         for s in SYSTEMS
+    }
+    zero_shot = {
+        s.name: {"path": str(s.root), "images": len(s.folder.paths), "classes": len(s.class_names)}
+        for s in (eval_sets(cfg) if zs else [])
     }
     unit = next((r["extra"]["unit"] for r in done.values() if "unit" in r["extra"]), {})
     extra: dict[str, Any] = {
@@ -194,13 +205,14 @@ def run_experiments(cfg: DirclipConfig, workdir: Path) -> ResultsTable:
             if s != "clip"
         },
         "kl_normalisation": cfg.kl_normalisation,
+        **({"zero_shot": zero_shot} if zero_shot else {}),
         "job_seconds": {"/".join(map(str, k)): round(v["seconds"], 1) for k, v in done.items()},
     }
     plot(rows, stds, sweep_rows, workdir / "dirclip.png")
     return ResultsTable(
         method="dirclip", preset=cfg.preset, seeds=len(seeds), metrics=metrics, rows=rows,
         stds=stds, samples=samples, runtime_s=time.time() - t0,
-        notes=_notes(cfg, lam0, sizes), extra=extra,
+        notes=_notes(cfg, lam0, sizes, zero_shot), extra=extra,
     )  # fmt: skip
 
 
@@ -215,7 +227,9 @@ def _mean(vals) -> float | None:
     return float(np.mean(v)) if v else None
 
 
-def _notes(cfg: DirclipConfig, lam0: float, sizes: dict[str, int]) -> list[str]:
+def _notes(
+    cfg: DirclipConfig, lam0: float, sizes: dict[str, int], zero_shot: dict | None = None
+) -> list[str]:
     own = cfg.logit_scale == "backbone"
     scale = "the tiny CLIP's own exp(logit_scale)" if own else f"{cfg.logit_scale:g}"
     step = "ε/4" if cfg.pgd_step is None else f"{cfg.pgd_step:g}"
@@ -246,6 +260,12 @@ def _notes(cfg: DirclipConfig, lam0: float, sizes: dict[str, int]) -> list[str]:
         "seed); mean over seeds (± std over seeds).",
         *([] if cfg.backbone == "clip" else
           [f"clean_mnist8: {cfg.mnist_images} MNIST images pooled to 8×8 (far shift, reported)."]),
+        *([f"zero-shot ({PREFIX}/<dataset>/<metric>): each row's tower on each dataset's own "
+           "class prompts (nothing trained on them), the same metrics as on the evaluation "
+           "images, on " + ", ".join(f"{n} ({d['images']} images of {d['classes']} classes, "
+                                     f"{d['path']})" for n, d in zero_shot.items())
+           + f"; {PREFIX}/{MEAN}/<metric>: the mean over the {len(zero_shot)} datasets."]
+          if zero_shot else []),
     ]  # fmt: skip
 
 

@@ -42,7 +42,9 @@ class DirclipMethod(Method):
 
     def evaluate(self, checkpoint: LoadedCheckpoint, cfg: DirclipConfig) -> dict[str, float]:
         """Clean, PGD and APGD-CE accuracy, ECE, the entropy ratio, the shifted domains (the
-        digits) and the Dirichlet read-outs of the checkpoint's selected tower."""
+        digits) and the Dirichlet read-outs of the checkpoint's selected tower; with
+        ``eval_paths`` (a real CLIP), the same zero-shot on each of those image folders
+        (``zs/<dataset>/<metric>``, ``zs/mean/<metric>``)."""
         from nshot.train.trainer import local_device
 
         from .data import splits_of

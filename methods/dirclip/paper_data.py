@@ -8,7 +8,8 @@ TinyImageNet's WordNet ids to words) or else from the folder names (``_`` as spa
 are read per batch with PIL and CLIP's resize / centre crop (:func:`nshot.nn.hfclip.load_image`);
 the normalisation is the backbone's, so attacks run in pixel space as on the toy. Validation
 and evaluation run in chunks of ``CHUNK`` images on the model's device; the toy's shifted
-domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``) have no counterpart.
+domains (``clean_rolled``, ``pgd_rolled``, ``clean_mnist8``) have no counterpart; the
+zero-shot datasets of ``eval_paths`` are :mod:`.paper_zeroshot`'s.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ CHUNK = 128  # images per forward / attack in validation and evaluation
 def check_paper(cfg: DirclipConfig) -> None:
     """Raise a :class:`ConfigError` naming everything that keeps ``backbone='clip'`` from
     running: the CLIP (``clip_path`` not set, missing, missing files, not a CLIP; the
-    tokenizer) and ``data_path`` (not set, missing, no ``train/`` or ``val/`` class folders)."""
+    tokenizer), ``data_path`` (not set, missing, no ``train/`` or ``val/`` class folders) and
+    ``eval_paths`` (:func:`.paper_zeroshot.problems`: a missing folder, fewer than two class
+    folders, a name twice, each naming ``eval_paths[i]``)."""
     from nshot.nn.backbone import backbone_problems, raise_problems
+
+    from .paper_zeroshot import problems
 
     missing = backbone_problems(cfg.backbone_spec())
     if not cfg.data_path:
@@ -44,6 +49,7 @@ def check_paper(cfg: DirclipConfig) -> None:
                 d = root / split
                 if not d.is_dir() or not any(c.is_dir() for c in d.iterdir()):
                     missing.append(f"field 'data_path': {d} has no class folders")
+    missing += problems(cfg)
     raise_problems(f"dirclip backbone 'clip' (preset {cfg.preset!r})", missing,
                    "methods/dirclip/README.md (Paper preset)")  # fmt: skip
 
