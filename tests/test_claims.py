@@ -348,6 +348,12 @@ AWAITING_RERUN: set[tuple[str, str]] = set()
 # claims whose row a declared change adds: the committed small results predate the row (the test
 # fails once the row appears, so the entry cannot outlive the rerun)
 AWAITING_ROW: set[tuple[str, str]] = set()
+# claims whose rows the declared `small` leaves out (the method's README names the flag that runs
+# them): not evaluable on the committed small results (the test fails once the rows come back)
+ROWS_OFF: set[tuple[str, str]] = {
+    ("tgdt", "minilm_beats_language_baseline"),  # --set minilm_row=true
+    ("tgdt", "minilm_approaches_oracle"),
+}
 
 
 def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
@@ -370,10 +376,10 @@ def test_every_registered_claim_parses_and_names_declared_rows_and_metrics():
                 continue
             data = json.loads(committed.read_text())
             assert data.get("experiment") == claim.experiment, committed
-            if (name, claim.id) in AWAITING_ROW:
+            if (name, claim.id) in AWAITING_ROW | ROWS_OFF:
                 assert any(system not in data["rows"] for system, _ in claim.references()), (
                     f"{name}.{claim.id}: the committed results now hold every row it reads; "
-                    "remove the claim from AWAITING_ROW"
+                    "remove the claim from AWAITING_ROW / ROWS_OFF"
                 )
                 continue
             for system, metric in claim.references():

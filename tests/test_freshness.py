@@ -155,7 +155,6 @@ def test_a_dirty_tree_may_not_write_committed_results(repo):
 # list when its `small` result is re-made from a clean tree
 STALE = {
     "atha": "code changed since the run (clip_seed)",
-    "tgdt": "code changed since the run (the next small is declared)",
 }
 WITH_RESULTS = [
     n for n in available() if (reproduce.method_results_dir(n) / "small.json").is_file()
