@@ -162,6 +162,6 @@ def evaluate_model(
     if zero_shot:
         from .paper_zeroshot import zero_shot_metrics
 
-        out.update(zero_shot_metrics(model, zero_shot, cfg, seed, apgd=apgd,
-                                     apgd_offset=apgd_offset))  # fmt: skip
+        out.update(zero_shot_metrics(model, zero_shot, cfg, seed, evaluate=evaluate_model,
+                                     apgd=apgd, apgd_offset=apgd_offset))  # fmt: skip
     return {k: float(v) for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}

@@ -23,8 +23,7 @@ from nshot.errors import CheckpointError, ConfigError
 from nshot.nn.hfclip import FolderImages
 
 from .config import DirclipConfig
-
-CHUNK = 128  # images per forward / attack in validation and evaluation
+from .paper_zeroshot import CHUNK
 
 
 def check_paper(cfg: DirclipConfig) -> None:

@@ -12,7 +12,7 @@ for ``data_path``. The tuned tower is scored with the frozen text tower's featur
 ``template.format(name)`` for that dataset's names (nothing was trained on them), by the
 evaluation of ``data_path``'s ``val/`` (:func:`.evaluation.evaluate_model`: the same metrics,
 PGD on every image, APGD-CE on ``apgd_images`` of them), read per batch in chunks of
-:data:`.paper_data.CHUNK` on the model's device. Metrics are ``zs/<name>/<metric>``, and
+:data:`CHUNK` on the model's device. Metrics are ``zs/<name>/<metric>``, and
 ``zs/mean/<metric>`` the mean over the datasets of each metric every dataset has.
 """
 
@@ -32,7 +32,8 @@ from nshot.errors import CheckpointError, ConfigError
 from nshot.nn.hfclip import FolderImages, ImageFolder
 
 from .config import DirclipConfig
-from .paper_data import CHUNK
+
+CHUNK = 128  # images per forward / attack in validation and evaluation (the paper path)
 
 PREFIX = "zs"  # metric names: zs/<dataset>/<metric>, zs/mean/<metric>
 MEAN = "mean"
@@ -163,13 +164,13 @@ def _say(msg: str) -> None:
 
 
 def zero_shot_metrics(
-    model, sets: list[EvalSet], cfg: DirclipConfig, seed: int, *, apgd: bool = True,
+    model, sets: list[EvalSet], cfg: DirclipConfig, seed: int, *, evaluate, apgd: bool = True,
     apgd_offset: int = 0,
 ) -> dict[str, float]:  # fmt: skip
     """``zs/<name>/<metric>`` for every dataset (:func:`.evaluation.evaluate_model` on its
     images and class prompts, one line of progress each) and ``zs/mean/<metric>``: the mean
-    over the datasets of each metric all of them have."""
-    from .evaluation import evaluate_model
+    over the datasets of each metric all of them have. ``evaluate`` is
+    :func:`.evaluation.evaluate_model` (passed in: that module imports this one)."""
 
     out: dict[str, float] = {}
     per: list[dict[str, float]] = []
@@ -178,7 +179,7 @@ def zero_shot_metrics(
         t0 = time.time()
         images = EvalImages(FolderImages(s.folder.paths, size), s.folder.labels, CHUNK)
         with class_prompts(model, s.class_names):
-            m = evaluate_model(model, images, cfg, seed, shifts=False, apgd=apgd,
+            m = evaluate(model, images, cfg, seed, shifts=False, apgd=apgd,
                                apgd_offset=apgd_offset)  # fmt: skip
         per.append(m)
         out.update({f"{PREFIX}/{s.name}/{key}": v for key, v in m.items()})
