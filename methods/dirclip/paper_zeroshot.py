@@ -171,7 +171,6 @@ def zero_shot_metrics(
     images and class prompts, one line of progress each) and ``zs/mean/<metric>``: the mean
     over the datasets of each metric all of them have. ``evaluate`` is
     :func:`.evaluation.evaluate_model` (passed in: that module imports this one)."""
-
     out: dict[str, float] = {}
     per: list[dict[str, float]] = []
     size = model.backbone.image_size
@@ -180,7 +179,7 @@ def zero_shot_metrics(
         images = EvalImages(FolderImages(s.folder.paths, size), s.folder.labels, CHUNK)
         with class_prompts(model, s.class_names):
             m = evaluate(model, images, cfg, seed, shifts=False, apgd=apgd,
-                               apgd_offset=apgd_offset)  # fmt: skip
+                         apgd_offset=apgd_offset)  # fmt: skip
         per.append(m)
         out.update({f"{PREFIX}/{s.name}/{key}": v for key, v in m.items()})
         shown = ", ".join(f"{key} {m[key]:.3f}" for key in ("clean", "pgd", "apgd", "ece_adv")
