@@ -96,14 +96,14 @@ def test_config_names_the_field():
 
 def test_the_small_preset_declared_for_the_headline():
     """small (the next small, declared before its run): 200 / 20 goals, 550 steps (warm-up 55),
-    3 seeds for every row, the alignment losses balanced on the text encoder and re-balanced
-    every 100 steps, the MiniLM rows off (measurable with minilm_row=true); the paper preset
+    3 seeds for every row, the alignment losses balanced on the text encoder and the decoder
+    blocks and re-balanced every 100 steps, the MiniLM rows off (measurable with minilm_row=true); the paper preset
     keeps the paper's unit weights."""
     small = TGDTConfig.from_preset("small")
     assert (small.n_train_tasks, small.n_test_tasks) == (200, 20)
     assert (small.steps, small.warmup) == (550, 55)
     assert small.seeds == 3 and small.rows is None
-    assert small.loss_balance == "text_grad_running" and small.balance_every == 100
+    assert small.loss_balance == "shared_grad_running" and small.balance_every == 100
     assert small.balance_batches == 5 and not small.minilm_row
     assert [s for s in range(1, small.steps + 1) if small.rebalances_at(s)] == [
         101, 201, 301, 401, 501
@@ -198,6 +198,51 @@ def test_running_balance_re_measures_on_schedule_and_resumes(monkeypatch):
     measured.clear()
     train(tgdt_train.TGDTRecipe(cfg.replace(loss_balance="unit", steps=2), data), session=False)
     assert measured == []
+
+
+def test_shared_balance_takes_the_smaller_factor_of_text_encoder_and_decoder():
+    """shared_grad_running: each alignment loss's factor is the smaller of L_DT's norm over its
+    own on the text encoder and on the decoder blocks, so after the measurement neither weighted
+    alignment loss pulls on either part harder than L_DT (equal on the binding part); it runs on
+    text_grad_running's schedule and the run records its trajectory."""
+    from nshot.methods.tgdt.data import load_data
+    from nshot.methods.tgdt.train import TGDTRecipe, gradient_norms
+    from nshot.train.trainer import train
+
+    torch.set_num_threads(1)
+    cfg = TGDTConfig.from_preset(
+        "smoke", steps=4, loss_balance="shared_grad_running", balance_every=2, balance_batches=2
+    )
+    assert cfg.balanced and [s for s in range(1, 5) if cfg.rebalances_at(s)] == [3]
+    data = load_data(cfg)
+    for system in ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm"):
+        c = cfg.replace(system=system)
+        recipe = TGDTRecipe(c, data)
+        recipe.build()
+        init = recipe.balance_norms
+        f = dict(zip(("tbc", "tbm"), recipe.model.align_factors.tolist(), strict=True))
+        again = gradient_norms(recipe.model, c, data, c.balance_batches)
+        for k in ("tbc", "tbm"):
+            if k not in init["text_encoder"]:
+                assert f[k] == 1.0, (system, k)
+                continue
+            ratios = [init[g]["dt"] / init[g][k] for g in ("text_encoder", "decoder_blocks")]
+            assert f[k] == pytest.approx(min(ratios), rel=1e-5), (system, k)
+            weighted = [f[k] * again[g][k] / again[g]["dt"] for g in again]
+            assert max(weighted) == pytest.approx(1.0, rel=1e-4), (system, k)
+    # the text encoder alone (text_grad) gives a factor at least as large
+    alone = TGDTRecipe(cfg.replace(loss_balance="text_grad"), data)
+    alone.build()
+    shared = TGDTRecipe(cfg, data)
+    shared.build()
+    assert all(
+        a >= s - 1e-6
+        for a, s in zip(
+            alone.model.align_factors.tolist(), shared.model.align_factors.tolist(), strict=True
+        )
+    )
+    whole = train(TGDTRecipe(cfg, data), session=False)
+    assert [e[0] for e in whole.extra()["balance_trajectory"]] == [0, 2]
 
 
 def test_text_grad_balance_equalises_the_text_encoder_gradients_at_initialisation():

@@ -27,6 +27,10 @@ System = Literal[
 ]  # fmt: skip
 TEXT_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align", "naive_text_dt")
 CROSS_SYSTEMS = ("tgdt", "tgdt_no_tbc", "tgdt_no_tbm", "tgdt_no_align")
+# the loss balances that set the alignment weights from measured gradients, and those of them
+# that re-measure during training
+BALANCED = ("text_grad", "text_grad_running", "shared_grad_running")
+RUNNING = ("text_grad_running", "shared_grad_running")
 
 
 # the environments: (state dim, action dim, goal dim, action bound)
@@ -74,7 +78,7 @@ class TGDTConfig(MethodConfig):
     w_dt: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_DT")
     w_tbc: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBC")
     w_tbm: float = Field(1.0, ge=0.0, le=100.0, description="weight of L_TBM")
-    loss_balance: Literal["unit", "text_grad", "text_grad_running"] = Field(
+    loss_balance: Literal["unit", "text_grad", "text_grad_running", "shared_grad_running"] = Field(
         "unit",
         description="unit (paper §3: w_tbc and w_tbm as given), text_grad (before the first "
         "step, each alignment loss's weight is multiplied by the ratio of L_DT's gradient norm "
@@ -82,7 +86,10 @@ class TGDTConfig(MethodConfig):
         "the freshly initialised model: the alignment losses then pull on the text encoder "
         "as hard as the action loss) or text_grad_running (text_grad's measurement before the "
         "first step and again after every balance_every steps, each resetting the factors, so "
-        "the balance holds through training)",
+        "the balance holds through training) or shared_grad_running (text_grad_running's "
+        "schedule; each factor is the smaller of the two ratios measured on the text encoder "
+        "and on the decoder blocks, so no alignment loss pulls on either part the policy "
+        "shares harder than L_DT)",
     )
     balance_batches: int = Field(
         5, ge=1, le=100, description="text_grad(_running): training batches of a measurement"
@@ -91,7 +98,7 @@ class TGDTConfig(MethodConfig):
         100,
         gt=0,
         le=1_000_000,
-        description="text_grad_running: steps between re-measurements (after steps "
+        description="text_grad_running, shared_grad_running: steps between re-measurements (after steps "
         "balance_every, 2 balance_every, ... of the run, counted from its first step)",
     )
     # optimisation
@@ -157,16 +164,18 @@ class TGDTConfig(MethodConfig):
         # the next small (declared before its run, README "The next small"): 200 training and
         # 20 held-out goals (goals 0-199 train, 200-219 held out), 550 steps (warm-up 55: the
         # most that fits 30 minutes on 2 cores), the alignment losses balanced on the text
-        # encoder at initialisation and re-balanced every 100 steps, no MiniLM rows; 3 seeds,
-        # every row. The re-made small before it (results/small-v2.* once this one is made) is
-        # `--set steps=1000 --set warmup=100 --set loss_balance=text_grad --set
-        # minilm_row=true`; the first small (45 / 5 goals, 500 steps, unit weights, no MiniLM
-        # rows; results/small-v1.*) is `--set n_train_tasks=45 --set n_test_tasks=5 --set
-        # steps=500 --set warmup=50 --set loss_balance=unit` (its rows equal, the new
-        # tgdt_no_align row added)
+        # encoder and on the decoder blocks (the smaller factor) at initialisation and
+        # re-balanced every 100 steps, no MiniLM rows; 3 seeds, every row. The small before it
+        # (results/small-v3.* once this one is made) is `--set
+        # loss_balance=text_grad_running`; the re-made small (results/small-v2.*) is `--set
+        # steps=1000 --set warmup=100 --set loss_balance=text_grad --set minilm_row=true`; the
+        # first small (45 / 5 goals, 500 steps, unit weights, no MiniLM rows;
+        # results/small-v1.*) is `--set n_train_tasks=45 --set n_test_tasks=5 --set steps=500
+        # --set warmup=50 --set loss_balance=unit` (its rows equal, the new tgdt_no_align row
+        # added)
         "small": {
             "n_train_tasks": 200, "n_test_tasks": 20, "steps": 550, "warmup": 55,
-            "loss_balance": "text_grad_running", "balance_every": 100, "minilm_row": False,
+            "loss_balance": "shared_grad_running", "balance_every": 100, "minilm_row": False,
             "log_every": 100, "checkpoint_every": 500,
         },
         # Meta-World ML1 reach: 40 training and 10 held-out goal positions (50 tasks, as
@@ -253,17 +262,18 @@ class TGDTConfig(MethodConfig):
     @property
     def balanced(self) -> bool:
         """Whether the alignment losses' weights are set from their gradients on the text
-        encoder (at initialisation, and with text_grad_running again during training)."""
-        return self.loss_balance in ("text_grad", "text_grad_running") and (self.tbc or self.tbm)
+        encoder (at initialisation, and with a running balance again during training;
+        shared_grad_running on the decoder blocks too)."""
+        return self.loss_balance in BALANCED and (self.tbc or self.tbm)
 
     def rebalances_at(self, step: int) -> bool:
         """Whether training step ``step`` (1-based, global: a resumed run counts from the
-        run's first step) starts by re-measuring the factors: text_grad_running after every
-        ``balance_every`` steps, i.e. before steps balance_every + 1, 2 balance_every + 1, ...
+        run's first step) starts by re-measuring the factors: the running balances
+        (text_grad_running, shared_grad_running) after every ``balance_every`` steps, i.e. before steps balance_every + 1, 2 balance_every + 1, ...
         (the measurement before step 1 is the one at initialisation)."""
         return (
             self.balanced
-            and self.loss_balance == "text_grad_running"
+            and self.loss_balance in RUNNING
             and step > 1
             and (step - 1) % self.balance_every == 0
         )

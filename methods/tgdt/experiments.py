@@ -11,7 +11,7 @@ the oracle DT's normalised score (the bar of the claim that TG-DT approaches the
 the claim can be tested paired over the seeds). Every text row also records its loss
 gradients on the text encoder after training (``extra.text_gradients``, beside the
 measurement that set its loss weights at initialisation under ``loss_balance=text_grad`` and,
-under ``text_grad_running``, the weights' trajectory: ``[steps done, w_tbc, w_tbm]`` at each
+under ``text_grad_running`` and ``shared_grad_running``, the weights' trajectory: ``[steps done, w_tbc, w_tbm]`` at each
 measurement).
 """
 
@@ -29,7 +29,7 @@ from nshot.experiment import Job, aggregate, run_jobs
 from nshot.method import ResultsTable
 from nshot.train.trainer import train
 
-from .config import TGDTConfig
+from .config import RUNNING, TGDTConfig
 from .data import QUALITIES, OfflineData, load_data
 from .evaluation import evaluate_model, norm_scores, rollout
 from .model import Window
@@ -95,7 +95,7 @@ def _job(cfg_dict: dict, row: str, overrides: dict, seed: int) -> dict[str, Any]
         grads = {"loss_weights": [cfg.w_dt, *loss_weights(model, cfg)],
                  "init": recipe.balance_norms,
                  "final": gradient_norms(model, cfg, data, cfg.balance_batches)}  # fmt: skip
-        if cfg.loss_balance == "text_grad_running" and cfg.balanced:
+        if cfg.loss_balance in RUNNING and cfg.balanced:
             grads["trajectory"] = recipe.balance_trajectory
     main = row == "tgdt"
     rows = evaluate_model(model, cfg, data, seed, share=main, shuffled=main, name=row)
@@ -218,6 +218,9 @@ def _weights_note(cfg: TGDTConfig) -> str:
             f"loss's, measured at initialisation on {cfg.balance_batches} training batches")  # fmt: skip
     if cfg.loss_balance == "text_grad":
         return text + " (extra.text_gradients)"
+    if cfg.loss_balance == "shared_grad_running":
+        text += (" and on the decoder blocks (the smaller of the two ratios: neither part the "
+                 "policy shares is pulled harder than by L_DT)")  # fmt: skip
     return text + (f" and again after every {cfg.balance_every} steps on the next steps' draws, "
                    "each resetting the weights (extra.text_gradients: trajectory)")  # fmt: skip
 

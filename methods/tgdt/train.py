@@ -13,8 +13,10 @@ once, before the first step, from their gradient norms on the text encoder at in
 (:func:`balance`; the factors are a buffer of the model, so a checkpoint keeps them). With
 ``loss_balance=text_grad_running`` the same measurement is repeated after every
 ``balance_every`` steps (on the model as trained so far and the draws of the next steps) and
-resets the factors; the schedule counts global steps, so a run resumed from a checkpoint
-re-measures where an uninterrupted one does. Rows with padding (the first steps of an episode)
+resets the factors; ``loss_balance=shared_grad_running`` measures on the same schedule on the
+text encoder and the decoder blocks and takes, per loss, the smaller factor. The schedule
+counts global steps, so a run resumed from a checkpoint re-measures where an uninterrupted one
+does. Rows with padding (the first steps of an episode)
 are left-padded; padding never enters L_DT.
 """
 
@@ -224,7 +226,7 @@ class LossModule(torch.nn.Module):
 def loss_weights(model: TGDTModel, cfg: TGDTConfig) -> tuple[float, float]:
     """(w_tbc, w_tbm) of the objective: the config's, times the factors last measured (at
     initialisation under ``loss_balance=text_grad``; also during training under
-    ``text_grad_running``)."""
+    ``text_grad_running`` and ``shared_grad_running``)."""
     if not cfg.balanced:
         return cfg.w_tbc, cfg.w_tbm
     f = model.align_factors
@@ -279,13 +281,22 @@ def balance(
 ) -> dict[str, dict[str, float]]:
     """``loss_balance=text_grad`` (and ``text_grad_running``): set the model's (w_tbc, w_tbm)
     factors to the ratio of L_DT's mean gradient norm on the text encoder to each alignment
-    loss's (1 for a loss the system does not have), measured on the model as it is after
+    loss's (1 for a loss the system does not have); ``shared_grad_running``: to the smaller of
+    that ratio and the same ratio on the decoder blocks (which the policy shares too), so each
+    weighted alignment loss pulls on neither part harder than L_DT. Measured on the model as it is after
     ``done`` training steps (0: freshly initialised; a resumed run measures the same and then
     restores the saved factors) on the draws of steps done + 1 ... done + balance_batches.
     The measurement is returned."""
     norms = gradient_norms(model, cfg, data, cfg.balance_batches, first_step=done + 1)
-    enc = norms["text_encoder"]
-    factors = [enc["dt"] / max(enc[k], 1e-12) if k in enc else 1.0 for k in ("tbc", "tbm")]
+    groups = ["text_encoder"]
+    if cfg.loss_balance == "shared_grad_running":
+        groups.append("decoder_blocks")
+    factors = [
+        min(norms[g]["dt"] / max(norms[g][k], 1e-12) for g in groups)
+        if k in norms["text_encoder"]
+        else 1.0
+        for k in ("tbc", "tbm")
+    ]
     model.align_factors.copy_(torch.as_tensor(factors, dtype=torch.float32))
     return norms
 
@@ -315,7 +326,8 @@ class TGDTRecipe(Recipe):
     terms; a ``model`` given (with its ``optimizer``, or a fresh one) trains where it is.
 
     Under a balanced ``loss_balance`` the factors are measured in :meth:`build` (a model whose
-    factors are unset) and, under ``text_grad_running``, again at the start of each step
+    factors are unset) and, under the running balances (``text_grad_running``,
+    ``shared_grad_running``), again at the start of each step
     :meth:`TGDTConfig.rebalances_at` names; ``balance_trajectory`` holds one
     ``[steps done, w_tbc, w_tbm]`` per measurement (the checkpoint's extra carries it)."""
 
@@ -366,7 +378,7 @@ class TGDTRecipe(Recipe):
         if not self.placed:  # an in-process run places the model on the CPU: back to its device
             self.model.to(self.device)
             self.placed = True
-        if self.cfg.rebalances_at(step):  # text_grad_running: after every balance_every steps
+        if self.cfg.rebalances_at(step):  # the running balances: after every balance_every steps
             balance(self.model, self.cfg, self.data, done=step - 1)
             self.balance_trajectory.append([step - 1, *loss_weights(self.model, self.cfg)])
         stats = super().step(step)
