@@ -299,13 +299,27 @@ def test_claims_on_the_committed_small_results():
     ett = {"front": [4.0, 5.0, 6.0], "uniform": [5.0, 6.0, 8.0], "random": [13.0] * 3,
            "front_refined": [3.0, 3.0, 3.0], "front_more": [3.0, 3.0, 3.0],
            "truncation": [5.0, 6.0, 7.0]}  # fmt: skip
-    paired = {**data, "samples": {s: {"epochs_to_target": v} for s, v in ett.items()}}
+    paired = {**data, "samples": {s: {"epochs_to_target": v, "epochs_censored": v}
+                                  for s, v in ett.items()}}  # fmt: skip
     for s, v in ett.items():
-        paired["rows"] = {**paired["rows"], s: {**data["rows"][s], "epochs_to_target": sum(v) / 3}}
+        paired["rows"] = {**paired["rows"], s: {**data["rows"][s], "epochs_to_target": sum(v) / 3,
+                                                "epochs_censored": sum(v) / 3}}  # fmt: skip
     paired["rows"]["front"] = {**paired["rows"]["front"], "speedup": 13 / 5}
     paired["extra"] = {**data["extra"], "ancestry": {**data["extra"]["ancestry"], "acc_min": 0.78}}
     with_samples = {c["id"]: c["holds"] for c in with_claims(paired)["claims"]}
     assert with_samples["headline_converges_faster_than_layer_selection"] is True
+    # uniform selection never reaching the target on a seed: counted as epochs + 1, the
+    # headline still evaluates; FRONT missing it on a seed leaves the headline unevaluated
+    censored = json.loads(json.dumps(paired))
+    censored["samples"]["uniform"]["epochs_censored"] = [8.0, 9.0, 16.0]
+    censored["rows"]["uniform"]["epochs_to_target"] = float("nan")
+    censored["rows"]["uniform"]["epochs_censored"] = 11.0
+    got = {c["id"]: c for c in with_claims(censored)["claims"]}
+    assert got["headline_converges_faster_than_layer_selection"]["holds"] is True
+    censored["rows"]["front"]["epochs_to_target"] = float("nan")
+    got = {c["id"]: c for c in with_claims(censored)["claims"]}
+    assert got["headline_converges_faster_than_layer_selection"]["holds"] is None
+    assert got["headline_converges_faster_than_layer_selection"]["premise"] is False
     assert with_samples["refinement_helps"] is False  # a tie on every seed is no gain
     assert with_samples["convergence_2x"] is True
     assert with_samples["not_slower_than_truncation"] is True
@@ -316,6 +330,28 @@ def test_claims_on_the_committed_small_results():
     flipped = {c["id"]: c["holds"] for c in with_claims(paired)["claims"]}
     assert flipped["convergence_2x"] is False and flipped["roundtrip"] is False
     assert flipped["ancestry_trained_every_seed"] is False
+
+
+def test_epochs_censored_counts_a_seed_that_never_reaches_the_target_as_epochs_plus_one():
+    """summarise: epochs_to_target is NaN on a seed that never reaches the random-init
+    descendant's final accuracy; epochs_censored counts it as the run's epochs + 1."""
+    from nshot.methods.front.experiments import summarise
+
+    runs = {
+        "random": [
+            {"acc": [0.1, 0.5, 0.6], "acc_init": 0.1},
+            {"acc": [0.2, 0.4, 0.7], "acc_init": 0.1},
+        ],
+        "uniform": [
+            {"acc": [0.6, 0.6, 0.6], "acc_init": 0.3},
+            {"acc": [0.3, 0.5, 0.6], "acc_init": 0.3},
+        ],
+    }
+    out = summarise(runs)
+    assert out["uniform"]["samples"]["epochs_to_target"][0] == 1.0
+    assert math.isnan(out["uniform"]["samples"]["epochs_to_target"][1])
+    assert out["uniform"]["samples"]["epochs_censored"] == [1.0, 4.0]
+    assert out["random"]["samples"]["epochs_censored"] == [3.0, 3.0]
 
 
 def test_learngene_tool_extracts_inits_and_trains_from_a_learngene(front_runs, tmp_path, capsys):
