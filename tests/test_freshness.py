@@ -155,7 +155,6 @@ def test_a_dirty_tree_may_not_write_committed_results(repo):
 # list when its `small` result is re-made from a clean tree
 STALE = {
     "atha": "code changed since the run (clip_seed)",
-    "dirclip": "code changed since the run (the zero-shot import loop broken; no numeric change)",
     "front": "code changed since the run (epochs_censored, read by the headline)",
     "tgdt": "code changed since the run (the next small declared: shared_grad_running)",
 }
