@@ -344,9 +344,7 @@ def test_a_headline_stated_for_another_preset_gives_no_verdict():
 # Claims on a metric the experiment now records but the committed small results predate: they
 # are not evaluable until small is re-made (the test fails once the metric appears, so the entry
 # cannot outlive the rerun).
-AWAITING_RERUN: set[tuple[str, str]] = {
-    ("front", "headline_converges_faster_than_layer_selection"),  # epochs_censored
-}
+AWAITING_RERUN: set[tuple[str, str]] = set()
 # claims whose row a declared change adds: the committed small results predate the row (the test
 # fails once the row appears, so the entry cannot outlive the rerun)
 AWAITING_ROW: set[tuple[str, str]] = set()
