@@ -153,8 +153,7 @@ def test_a_dirty_tree_may_not_write_committed_results(repo):
 
 # stale today (no run record, a dirty tree, or code changed since the run): each leaves this
 # list when its `small` result is re-made from a clean tree
-STALE = {
-}
+STALE = {}
 WITH_RESULTS = [
     n for n in available() if (reproduce.method_results_dir(n) / "small.json").is_file()
 ]
