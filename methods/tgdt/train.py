@@ -16,8 +16,8 @@ once, before the first step, from their gradient norms on the text encoder at in
 resets the factors; ``loss_balance=shared_grad_running`` measures on the same schedule on the
 text encoder and the decoder blocks and takes, per loss, the smaller factor. The schedule
 counts global steps, so a run resumed from a checkpoint re-measures where an uninterrupted one
-does. Rows with padding (the first steps of an episode)
-are left-padded; padding never enters L_DT.
+does. Rows with padding (the first steps of an episode) are left-padded; padding never enters
+L_DT.
 """
 
 from __future__ import annotations
@@ -283,10 +283,10 @@ def balance(
     factors to the ratio of L_DT's mean gradient norm on the text encoder to each alignment
     loss's (1 for a loss the system does not have); ``shared_grad_running``: to the smaller of
     that ratio and the same ratio on the decoder blocks (which the policy shares too), so each
-    weighted alignment loss pulls on neither part harder than L_DT. Measured on the model as it is after
-    ``done`` training steps (0: freshly initialised; a resumed run measures the same and then
-    restores the saved factors) on the draws of steps done + 1 ... done + balance_batches.
-    The measurement is returned."""
+    weighted alignment loss pulls on neither part harder than L_DT. Measured on the model as it
+    is after ``done`` training steps (0: freshly initialised; a resumed run measures the same
+    and then restores the saved factors) on the draws of steps done + 1 ... done +
+    balance_batches. The measurement is returned."""
     norms = gradient_norms(model, cfg, data, cfg.balance_batches, first_step=done + 1)
     groups = ["text_encoder"]
     if cfg.loss_balance == "shared_grad_running":
