@@ -269,8 +269,9 @@ class TGDTConfig(MethodConfig):
     def rebalances_at(self, step: int) -> bool:
         """Whether training step ``step`` (1-based, global: a resumed run counts from the
         run's first step) starts by re-measuring the factors: the running balances
-        (text_grad_running, shared_grad_running) after every ``balance_every`` steps, i.e. before steps balance_every + 1, 2 balance_every + 1, ...
-        (the measurement before step 1 is the one at initialisation)."""
+        (text_grad_running, shared_grad_running) after every ``balance_every`` steps, i.e.
+        before steps balance_every + 1, 2 balance_every + 1, ... (the measurement before step
+        1 is the one at initialisation)."""
         return (
             self.balanced
             and self.loss_balance in RUNNING

@@ -11,8 +11,8 @@ the oracle DT's normalised score (the bar of the claim that TG-DT approaches the
 the claim can be tested paired over the seeds). Every text row also records its loss
 gradients on the text encoder after training (``extra.text_gradients``, beside the
 measurement that set its loss weights at initialisation under ``loss_balance=text_grad`` and,
-under ``text_grad_running`` and ``shared_grad_running``, the weights' trajectory: ``[steps done, w_tbc, w_tbm]`` at each
-measurement).
+under the running balances (``text_grad_running``, ``shared_grad_running``), the weights'
+trajectory: ``[steps done, w_tbc, w_tbm]`` at each measurement).
 """
 
 from __future__ import annotations
